@@ -1,0 +1,22 @@
+"""vitkit: Vision Transformers on PyTorch, faithful to "An Image is Worth 16x16 Words"."""
+
+from .checkpoint import CheckpointError, load, load_state_dict, save
+from .config import ViTConfig
+from .model import VisionTransformer
+from .registry import create_model, get_config, list_models
+from .summary import summary
+
+__all__ = [
+    "CheckpointError",
+    "ViTConfig",
+    "VisionTransformer",
+    "create_model",
+    "get_config",
+    "list_models",
+    "load",
+    "load_state_dict",
+    "save",
+    "summary",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,198 @@
+"""Safe checkpoints: safetensors with the model config in the metadata, atomic writes.
+
+A `.safetensors` file holds tensors only, so loading it runs no code. `.pth` / `.bin` files are
+read with `torch.load(weights_only=True)`, which refuses any pickle that would build arbitrary
+objects. Every write goes to a temporary file in the same folder, is fsynced and then renamed
+over the target, so a crash mid-save leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open
+from safetensors.torch import save as serialize_safetensors
+from torch import Tensor
+
+from .config import ViTConfig
+from .model import VisionTransformer
+
+CONFIG_KEY = "vitkit_config"
+META_KEY = "vitkit_meta"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used, with the reason and the fix."""
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Write a file through `write(file)` so that readers see the old or the new file, whole.
+
+    The data goes to a temporary file beside `path`, is flushed to disk, then renamed over it.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save(
+    model: VisionTransformer, path: str | os.PathLike, meta: dict[str, Any] | None = None
+) -> None:
+    """Save weights as safetensors, with `model.config` and `meta` (e.g. class names) as JSON.
+
+    `load(path)` rebuilds the model from the file alone.
+    """
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    metadata = {CONFIG_KEY: json.dumps(model.config.to_dict())}
+    if meta is not None:
+        metadata[META_KEY] = json.dumps(meta)
+    data = serialize_safetensors(tensors, metadata=metadata)
+    atomic_write(path, lambda f: f.write(data))
+
+
+def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
+    """The model config and the extra metadata stored by `save`."""
+    path = _existing(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
+    if CONFIG_KEY not in metadata:
+        raise CheckpointError(
+            f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
+            "Load it with vitkit.load_state_dict() and build the model yourself"
+        )
+    try:
+        config = ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
+    meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
+    return config, meta
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
+    """Rebuild a model saved by `save`, in eval mode; its extra metadata is `model.meta`."""
+    config, meta = read_metadata(path)
+    model = VisionTransformer(config)
+    load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
+    model.meta = meta
+    return model.eval()
+
+
+def load_state_dict(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu"
+) -> dict[str, Tensor]:
+    """Tensors from a `.safetensors`, `.pth`, `.pt` or `.bin` file, without running any code.
+
+    Pickle-based files go through `torch.load(weights_only=True)`; a file that would need
+    arbitrary unpickling is refused. A `{'model': state_dict}` or `{'state_dict': ...}`
+    wrapper, as training scripts write, is unwrapped.
+    """
+    path = _existing(path)
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
+    if path.suffix == ".safetensors" or is_safetensors_file(path):
+        try:
+            return load_file(str(path), device=str(map_location))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(
+                f"{path} is not a valid safetensors file ({err}); it may be truncated or of "
+                "another format"
+            ) from None
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsafe pickle"
+        raise CheckpointError(
+            f"refusing to load {path}: it needs arbitrary unpickling, which can run code "
+            f"({first}). Only load it with weights_only=False if you trust its source, then "
+            "re-save it with vitkit.save"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0] if str(err).strip() else 'no detail'}); it may be "
+            "truncated or of another format"
+        ) from None
+    return _unwrap(obj, path)
+
+
+def is_safetensors_file(path: str | os.PathLike) -> bool:
+    """True when the file starts like safetensors: a u64 header length, then a JSON object."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    size = Path(path).stat().st_size
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size
+
+
+def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
+    for key in ("model", "state_dict", "model_state_dict", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    return obj
+
+
+def load_into(
+    model: torch.nn.Module, state_dict: dict[str, Tensor], source: str = "state dict"
+) -> None:
+    """`load_state_dict(strict=True)` with a readable report of missing, unexpected and
+    mis-shaped keys instead of PyTorch's raw error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    mismatched = sorted(
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in set(own) & set(state_dict)
+        if own[k].shape != state_dict[k].shape
+    )
+    if missing or unexpected or mismatched:
+        parts = []
+        for label, keys in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("wrong shape", mismatched),
+        ):
+            if keys:
+                shown = ", ".join(keys[:5]) + (
+                    f", ... ({len(keys)} in all)" if len(keys) > 5 else ""
+                )
+                parts.append(f"{label}: {shown}")
+        raise CheckpointError(
+            f"{source} does not match the model ({'; '.join(parts)}); check that the checkpoint "
+            "was made for this architecture (embed_dim, depth, patch size, num_classes)"
+        )
+    model.load_state_dict(state_dict, strict=True)
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
+    return path

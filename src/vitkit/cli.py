@@ -1,0 +1,75 @@
+"""The `vitkit` command line: each subcommand parses its arguments and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import registry
+from .summary import summary
+
+log = logging.getLogger("vitkit")
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported as one line, exit code 2."""
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    for name in registry.list_models(args.pattern):
+        print(name)
+    return 0
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    overrides = {}
+    if args.num_classes is not None:
+        overrides["num_classes"] = args.num_classes
+    if args.img_size is not None:
+        overrides["img_size"] = (
+            tuple(args.img_size) if len(args.img_size) == 2 else args.img_size[0]
+        )
+    model = registry.create_model(args.model, **overrides)
+    size = model.patch_embed.img_size
+    print(summary(model, (args.batch_size, model.config.in_chans, *size), max_depth=args.depth))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vitkit", description="Vision Transformers: train, evaluate, predict, explain."
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("models", help="list the registered model names")
+    p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_base*'")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("summary", help="per-layer shapes, parameters and FLOPs of a model")
+    p.add_argument("model", help="a registered model name (see `vitkit models`)")
+    p.add_argument("--img-size", type=int, nargs="+", metavar="N", help="input size: N or H W")
+    p.add_argument("--num-classes", type=int, help="head outputs (default: the preset's)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--depth", type=int, default=2, help="deepest module level listed")
+    p.set_defaults(func=_cmd_summary)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 2 user error, 130 interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (UserError, ValueError, TypeError, OSError) as err:
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2

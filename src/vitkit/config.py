@@ -1,0 +1,179 @@
+"""`ViTConfig`: every choice that defines a Vision Transformer, checked once, saved as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from .layers import PATCH_EMBED_KINDS, check_choice, to_2tuple
+from .pos_embed import POS_EMBED_KINDS
+
+GLOBAL_POOLS = ("token", "avg")
+ENCODERS = ("native", "torch")
+TOKEN_INITS = ("trunc_normal", "zeros")
+
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "img_size": (int, tuple, list),
+    "patch_size": (int, tuple, list),
+    "in_chans": (int,),
+    "num_classes": (int,),
+    "embed_dim": (int,),
+    "depth": (int,),
+    "num_heads": (int,),
+    "mlp_ratio": _NUMBER,
+    "qkv_bias": (bool,),
+    "qk_scale": _NUMBER + (type(None),),
+    "drop_rate": _NUMBER,
+    "attn_drop_rate": _NUMBER,
+    "drop_path_rate": _NUMBER,
+    "class_token": (bool,),
+    "global_pool": (str,),
+    "fc_norm": (bool, type(None)),
+    "pos_embed": (str,),
+    "patch_embed": (str,),
+    "embed_norm": (bool,),
+    "encoder": (str,),
+    "dynamic_img_size": (bool,),
+    "init_values": _NUMBER + (type(None),),
+    "distilled": (bool,),
+    "token_init": (str,),
+    "norm_eps": _NUMBER,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+    """The architecture of a `VisionTransformer`; defaults are ViT-B/16 at 224 (paper Table 1).
+
+    Args:
+        img_size: input size, an int or (h, w).
+        patch_size: patch size, an int or (h, w).
+        in_chans: input channels.
+        num_classes: head outputs; 0 gives pooled features only, 1 a regression head.
+        embed_dim: token width D.
+        depth: number of encoder blocks.
+        num_heads: attention heads; must divide embed_dim.
+        mlp_ratio: MLP hidden width as a multiple of embed_dim.
+        qkv_bias: bias in the fused qkv projection.
+        qk_scale: attention scale; None means head_dim ** -0.5.
+        drop_rate: dropout after the position embedding, after every dense layer but qkv
+            (paper Appendix B.1), and before the head.
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth at the last block, rising linearly from 0.
+        class_token: prepend a learnable class token.
+        global_pool: 'token' (class token) or 'avg' (mean of patch tokens).
+        fc_norm: norm after pooling instead of before (timm's `fc_norm`); None means 'avg' pool.
+        pos_embed: 'learn', 'sinusoid' (1-D, fixed), 'sincos2d' (2-D, fixed) or 'none'.
+        patch_embed: 'conv' (strided Conv2d) or 'unfold' (nn.Unfold + Linear).
+        embed_norm: LayerNorm after the patch projection.
+        encoder: 'native' blocks or 'torch' (nn.TransformerEncoderLayer).
+        dynamic_img_size: accept other input sizes, resampling the position grid.
+        init_values: LayerScale init; None disables LayerScale.
+        distilled: add DeiT's distillation token and head.
+        token_init: 'trunc_normal' (std 0.02) or 'zeros' for class token and learned positions.
+        norm_eps: LayerNorm epsilon.
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int | tuple[int, int] = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_scale: float | None = None
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    class_token: bool = True
+    global_pool: str = "token"
+    fc_norm: bool | None = None
+    pos_embed: str = "learn"
+    patch_embed: str = "conv"
+    embed_norm: bool = False
+    encoder: str = "native"
+    dynamic_img_size: bool = False
+    init_values: float | None = None
+    distilled: bool = False
+    token_init: str = "trunc_normal"
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name, types in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            bad_bool = isinstance(value, bool) and bool not in types
+            if not isinstance(value, types) or bad_bool:
+                expected = " or ".join(t.__name__ for t in types)
+                raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+        for name in ("img_size", "patch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int):
+                object.__setattr__(self, name, to_2tuple(value, name))
+            else:
+                to_2tuple(value, name)
+        for name in ("in_chans", "embed_dim", "depth", "num_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_choice("global_pool", self.global_pool, GLOBAL_POOLS)
+        check_choice("pos_embed", self.pos_embed, POS_EMBED_KINDS)
+        check_choice("patch_embed", self.patch_embed, PATCH_EMBED_KINDS)
+        check_choice("encoder", self.encoder, ENCODERS)
+        check_choice("token_init", self.token_init, TOKEN_INITS)
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
+                f"choose num_heads among the divisors of {self.embed_dim}"
+            )
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+        if self.distilled and self.global_pool != "token":
+            raise ValueError("distilled=True needs global_pool='token' and class_token=True")
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: class token, then distillation token."""
+        return int(self.class_token) + int(self.distilled)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (pairs become lists)."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        """Build from a dict, naming unknown keys and their closest valid names."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a ViTConfig is built from a dict, got {type(data).__name__}")
+        check_option_names(data)
+        return cls(**data)
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        """A copy with some fields changed (unknown names are reported)."""
+        check_option_names(overrides)
+        return dataclasses.replace(self, **overrides)
+
+
+def check_option_names(options: dict[str, Any]) -> None:
+    """Raise a TypeError for option names ViTConfig does not have, with close matches."""
+    known = [f.name for f in dataclasses.fields(ViTConfig)]
+    unknown = [key for key in options if key not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=3)
+            hints.append(f"{key!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        raise TypeError(
+            f"unknown model option {', '.join(hints)}; valid options: {', '.join(known)}"
+        )

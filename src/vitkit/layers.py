@@ -1,0 +1,297 @@
+"""The building blocks of a Vision Transformer.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at
+Scale" (ICLR 2021), Section 3.1 and Appendix B.1. LayerScale is from Touvron et al., "Going
+deeper with Image Transformers" (CaiT, 2021); stochastic depth from Huang et al. (2016).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PATCH_EMBED_KINDS = ("conv", "unfold")
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """An int or an (h, w) pair as an (h, w) tuple of positive ints."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{name} must be a positive int or an (h, w) pair of them, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def check_choice(name: str, value: object, choices: tuple) -> None:
+    """Raise a ValueError naming the option and its allowed values."""
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
+
+
+def conv_to_unfold_weight(weight: Tensor) -> Tensor:
+    """Conv2d patch weight (D, C, ph, pw) -> Linear weight (D, C*ph*pw).
+
+    nn.Unfold flattens each patch channel-major, then row, then column: the same order as a
+    reshape of the convolution kernel, so the two embeddings compute the same function.
+    """
+    return weight.reshape(weight.shape[0], -1)
+
+
+def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, int]) -> Tensor:
+    """Linear patch weight (D, C*ph*pw) -> Conv2d weight (D, C, ph, pw)."""
+    return weight.reshape(weight.shape[0], in_chans, *patch_size)
+
+
+class PatchEmbed(nn.Module):
+    """Split an image into patches and project each to `embed_dim` (paper Eq. 1).
+
+    `kind='conv'` is a Conv2d with kernel = stride = patch size; `kind='unfold'` cuts patches
+    with nn.Unfold and projects them with a Linear layer. Both hold the projection under the
+    name `proj`; `conv_to_unfold_weight` / `unfold_to_conv_weight` move weights between them.
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        kind: str = "conv",
+        norm: bool = False,
+        norm_eps: float = 1e-6,
+        dynamic_img_size: bool = False,
+    ) -> None:
+        super().__init__()
+        check_choice("patch_embed", kind, PATCH_EMBED_KINDS)
+        self.img_size = to_2tuple(img_size, "img_size")
+        self.patch_size = to_2tuple(patch_size, "patch_size")
+        for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size):
+            if size % patch:
+                raise ValueError(
+                    f"img_size {side} {size} is not divisible by patch_size {side} {patch}; "
+                    f"use an img_size that is a multiple of {patch}"
+                )
+        self.grid_size = (
+            self.img_size[0] // self.patch_size[0],
+            self.img_size[1] // self.patch_size[1],
+        )
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans = in_chans
+        self.kind = kind
+        self.dynamic_img_size = dynamic_img_size
+        if kind == "conv":
+            self.unfold = None
+            self.proj = nn.Conv2d(
+                in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size
+            )
+        else:
+            self.unfold = nn.Unfold(kernel_size=self.patch_size, stride=self.patch_size)
+            patch_dim = in_chans * self.patch_size[0] * self.patch_size[1]
+            self.proj = nn.Linear(patch_dim, embed_dim)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm else nn.Identity()
+
+    def check_input(self, x: Tensor) -> None:
+        """Fail early, with the fix, on input the embedding cannot take."""
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"expected a torch.Tensor of shape (B, C, H, W), got {type(x).__name__}"
+            )
+        if x.ndim != 4:
+            hint = "add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "reshape it"
+            raise ValueError(
+                f"expected a 4-D input (B, C, H, W), got {x.ndim}-D shape {tuple(x.shape)}; {hint}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(
+                f"expected a floating-point input, got {x.dtype}; convert with x.float() / 255"
+            )
+        if x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape "
+                f"{tuple(x.shape)}); convert the images or build the model with "
+                f"in_chans={x.shape[1]}"
+            )
+        height, width = x.shape[-2:]
+        if self.dynamic_img_size:
+            for side, size, patch in zip(("height", "width"), (height, width), self.patch_size):
+                if size % patch:
+                    raise ValueError(
+                        f"input {side} {size} is not divisible by patch size {patch}; "
+                        f"resize to a multiple of {patch}"
+                    )
+        elif (height, width) != self.img_size:
+            raise ValueError(
+                f"input size {height}x{width} differs from the model's img_size "
+                f"{self.img_size[0]}x{self.img_size[1]}; resize the input, or build the model "
+                "with dynamic_img_size=True to accept other sizes"
+            )
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Return patch tokens (B, N, D) and the patch grid (H/ph, W/pw)."""
+        self.check_input(x)
+        grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])
+        if self.unfold is None:
+            x = self.proj(x)  # (B, D, H/ph, W/pw)
+            x = x.flatten(2).transpose(1, 2)  # (B, N, D)
+        else:
+            x = self.unfold(x)  # (B, C*ph*pw, N)
+            x = self.proj(x.transpose(1, 2))  # (B, N, D)
+        return self.norm(x), grid
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused qkv projection (paper Eq. 2, Appendix A).
+
+    The default path calls `F.scaled_dot_product_attention` (fused kernels); the explicit path
+    computes softmax(q k^T * scale) v itself and is the one that can hand back the weights.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(
+                f"embed_dim {dim} is not divisible by num_heads {num_heads}; choose num_heads "
+                f"among the divisors of {dim} or an embed_dim that is a multiple of {num_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
+        self.fused_attn = True
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        batch, tokens, dim = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, heads, N, head_dim)
+        return qkv.unbind(0)
+
+    def _out(self, x: Tensor) -> Tensor:
+        x = x.transpose(1, 2).flatten(2)  # (B, N, D)
+        return self.proj_drop(self.proj(x))
+
+    def attention_weights(self, q: Tensor, k: Tensor) -> Tensor:
+        """softmax(q k^T * scale), in fp32 even under autocast: (B, heads, N, N)."""
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
+        return scores.float().softmax(dim=-1).to(q.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self._qkv(x)  # each (B, heads, N, head_dim)
+        if self.fused_attn:
+            dropout_p = self.attn_drop.p if self.training else 0.0
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
+        else:
+            x = self.attn_drop(self.attention_weights(q, k)) @ v  # (B, heads, N, head_dim)
+        return self._out(x)
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The explicit path, also returning the attention weights (B, heads, N, N)."""
+        q, k, v = self._qkv(x)
+        weights = self.attention_weights(q, k)
+        x = self.attn_drop(weights) @ v  # (B, heads, N, head_dim)
+        return self._out(x), weights
+
+
+class Mlp(nn.Module):
+    """Linear -> GELU -> Dropout -> Linear -> Dropout (paper Eq. 3)."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a residual branch for a whole sample with probability `p`."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale of a residual branch (CaiT), initialised to `init_values`."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), init_values))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper Eqs. 2-3)."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            qk_scale=qk_scale,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+        )
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The same block, also returning its attention weights (B, heads, N, N)."""
+        attn_out, weights = self.attn.forward_with_weights(self.norm1(x))
+        x = x + self.drop_path1(self.ls1(attn_out))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x, weights

@@ -1,0 +1,275 @@
+"""The Vision Transformer.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at
+Scale" (ICLR 2021). The distillation token is Touvron et al., "Training data-efficient image
+transformers & distillation through attention" (DeiT, 2021).
+
+    image (B, C, H, W)
+      -> patch embedding            (B, N, D)        N = (H / ph) * (W / pw)
+      -> [class, dist] tokens       (B, P + N, D)    P prefix tokens
+      -> + position embedding, dropout
+      -> depth x pre-norm block     (B, P + N, D)
+      -> final norm                 (B, P + N, D)    forward_features
+      -> pool (class token / mean)  (B, D)
+      -> head                       (B, num_classes) forward_head
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import Tensor, nn
+
+from .config import ViTConfig
+from .layers import Block, LayerScale, PatchEmbed
+from .pos_embed import fixed_pos_embed, resample_pos_embed
+from .torch_encoder import build_torch_encoder, check_torch_encoder_options
+
+
+def trunc_normal_(tensor: Tensor, std: float = 0.02) -> Tensor:
+    """Normal(0, std) truncated at two standard deviations."""
+    return nn.init.trunc_normal_(tensor, std=std, a=-2 * std, b=2 * std)
+
+
+class VisionTransformer(nn.Module):
+    """ViT: `VisionTransformer(**options)` or `VisionTransformer(ViTConfig(...))`.
+
+    The options are `ViTConfig`'s fields (names as in timm); state-dict keys follow timm's
+    (`patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv`, `norm`, `head`, ...).
+    """
+
+    def __init__(self, config: ViTConfig | None = None, /, **options: Any) -> None:
+        super().__init__()
+        if config is None:
+            config = ViTConfig.from_dict(options)
+        elif options:
+            config = config.replace(**options)
+        if config.encoder == "torch":
+            check_torch_encoder_options(
+                attn_drop_rate=config.attn_drop_rate,
+                drop_rate=config.drop_rate,
+                drop_path_rate=config.drop_path_rate,
+                init_values=config.init_values,
+                qk_scale=config.qk_scale,
+                qkv_bias=config.qkv_bias,
+            )
+        self.config = config
+        dim = config.embed_dim
+        self.num_classes = config.num_classes
+        self.num_features = self.embed_dim = dim
+        self.global_pool = config.global_pool
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            embed_dim=dim,
+            kind=config.patch_embed,
+            norm=config.embed_norm,
+            norm_eps=config.norm_eps,
+            dynamic_img_size=config.dynamic_img_size,
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
+        num_positions = self.num_prefix_tokens + self.patch_embed.num_patches
+        if config.pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim))
+        elif config.pos_embed == "none":
+            self.pos_embed = None
+        else:  # a fixed table: a buffer, not trained, not saved
+            table = fixed_pos_embed(
+                config.pos_embed, self.patch_embed.grid_size, dim, self.num_prefix_tokens
+            )
+            self.register_buffer("pos_embed", table, persistent=False)
+        self.pos_drop = nn.Dropout(config.drop_rate)
+
+        if config.encoder == "native":
+            drop_path = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+            self.blocks = nn.Sequential(
+                *[
+                    Block(
+                        dim,
+                        num_heads=config.num_heads,
+                        mlp_ratio=config.mlp_ratio,
+                        qkv_bias=config.qkv_bias,
+                        qk_scale=config.qk_scale,
+                        proj_drop=config.drop_rate,
+                        attn_drop=config.attn_drop_rate,
+                        drop_path=drop_path[i],
+                        init_values=config.init_values,
+                        norm_eps=config.norm_eps,
+                    )
+                    for i in range(config.depth)
+                ]
+            )
+        else:
+            self.blocks = build_torch_encoder(
+                dim=dim,
+                depth=config.depth,
+                num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio,
+                dropout=config.drop_rate,
+                norm_eps=config.norm_eps,
+            )
+        use_fc_norm = config.fc_norm if config.fc_norm is not None else config.global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps)
+        self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(config.drop_rate)
+        self.head = nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
+        self.head_dist = None
+        if config.distilled:
+            self.head_dist = (
+                nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
+            )
+        self.init_weights()
+
+    # -- initialisation ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """trunc-normal(0.02) weights and zero biases for Linear layers and the patch
+        projection, LayerNorm ones/zeros; class token and learned positions per `token_init`."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                trunc_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, LayerScale):
+                module.gamma.fill_(module.init_values)
+            elif isinstance(module, nn.MultiheadAttention):
+                trunc_normal_(module.in_proj_weight)
+                nn.init.zeros_(module.in_proj_bias)
+        for param in (self.cls_token, self.dist_token, self.learned_pos_embed):
+            if param is None:
+                continue
+            if self.config.token_init == "zeros":
+                nn.init.zeros_(param)
+            else:
+                trunc_normal_(param)
+
+    @property
+    def learned_pos_embed(self) -> nn.Parameter | None:
+        return self.pos_embed if isinstance(self.pos_embed, nn.Parameter) else None
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names AdamW must not decay (biases and norms are left to the optimiser's
+        grouping, which skips every 1-D parameter)."""
+        names = {"pos_embed", "cls_token", "dist_token"}
+        return {name for name, _ in self.named_parameters() if name in names}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass: less activation memory, same gradients."""
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning."""
+        self.config = self.config.replace(num_classes=num_classes)
+        self.num_classes = num_classes
+        for name in ("head", "head_dist"):
+            if getattr(self, name) is None:
+                continue
+            head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
+            if isinstance(head, nn.Linear):
+                trunc_normal_(head.weight)
+                nn.init.zeros_(head.bias)
+            setattr(self, name, head.to(self.patch_embed.proj.weight.device))
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def position_embedding(self, grid: tuple[int, int]) -> Tensor | None:
+        """The position embedding for a patch grid: the stored one at the native grid, else
+        the learned grid resampled (bicubic) or the fixed table recomputed."""
+        if self.pos_embed is None or grid == self.patch_embed.grid_size:
+            return self.pos_embed
+        if self.learned_pos_embed is not None:
+            return resample_pos_embed(
+                self.pos_embed,
+                new_size=grid,
+                old_size=self.patch_embed.grid_size,
+                num_prefix_tokens=self.num_prefix_tokens,
+            )
+        table = fixed_pos_embed(self.config.pos_embed, grid, self.embed_dim, self.num_prefix_tokens)
+        return table.to(self.pos_embed)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Image (B, C, H, W) -> tokens with positions (B, P + N, D), before the encoder."""
+        x, grid = self.patch_embed(x)  # (B, N, D)
+        prefix = [
+            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None
+        ]
+        if prefix:
+            x = torch.cat(prefix + [x], dim=1)  # (B, P + N, D)
+        pos_embed = self.position_embedding(grid)
+        if pos_embed is not None:
+            x = x + pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """All tokens after the final norm, (B, P + N, D); with `return_attention`, also each
+        block's attention weights, a list of (B, heads, P + N, P + N)."""
+        x = self.embed(x)
+        attentions: list[Tensor] = []
+        if return_attention:
+            if self.config.encoder != "native":
+                raise ValueError(
+                    "return_attention=True needs encoder='native'; nn.TransformerEncoderLayer "
+                    "does not expose its attention weights"
+                )
+            for block in self.blocks:
+                x, weights = block.forward_with_weights(x)
+                attentions.append(weights)
+        elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
+            for block in self.blocks.layers if self.config.encoder == "torch" else self.blocks:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        else:
+            x = self.blocks(x)
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    def pool(self, x: Tensor) -> Tensor:
+        """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        else:
+            x = x[:, 0]
+        return self.fc_norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens (B, P + N, D) -> logits (B, num_classes), or the pooled (B, D) features.
+
+        A distilled model averages its class and distillation heads, as DeiT does at test time.
+        """
+        pooled = self.head_drop(self.pool(x))
+        if pre_logits:
+            return pooled
+        logits = self.head(pooled)
+        if self.head_dist is not None:
+            logits = (logits + self.head_dist(self.head_drop(self.fc_norm(x[:, 1])))) / 2
+        return logits
+
+    def forward_distill(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """DeiT training: logits of the class head and of the distillation head, separately."""
+        if self.head_dist is None:
+            raise ValueError("forward_distill needs a model built with distilled=True")
+        x = self.forward_features(x)
+        cls_logits = self.head(self.head_drop(self.pool(x)))
+        dist_logits = self.head_dist(self.head_drop(self.fc_norm(x[:, 1])))
+        return cls_logits, dist_logits
+
+    def forward(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Logits (B, num_classes); with `return_attention`, also every block's weights."""
+        if return_attention:
+            feats, attentions = self.forward_features(x, return_attention=True)
+            return self.forward_head(feats), attentions
+        return self.forward_head(self.forward_features(x))

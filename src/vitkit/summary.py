@@ -1,0 +1,150 @@
+"""A per-layer table of a model: output shape, parameters and FLOPs, with totals.
+
+FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: a multiply-add counts as 2, and
+matrix products, convolutions and attention are counted (elementwise ops, norms and
+activations are not, as is usual for such tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass
+class LayerRow:
+    name: str
+    kind: str
+    depth: int
+    output_shape: tuple[int, ...] | None
+    params: int
+    flops: int
+
+
+@dataclass
+class ModelSummary:
+    """What `summary` measured; `str()` renders the table."""
+
+    input_size: tuple[int, ...]
+    rows: list[LayerRow] = field(default_factory=list)
+    total_params: int = 0
+    trainable_params: int = 0
+    total_flops: int = 0
+
+    def __str__(self) -> str:
+        header = ("Layer (type)", "Output shape", "Params", "FLOPs")
+        lines = [
+            (
+                "  " * row.depth + f"{row.name} ({row.kind})",
+                "x".join(str(d) for d in row.output_shape) if row.output_shape else "-",
+                f"{row.params:,}",
+                _human(row.flops) if row.flops else "-",
+            )
+            for row in self.rows
+        ]
+        widths = [max(len(r[i]) for r in [header, *lines]) for i in range(4)]
+        rule = "-" * (sum(widths) + 6)
+
+        def fmt(r: tuple[str, ...]) -> str:
+            cells = [f"{r[0]:<{widths[0]}}"] + [f"{c:>{w}}" for c, w in zip(r[1:], widths[1:])]
+            return "  ".join(cells)
+
+        out = [rule, fmt(header), rule, *(fmt(r) for r in lines), rule]
+        out += [
+            f"Input size: {'x'.join(str(d) for d in self.input_size)}",
+            f"Total params: {self.total_params:,}",
+            f"Trainable params: {self.trainable_params:,}",
+            f"Non-trainable params: {self.total_params - self.trainable_params:,}",
+            f"Total FLOPs: {_human(self.total_flops)} ({self.total_flops:,})",
+            rule,
+        ]
+        return "\n".join(out)
+
+
+def _human(flops: int) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.2f} {unit}"
+    return str(flops)
+
+
+def _first_tensor(output: object) -> Tensor | None:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    return None
+
+
+def summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3) -> ModelSummary:
+    """Run one batch of zeros through `model` and tabulate every layer.
+
+    Args:
+        model: any module; its training flag is restored afterwards.
+        input_size: (B, C, H, W), or (C, H, W) for batch 1.
+        max_depth: deepest module level listed (the totals always cover everything).
+    """
+    if len(input_size) == 3:
+        input_size = (1, *input_size)
+    shapes: dict[str, tuple[int, ...]] = {}
+    order: list[str] = []
+    names = {module: name for name, module in model.named_modules()}
+
+    def enter(module: nn.Module, _inputs: object) -> None:
+        if names[module] not in order:  # call order, parents before children
+            order.append(names[module])
+
+    def leave(module: nn.Module, _inputs: object, output: object) -> None:
+        tensor = _first_tensor(output)
+        shapes[names[module]] = tuple(tensor.shape) if tensor is not None else None
+
+    hooks = [m.register_forward_pre_hook(enter) for m in model.modules()]
+    hooks += [m.register_forward_hook(leave) for m in model.modules()]
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    was_training = model.training
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    try:
+        # Grad stays on so fused inference fast paths (which hide sub-layers) are not taken.
+        with torch.enable_grad(), counter:
+            model(torch.zeros(input_size, device=device, dtype=dtype))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+
+    flop_counts = counter.get_flop_counts()
+    root = type(model).__name__
+
+    def flops_of(name: str) -> int:
+        key = root if not name else f"{root}.{name}"
+        return int(sum(flop_counts.get(key, {}).values()))
+
+    modules = dict(model.named_modules())
+    result = ModelSummary(input_size=tuple(input_size))
+    for name in order:
+        depth = 0 if not name else name.count(".") + 1
+        if depth > max_depth:
+            continue
+        module = modules[name]
+        if isinstance(module, nn.Identity):
+            continue
+        result.rows.append(
+            LayerRow(
+                name=name or root,
+                kind=type(module).__name__,
+                depth=depth,
+                output_shape=shapes[name],
+                params=sum(p.numel() for p in module.parameters()),
+                flops=flops_of(name),
+            )
+        )
+    result.total_params = sum(p.numel() for p in model.parameters())
+    result.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    result.total_flops = int(sum(flop_counts.get("Global", {}).values()))
+    return result

@@ -1,0 +1,110 @@
+"""The same encoder built from `torch.nn.TransformerEncoderLayer`.
+
+`VisionTransformer(..., encoder='torch')` uses it. With `norm_first=True`, GELU, eps 1e-6 and
+`batch_first=True`, a `TransformerEncoderLayer` is the paper's pre-norm block: the same layers,
+the same parameter count. `native_to_torch_state_dict` / `torch_to_native_state_dict` rename the
+weights between the two, so both backends compute the same function.
+
+What PyTorch's layer cannot express, and is therefore refused for `encoder='torch'`:
+- separate attention-weight and projection dropout rates: one `dropout` drives the attention
+  weights, the output projection and both MLP dropouts (`attn_drop_rate` must equal `drop_rate`);
+- stochastic depth (`drop_path_rate`), LayerScale (`init_values`) and a custom `qk_scale`;
+- a qkv projection without bias: its `bias` switch covers every Linear and LayerNorm at once.
+What it matches: no dropout after the qkv projection (Appendix B.1), dropout after every other
+dense layer, exact-erf GELU, pre-norm with residuals, and the 1/sqrt(head_dim) scale.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import Tensor, nn
+
+# (native block suffix, torch layer suffix); qkv.* maps onto MHA's packed in-projection.
+_RENAMES = (
+    ("norm1.weight", "norm1.weight"),
+    ("norm1.bias", "norm1.bias"),
+    ("attn.qkv.weight", "self_attn.in_proj_weight"),
+    ("attn.qkv.bias", "self_attn.in_proj_bias"),
+    ("attn.proj.weight", "self_attn.out_proj.weight"),
+    ("attn.proj.bias", "self_attn.out_proj.bias"),
+    ("norm2.weight", "norm2.weight"),
+    ("norm2.bias", "norm2.bias"),
+    ("mlp.fc1.weight", "linear1.weight"),
+    ("mlp.fc1.bias", "linear1.bias"),
+    ("mlp.fc2.weight", "linear2.weight"),
+    ("mlp.fc2.bias", "linear2.bias"),
+)
+
+
+def check_torch_encoder_options(
+    *,
+    attn_drop_rate: float,
+    drop_rate: float,
+    drop_path_rate: float,
+    init_values: float | None,
+    qk_scale: float | None,
+    qkv_bias: bool,
+) -> None:
+    """Refuse, with the reason, options `nn.TransformerEncoderLayer` cannot express."""
+    problems = []
+    if attn_drop_rate != drop_rate:
+        problems.append("attn_drop_rate must equal drop_rate (one dropout rate drives both)")
+    if drop_path_rate:
+        problems.append("drop_path_rate must be 0 (no stochastic depth)")
+    if init_values:
+        problems.append("init_values must be None (no LayerScale)")
+    if qk_scale is not None:
+        problems.append("qk_scale must be None (the scale is fixed at head_dim ** -0.5)")
+    if not qkv_bias:
+        problems.append("qkv_bias must be True (its bias switch covers every layer)")
+    if problems:
+        raise ValueError(
+            "encoder='torch' cannot express these options: "
+            + "; ".join(problems)
+            + ". Use encoder='native' for them."
+        )
+
+
+def build_torch_encoder(
+    *, dim: int, depth: int, num_heads: int, mlp_ratio: float, dropout: float, norm_eps: float
+) -> nn.TransformerEncoder:
+    """`depth` pre-norm `TransformerEncoderLayer`s, without a final norm (the model adds it)."""
+    layer = nn.TransformerEncoderLayer(
+        d_model=dim,
+        nhead=num_heads,
+        dim_feedforward=int(dim * mlp_ratio),
+        dropout=dropout,
+        activation="gelu",
+        layer_norm_eps=norm_eps,
+        batch_first=True,
+        norm_first=True,
+    )
+    return nn.TransformerEncoder(layer, num_layers=depth, enable_nested_tensor=False)
+
+
+def _rename(state_dict: dict[str, Tensor], pattern: str, template: str, pairs) -> dict[str, Tensor]:
+    out = {}
+    regex = re.compile(pattern)
+    for key, value in state_dict.items():
+        match = regex.fullmatch(key)
+        if match is None:
+            out[key] = value
+            continue
+        index, suffix = match.group(1), match.group(2)
+        renamed = dict(pairs).get(suffix)
+        if renamed is None:
+            raise KeyError(f"no counterpart for encoder weight {key!r}")
+        out[template.format(index, renamed)] = value
+    return out
+
+
+def native_to_torch_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Rename `blocks.N.attn.qkv.weight`-style keys to `blocks.layers.N.self_attn...` keys."""
+    return _rename(state_dict, r"blocks\.(\d+)\.(.+)", "blocks.layers.{}.{}", _RENAMES)
+
+
+def torch_to_native_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of `native_to_torch_state_dict`."""
+    pairs = [(theirs, ours) for ours, theirs in _RENAMES]
+    return _rename(state_dict, r"blocks\.layers\.(\d+)\.(.+)", "blocks.{}.{}", pairs)
