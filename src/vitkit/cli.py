@@ -17,6 +17,18 @@ class UserError(Exception):
     """A mistake in the command line or its inputs: reported as one line, exit code 2."""
 
 
+# -- train / eval / predict / explain handlers ---------------------------------------------
+
+
+# -- convert handlers -----------------------------------------------------------------------
+
+
+# -- export handlers ------------------------------------------------------------------------
+
+
+# -- models / summary handlers --------------------------------------------------------------
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     for name in registry.list_models(args.pattern):
         print(name)
@@ -43,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # -- train / eval / predict / explain parsers --
+
+    # -- convert parser --
+
+    # -- export parser --
+
+    # -- models / summary parsers --
 
     p = sub.add_parser("models", help="list the registered model names")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_base*'")
