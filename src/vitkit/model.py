@@ -88,7 +88,8 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(config.drop_rate)
 
         if config.encoder == "native":
-            drop_path = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+            last = max(config.depth - 1, 1)
+            drop_path = [config.drop_path_rate * i / last for i in range(config.depth)]
             self.blocks = nn.Sequential(
                 *[
                     Block(

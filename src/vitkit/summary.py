@@ -14,6 +14,16 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 
+def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """q k^T and (weights) v: the CPU attention kernel PyTorch's counter has no formula for."""
+    batch, heads, q_len, head_dim = query_shape
+    k_len, v_dim = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * q_len * k_len * (head_dim + v_dim)
+
+
+_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops}
+
+
 @dataclass
 class LayerRow:
     name: str
@@ -108,7 +118,7 @@ def summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3) -
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
     was_training = model.training
     model.eval()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
     try:
         # Grad stays on so fused inference fast paths (which hide sub-layers) are not taken.
         with torch.enable_grad(), counter:

@@ -1,0 +1,131 @@
+"""Every registered preset: sizes of the paper's Table 1, exact parameter counts, timm parity."""
+
+import pytest
+import torch
+
+from vitkit import create_model, get_config, list_models
+from vitkit.registry import SIZES
+
+# Paper Table 1 (ViT-B/L/H) and DeiT Table 1 (Ti/S): (layers, hidden D, MLP size, heads, params).
+PAPER = {
+    "tiny": (12, 192, 768, 3, 5.7e6),
+    "small": (12, 384, 1536, 6, 22e6),
+    "base": (12, 768, 3072, 12, 86e6),
+    "large": (24, 1024, 4096, 16, 307e6),
+    "huge": (32, 1280, 5120, 16, 632e6),
+}
+
+
+def expected_params(config) -> int:
+    """Count from the architecture: patch projection, tokens, positions, blocks, norm, head."""
+    d, k = config.embed_dim, config.num_classes
+    ph, pw = (config.patch_size,) * 2 if isinstance(config.patch_size, int) else config.patch_size
+    h, w = (config.img_size,) * 2 if isinstance(config.img_size, int) else config.img_size
+    hidden = int(d * config.mlp_ratio)
+    patches = (h // ph) * (w // pw)
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d) + 4 * d
+    return (
+        config.in_chans * ph * pw * d
+        + d  # patch projection
+        + d  # class token
+        + (patches + 1) * d  # learned positions
+        + config.depth * block
+        + 2 * d  # final norm
+        + d * k
+        + k  # head
+    )
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_preset_builds_runs_and_has_the_exact_parameter_count(name):
+    config = get_config(name)
+    model = create_model(name, depth=1) if config.depth > 4 else create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == expected_params(model.config)
+    h, w = model.patch_embed.img_size
+    x = torch.randn(1, config.in_chans, h, w)
+    with torch.no_grad():
+        out = model.eval()(x)
+    assert out.shape == (1, config.num_classes)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_sizes_are_the_papers_table_1(size):
+    layers, dim, mlp, heads, params = PAPER[size]
+    config = get_config(f"vit_{size}_patch{14 if size == 'huge' else 16}_224")
+    assert (
+        config.depth,
+        config.embed_dim,
+        int(config.embed_dim * config.mlp_ratio),
+        config.num_heads,
+    ) == (
+        layers,
+        dim,
+        mlp,
+        heads,
+    )
+    # The paper rounds; with a 1000-class head the counts are within 1.5% of its figures.
+    assert expected_params(config) == pytest.approx(params, rel=0.015)
+
+
+def test_known_exact_counts():
+    assert expected_params(get_config("vit_base_patch16_224")) == 86_567_656
+    assert expected_params(get_config("vit_base_patch16_224").replace(num_classes=3)) == 85_800_963
+    with torch.device("meta"):
+        model = create_model("vit_base_patch16_224", num_classes=3)
+    assert sum(p.numel() for p in model.parameters()) == 85_800_963
+
+
+def test_unknown_name_lists_close_names():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown model name 'vit_base_patch16_225'; did you mean vit_base_patch16_224",
+    ):
+        create_model("vit_base_patch16_225")
+    with pytest.raises(TypeError, match="unknown model option 'dim'"):
+        create_model("vit_tiny_patch16_224", dim=3)
+
+
+def test_list_models_filters():
+    assert "vit_digits" in list_models()
+    assert list_models("vit_base*") == sorted(n for n in list_models() if n.startswith("vit_base"))
+
+
+timm = pytest.importorskip("timm", reason="timm is not installed (pip install -e '.[interop]')")
+
+
+@pytest.mark.parametrize("name", [n for n in list_models() if n != "vit_digits"])
+def test_parameter_counts_and_keys_equal_timm(name):
+    with torch.device("meta"):  # shapes only: no memory, no initialisation time
+        ours = create_model(name, num_classes=1000)
+        theirs = timm.create_model(name, pretrained=False, num_classes=1000)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    ours_sd, theirs_sd = ours.state_dict(), theirs.state_dict()
+    assert list(ours_sd) == list(theirs_sd)
+    assert all(ours_sd[k].shape == theirs_sd[k].shape for k in ours_sd)
+    if name == "vit_huge_patch14_224":
+        assert sum(p.numel() for p in ours.parameters()) == 632_045_800
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(class_token=False, global_pool="avg"),
+        dict(img_size=(32, 48), patch_size=(8, 4), qkv_bias=False),
+        dict(init_values=1e-2),
+    ],
+)
+def test_a_timm_state_dict_loads_unchanged_and_computes_the_same(options):
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    small = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=7)
+    small.update(options)
+    torch.manual_seed(0)
+    theirs = TimmViT(**small).eval()
+    ours = create_model("vit_tiny_patch16_224", **small).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    h, w = ours.patch_embed.img_size
+    x = torch.randn(2, 3, h, w)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
