@@ -1,0 +1,115 @@
+"""idx reading (MNIST, Fashion-MNIST) on files the tests write, and the real Debian files."""
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.mnist import (
+    FASHION_MNIST_DIRS,
+    DataSourceError,
+    fashion_mnist_dir,
+    load_idx_split,
+    load_mnist_csv,
+    read_idx,
+)
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", n) for n in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+
+
+def write_split(
+    folder: Path, split: str, images: np.ndarray, labels: np.ndarray, compress=True
+) -> None:
+    prefix = "train" if split == "train" else "t10k"
+    write_idx(folder / f"{prefix}-images-idx3-ubyte", images, compress)
+    write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels, compress)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_reads_what_was_written(tmp_path, compress):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(7, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=7, dtype=np.uint8)
+    write_split(tmp_path, "test", images, labels, compress)
+    x, y = load_idx_split(tmp_path, "test", "mnist")
+    assert x.dtype == torch.uint8 and x.shape == (7, 28, 28)
+    assert y.dtype == torch.int64 and y.tolist() == labels.tolist()
+    assert np.array_equal(x.numpy(), images)
+
+
+def test_truncated_and_foreign_files_are_named(tmp_path):
+    images = np.zeros((4, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "a", images, compress=False)
+    data = (tmp_path / "a").read_bytes()
+    (tmp_path / "short").write_bytes(data[:-10])
+    with pytest.raises(
+        DataSourceError, match=r"short is truncated or corrupt: header says \(4, 28, 28\)"
+    ):
+        read_idx(tmp_path / "short")
+    (tmp_path / "text").write_bytes(b"hello world")
+    with pytest.raises(DataSourceError, match="text is not an idx file"):
+        read_idx(tmp_path / "text")
+    (tmp_path / "bad.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DataSourceError, match="cannot read idx file .*bad.gz"):
+        read_idx(tmp_path / "bad.gz")
+
+
+def test_missing_files_say_how_to_get_them(tmp_path):
+    with pytest.raises(
+        DataSourceError,
+        match="fashion-mnist: train-images-idx3-ubyte.* `apt-get install dataset-fashion-mnist`",
+    ):
+        load_idx_split(tmp_path, "train", "fashion-mnist")
+    with pytest.raises(DataSourceError, match="pass --data-dir FOLDER"):
+        load_idx_split(tmp_path, "train", "mnist")
+
+
+def test_mismatched_counts_are_refused(tmp_path):
+    write_split(tmp_path, "train", np.zeros((3, 28, 28)), np.zeros(4))
+    with pytest.raises(DataSourceError, match="do not form an image set"):
+        load_idx_split(tmp_path, "train", "mnist")
+
+
+def test_mnist_csv(tmp_path):
+    rows = np.zeros((3, 785), dtype=np.int64)
+    rows[:, 100] = [10, 20, 30]
+    rows[:, -1] = [4, 0, 9]
+    path = tmp_path / "mnist.csv.gz"
+    with gzip.open(path, "wt") as f:
+        np.savetxt(f, rows, fmt="%d", delimiter=",")
+    x, y = load_mnist_csv(path)
+    assert x.shape == (3, 28, 28) and y.tolist() == [4, 0, 9]
+    assert x[:, 100 // 28, 100 % 28].tolist() == [10, 20, 30]
+
+
+REAL = FASHION_MNIST_DIRS[0]
+
+
+@pytest.mark.skipif(
+    not (REAL / "train-images-idx3-ubyte.gz").is_file(),
+    reason="the Debian package dataset-fashion-mnist is not installed (.ci/run installs it)",
+)
+def test_real_fashion_mnist_files():
+    folder = fashion_mnist_dir()
+    assert folder == REAL
+    x_train, y_train = load_idx_split(folder, "train", "fashion-mnist")
+    x_test, y_test = load_idx_split(folder, "test", "fashion-mnist")
+    assert x_train.shape == (60_000, 28, 28) and x_test.shape == (10_000, 28, 28)
+    assert y_train.min() == 0 and y_train.max() == 9
+    assert torch.bincount(y_train).tolist() == [6000] * 10
+    assert torch.bincount(y_test).tolist() == [1000] * 10
+    # Fashion-MNIST training-set normalisation constants: mean 0.2860, std 0.3530.
+    pixels = x_train.float() / 255
+    assert pixels.mean().item() == pytest.approx(0.2860, abs=5e-4)
+    assert pixels.std().item() == pytest.approx(0.3530, abs=5e-4)
