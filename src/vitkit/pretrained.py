@@ -124,7 +124,8 @@ def _read(
         if (path / "config.json").is_file() and format in ("auto", "hf"):
             options.setdefault("config", path / "config.json")
         path = found[0]
-    if format == "jax" or (format == "auto" and path.is_file() and is_npz_file(path)):
+    is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
+    if format == "jax" or (format == "auto" and is_npz):
         return load_npz(path), "jax", None
     weights = load_state_dict(path)
     config = saved_config(path) if format in ("auto", "vitkit") else None
