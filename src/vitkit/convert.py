@@ -28,16 +28,18 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .checkpoint import CheckpointError, load_npz, mismatch_report
 from .config import ViTConfig
 from .layers import to_2tuple
+from .model import VisionTransformer
 from .pos_embed import fixed_pos_embed
 from .torch_encoder import torch_to_native_state_dict
 
@@ -164,8 +166,6 @@ def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe model
     whose block keys are repeated `depth` times (cheap even for ViT-H)."""
-    from .model import VisionTransformer
-
     probe = VisionTransformer(config.replace(depth=1, drop_path_rate=0.0))
     shapes = {}
     for key, value in probe.state_dict().items():
@@ -191,10 +191,8 @@ def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source
 
 def grid_size(config: ViTConfig) -> tuple[int, int]:
     """The patch grid (h, w) of a config's native resolution."""
-    (h, w), (ph, pw) = (
-        to_2tuple(config.img_size, "img_size"),
-        to_2tuple(config.patch_size, "patch_size"),
-    )
+    h, w = to_2tuple(config.img_size, "img_size")
+    ph, pw = to_2tuple(config.patch_size, "patch_size")
     return (h // ph, w // pw)
 
 
@@ -238,10 +236,6 @@ def to_timm(model_or_state_dict: Any, config: ViTConfig | None = None) -> dict[s
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments for timm's `VisionTransformer` (or `VisionTransformerDistilled` when
     `config.distilled`) that build the same architecture as `config`."""
-    from functools import partial
-
-    from torch import nn
-
     kwargs: dict[str, Any] = {
         "img_size": config.img_size,
         "patch_size": config.patch_size,
@@ -269,7 +263,7 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
 
 def _vitkit_state(model_or_state_dict: Any, config: ViTConfig | None) -> tuple[dict, ViTConfig]:
     """(native-layout state dict, config) of a model, or of a state dict with its config."""
-    if isinstance(model_or_state_dict, torch.nn.Module):
+    if isinstance(model_or_state_dict, nn.Module):
         config = config or model_or_state_dict.config
         sd = dict(model_or_state_dict.state_dict())
     elif config is None:
@@ -569,7 +563,7 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
 
 # -- JAX / Flax npz (google-research/vision_transformer) -----------------------------------
 
-_JAX_PREFIXES = ("opt/target/", "params/")
+_JAX_PREFIXES = ("opt/target/",)  # older checkpoints nest the weights here
 
 
 def from_jax(
@@ -594,7 +588,7 @@ def from_jax(
     if "embedding/kernel" not in w:
         raise CheckpointError(
             "no 'embedding/kernel' array: not a ViT checkpoint in the original JAX layout "
-            f"(first keys: {', '.join(list(w)[:5])})"
+            f"(first keys: {', '.join(list(w)[:5])}); big_vision checkpoints are not supported"
         )
     out: dict[str, Tensor] = {}
 
@@ -694,7 +688,7 @@ CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], ViTConfig]]] = {
 # -- the source library's own model, for parity checks -------------------------------------
 
 
-def source_model(format: str, config: ViTConfig, weights: Any) -> torch.nn.Module:
+def source_model(format: str, config: ViTConfig, weights: Any) -> nn.Module:
     """The source library's model of `config` holding the original `weights` (a state dict,
     or the `.npz` path for 'jax', read by timm's own npz loader), in eval mode.
 
@@ -739,10 +733,10 @@ def source_model(format: str, config: ViTConfig, weights: Any) -> torch.nn.Modul
     raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
 
 
-class _HFLogits(torch.nn.Module):
+class _HFLogits(nn.Module):
     """A Hugging Face ViT whose forward returns a tensor: logits, or the final tokens."""
 
-    def __init__(self, inner: torch.nn.Module) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
 

@@ -58,7 +58,10 @@ def load_pretrained(
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
-    state_dict, format, source_config = _read(source, format, convert_options)
+    state_dict, format, source_config = _read(source, format)
+    folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
+    if format == "hf" and folder_config is not None and folder_config.is_file():
+        convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
     if source_config is None:
         state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
     target = model.config if model is not None else source_config
@@ -108,7 +111,7 @@ def adapt_state_dict(
 
 
 def _read(
-    source: str | os.PathLike | Mapping[str, Any], format: str, options: dict[str, Any]
+    source: str | os.PathLike | Mapping[str, Any], format: str
 ) -> tuple[dict[str, Any], str, ViTConfig | None]:
     """(weights, format, config when the file carries one) of a source."""
     if isinstance(source, Mapping):
@@ -121,8 +124,6 @@ def _read(
             raise CheckpointError(
                 f"{path} is a folder without {' or '.join(_HF_WEIGHT_FILES)}; pass a weights file"
             )
-        if (path / "config.json").is_file() and format in ("auto", "hf"):
-            options.setdefault("config", path / "config.json")
         path = found[0]
     is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
     if format == "jax" or (format == "auto" and is_npz):
