@@ -127,6 +127,19 @@ def test_load_into_given_model_with_other_head():
     assert torch.equal(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
 
 
+def test_load_into_given_model_at_another_resolution():
+    source = randomize(
+        VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4)
+    )
+    target = VisionTransformer(img_size=(48, 64), patch_size=8, embed_dim=64, depth=1, num_heads=4)
+    model = vitkit.load_pretrained(source.state_dict(), model=target)
+    expected = vitkit.pos_embed.resample_pos_embed(source.pos_embed, new_size=(6, 8))
+    assert torch.equal(model.pos_embed.detach(), expected.detach())
+    assert model(images((48, 64))).shape == (1, 1000)
+    with pytest.raises(ValueError, match=r"img_size= applies when load_pretrained builds"):
+        vitkit.load_pretrained(source.state_dict(), model=target, img_size=64)
+
+
 def test_load_into_wrong_model_gives_readable_report():
     source = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
     target = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4)

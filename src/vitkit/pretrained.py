@@ -51,13 +51,19 @@ def load_pretrained(
         format: 'auto' (detected from the file and key names) or one of 'vitkit', 'timm',
             'hf', 'torchvision', 'jax'.
         num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
-        img_size: a new input size; the position grid is resampled (bicubic) to fit.
+        img_size: a new input size; the position grid is resampled (bicubic) to fit. A given
+            `model` is resampled to its own size instead.
         convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF).
 
     Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
+    if model is not None and img_size is not None:
+        raise ValueError(
+            "img_size= applies when load_pretrained builds the model (model=None); build the "
+            "given model at the size you want and its position grid is resampled to it"
+        )
     state_dict, format, source_config = _read(source, format)
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
