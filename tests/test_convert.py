@@ -32,7 +32,7 @@ def images(size: int | tuple[int, int], batch: int = 1, chans: int = 3) -> torch
 
 TIMM_CASES = [
     pytest.param("vit_tiny_patch16_224", {}, id="tiny"),
-    pytest.param("vit_small_patch16_224", {}, id="small"),
+    pytest.param("vit_small_patch16_224", {}, id="small", marks=pytest.mark.slow),
     pytest.param("vit_base_patch16_224", {}, id="base", marks=pytest.mark.slow),
     pytest.param(
         "vit_tiny_patch16_224",

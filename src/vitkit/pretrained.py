@@ -25,6 +25,7 @@ from .checkpoint import (
 )
 from .config import ViTConfig
 from .convert import CONVERTERS, FORMATS, detect_format, grid_size
+from .layers import to_2tuple
 from .model import VisionTransformer
 from .pos_embed import resample_pos_embed
 
@@ -101,7 +102,7 @@ def adapt_state_dict(
             state_dict.pop(key, None)
     old_grid, new_grid = grid_size(source), grid_size(target)
     if "pos_embed" in state_dict and old_grid != new_grid:
-        if source.patch_size != target.patch_size:
+        if to_2tuple(source.patch_size, "patch_size") != to_2tuple(target.patch_size, "patch_size"):
             raise CheckpointError(
                 f"the checkpoint has patch size {source.patch_size}, the model "
                 f"{target.patch_size}; resampling patch embeddings is not supported"
