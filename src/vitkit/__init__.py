@@ -1,8 +1,10 @@
 """vitkit: Vision Transformers on PyTorch, faithful to "An Image is Worth 16x16 Words"."""
 
+from . import convert
 from .checkpoint import CheckpointError, load, load_state_dict, save
 from .config import ViTConfig
 from .model import VisionTransformer
+from .pretrained import load_pretrained
 from .registry import create_model, get_config, list_models
 from .summary import summary
 
@@ -10,10 +12,12 @@ __all__ = [
     "CheckpointError",
     "ViTConfig",
     "VisionTransformer",
+    "convert",
     "create_model",
     "get_config",
     "list_models",
     "load",
+    "load_pretrained",
     "load_state_dict",
     "save",
     "summary",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open
@@ -118,27 +119,50 @@ def load_state_dict(
     if path.suffix == ".safetensors" or is_safetensors_file(path):
         try:
             return load_file(str(path), device=str(map_location))
-        except (SafetensorError, OSError, ValueError) as err:
+        except Exception as err:  # safetensors raises several types for bad files
             raise CheckpointError(
-                f"{path} is not a valid safetensors file ({err}); it may be truncated or of "
-                "another format"
+                f"{path} is not a valid safetensors file ({_first_line(err)}); it may be "
+                "truncated or of another format"
             ) from None
+    if path.suffix == ".npz" or is_npz_file(path):
+        raise CheckpointError(
+            f"{path} is a NumPy .npz archive (a JAX/Flax checkpoint), not a PyTorch state dict; "
+            "load it with vitkit.load_pretrained(path) or vitkit.convert.from_jax(path)"
+        )
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsafe pickle"
+        if not str(err).startswith("Weights only load failed"):
+            raise CheckpointError(_unreadable(path, err)) from None
         raise CheckpointError(
             f"refusing to load {path}: it needs arbitrary unpickling, which can run code "
-            f"({first}). Only load it with weights_only=False if you trust its source, then "
-            "re-save it with vitkit.save"
+            f"({_unpickler_reason(err)}). Load it with torch.load(weights_only=False) only if "
+            "you trust its source, then re-save it with vitkit.save"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise CheckpointError(
-            f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[0] if str(err).strip() else 'no detail'}); it may be "
-            "truncated or of another format"
-        ) from None
+    except Exception as err:  # torch.load raises many types for files of another format
+        raise CheckpointError(_unreadable(path, err)) from None
     return _unwrap(obj, path)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _unreadable(path: Path, err: BaseException) -> str:
+    return (
+        f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: "
+        f"{_first_line(err)[:200]}); it may be truncated or of another format"
+    )
+
+
+def _unpickler_reason(err: BaseException) -> str:
+    """The line of torch's weights-only refusal that names what the pickle asked for."""
+    for line in str(err).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Weights only load failed", "Please file", "Check the")):
+            return line.removeprefix("WeightsUnpickler error:").strip() or "unsafe pickle"
+    return "unsafe pickle"
 
 
 def is_safetensors_file(path: str | os.PathLike) -> bool:
@@ -147,6 +171,57 @@ def is_safetensors_file(path: str | os.PathLike) -> bool:
         head = f.read(9)
     size = Path(path).stat().st_size
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < size
+
+
+def is_npz_file(path: str | os.PathLike) -> bool:
+    """True for a zip archive of `.npy` members (`numpy.savez`), as JAX/Flax checkpoints are."""
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return bool(names) and all(name.endswith(".npy") for name in names)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an `.npz` file, read with `allow_pickle=False` (no code can run)."""
+    path = _existing(path)
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except ValueError as err:
+        if "allow_pickle" in str(err):
+            raise CheckpointError(
+                f"refusing to load {path}: it holds pickled Python objects, which can run code; "
+                "a JAX checkpoint holds plain arrays only"
+            ) from None
+        raise CheckpointError(_unreadable_npz(path, err)) from None
+    except Exception as err:  # zipfile / numpy raise several types for broken archives
+        raise CheckpointError(_unreadable_npz(path, err)) from None
+
+
+def _unreadable_npz(path: Path, err: BaseException) -> str:
+    return (
+        f"{path} is not a readable .npz archive ({type(err).__name__}: "
+        f"{_first_line(err)[:200]}); it may be truncated or of another format"
+    )
+
+
+def saved_config(path: str | os.PathLike) -> ViTConfig | None:
+    """The config `save` stored in a safetensors file, or None for files without one."""
+    path = _existing(path)
+    if not is_safetensors_file(path):
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception:  # a broken file: let load_state_dict report it
+        return None
+    return read_metadata(path)[0] if CONFIG_KEY in metadata else None
 
 
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
@@ -159,33 +234,37 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     return obj
 
 
+def mismatch_report(expected: dict[str, torch.Size], state_dict: dict[str, Tensor]) -> str | None:
+    """Missing, unexpected and mis-shaped keys of `state_dict` against `expected` shapes, as
+    one readable line; None when they match."""
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mismatched = sorted(
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k])}"
+        for k in set(expected) & set(state_dict)
+        if tuple(expected[k]) != tuple(state_dict[k].shape)
+    )
+    parts = []
+    for label, keys in (
+        ("missing", missing),
+        ("unexpected", unexpected),
+        ("wrong shape", mismatched),
+    ):
+        if keys:
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
+            parts.append(f"{label}: {shown}")
+    return "; ".join(parts) or None
+
+
 def load_into(
     model: torch.nn.Module, state_dict: dict[str, Tensor], source: str = "state dict"
 ) -> None:
     """`load_state_dict(strict=True)` with a readable report of missing, unexpected and
     mis-shaped keys instead of PyTorch's raw error."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    mismatched = sorted(
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in set(own) & set(state_dict)
-        if own[k].shape != state_dict[k].shape
-    )
-    if missing or unexpected or mismatched:
-        parts = []
-        for label, keys in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("wrong shape", mismatched),
-        ):
-            if keys:
-                shown = ", ".join(keys[:5]) + (
-                    f", ... ({len(keys)} in all)" if len(keys) > 5 else ""
-                )
-                parts.append(f"{label}: {shown}")
+    report = mismatch_report({k: v.shape for k, v in model.state_dict().items()}, state_dict)
+    if report:
         raise CheckpointError(
-            f"{source} does not match the model ({'; '.join(parts)}); check that the checkpoint "
+            f"{source} does not match the model ({report}); check that the checkpoint "
             "was made for this architecture (embed_dim, depth, patch size, num_classes)"
         )
     model.load_state_dict(state_dict, strict=True)

@@ -22,6 +22,73 @@ class UserError(Exception):
 
 # -- convert handlers -----------------------------------------------------------------------
 
+PARITY_TOLERANCE = 1e-4
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import convert
+    from .checkpoint import CheckpointError, load_state_dict, save
+    from .pretrained import load_pretrained
+
+    options = {}
+    if args.num_heads is not None:
+        options["num_heads"] = args.num_heads
+    if args.config is not None:
+        if args.source != "hf":
+            raise UserError("--config (a Hugging Face config.json) only goes with --from hf")
+        options["config"] = args.config
+    print(f"converting {args.input} ({args.source} weights) ...", flush=True)
+    try:
+        model = load_pretrained(args.input, format=args.source, **options)
+    except CheckpointError as err:
+        raise UserError(str(err)) from None
+    cfg = model.config
+    print(
+        f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, depth "
+        f"{cfg.depth}, heads {cfg.num_heads}, patch {cfg.patch_size}, img_size {cfg.img_size}, "
+        f"{cfg.num_classes} classes, pool {cfg.global_pool}",
+        flush=True,
+    )
+    save(model, args.output, meta={"converted_from": args.source})
+    print(f"wrote {args.output}", flush=True)
+    if args.no_parity:
+        return 0
+    library = {"hf": "transformers", "jax": "timm"}.get(args.source, args.source)
+    try:
+        if args.source == "jax":
+            weights = args.input
+        else:
+            weights = load_state_dict(_weights_file(args.input))
+        reference = convert.source_model(args.source, cfg, weights)
+    except ImportError:
+        print(f"parity check skipped: {library} is not installed")
+        return 0
+    height, width = model.patch_embed.img_size
+    x = torch.randn(2, cfg.in_chans, height, width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(x) if cfg.num_classes else model.forward_features(x)
+        diff = (ours - reference(x)).abs().max().item()
+    verdict = "ok" if diff <= PARITY_TOLERANCE else "MISMATCH"
+    print(
+        f"parity vs {library}: max |difference| {diff:.2e} on a random batch of 2 "
+        f"({verdict}, tolerance {PARITY_TOLERANCE:.0e})"
+    )
+    return 0 if verdict == "ok" else 1
+
+
+def _weights_file(path: str) -> str:
+    """The weights file of a path that may be a Hugging Face model folder."""
+    from pathlib import Path
+
+    folder = Path(path)
+    if folder.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (folder / name).is_file():
+                return str(folder / name)
+    return path
+
 
 # -- export handlers ------------------------------------------------------------------------
 
@@ -59,6 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
     # -- train / eval / predict / explain parsers --
 
     # -- convert parser --
+
+    p = sub.add_parser(
+        "convert",
+        help="convert timm / Hugging Face / torchvision / JAX weights to a vitkit file",
+    )
+    p.add_argument(
+        "--from", dest="source", required=True, choices=["timm", "hf", "torchvision", "jax"]
+    )
+    p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or HF model folder")
+    p.add_argument("output", help="the vitkit .safetensors file to write")
+    p.add_argument("--num-heads", type=int, help="attention heads (default: inferred)")
+    p.add_argument("--config", help="Hugging Face config.json (default: the one beside IN)")
+    p.add_argument("--no-parity", action="store_true", help="skip the output comparison")
+    p.set_defaults(func=_cmd_convert)
 
     # -- export parser --
 

@@ -1,0 +1,148 @@
+"""`load_pretrained`: a ready model from timm, Hugging Face, torchvision, JAX or vitkit weights.
+
+Fine-tuning at another resolution resamples the learned position grid (Dosovitskiy et al.
+2021, Section 3.2; bicubic, class token kept apart, as timm's `resample_abs_pos_embed`), and a
+new number of classes gets a freshly initialised head.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .checkpoint import (
+    CheckpointError,
+    is_npz_file,
+    load_into,
+    load_npz,
+    load_state_dict,
+    saved_config,
+)
+from .config import ViTConfig
+from .convert import CONVERTERS, FORMATS, detect_format, grid_size
+from .layers import to_2tuple
+from .model import VisionTransformer
+from .pos_embed import resample_pos_embed
+
+log = logging.getLogger(__name__)
+
+_HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
+
+
+def load_pretrained(
+    source: str | os.PathLike | Mapping[str, Any],
+    model: VisionTransformer | None = None,
+    format: str = "auto",
+    num_classes: int | None = None,
+    img_size: int | tuple[int, int] | None = None,
+    **convert_options: Any,
+) -> VisionTransformer:
+    """A `VisionTransformer` in eval mode holding the weights of `source`.
+
+    Args:
+        source: a file (`.safetensors`, `.pth`, `.bin`, `.npz`), a Hugging Face model folder
+            (`config.json` + weights) or an in-memory state dict.
+        model: load into this model; None builds one from the config inferred from the weights.
+        format: 'auto' (detected from the file and key names) or one of 'vitkit', 'timm',
+            'hf', 'torchvision', 'jax'.
+        num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
+        img_size: a new input size; the position grid is resampled (bicubic) to fit. A given
+            `model` is resampled to its own size instead.
+        convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF).
+
+    Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
+    """
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
+    if model is not None and img_size is not None:
+        raise ValueError(
+            "img_size= applies when load_pretrained builds the model (model=None); build the "
+            "given model at the size you want and its position grid is resampled to it"
+        )
+    state_dict, format, source_config = _read(source, format)
+    folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
+    if format == "hf" and folder_config is not None and folder_config.is_file():
+        convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
+    if source_config is None:
+        state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
+    target = model.config if model is not None else source_config
+    if num_classes is not None:
+        target = target.replace(num_classes=num_classes)
+    if img_size is not None:
+        target = target.replace(img_size=img_size)
+    state_dict = adapt_state_dict(state_dict, source_config, target)
+    if model is None:
+        model = VisionTransformer(target)
+    if target.num_classes != source_config.num_classes:
+        log.info(
+            "new %d-class head (the checkpoint has %d classes): fine-tune it",
+            target.num_classes,
+            source_config.num_classes,
+        )
+        model.reset_classifier(target.num_classes)
+        own = model.state_dict()
+        state_dict.update({k: own[k] for k in _HEAD_KEYS if k in own})
+    load_into(model, state_dict, source=f"{format} checkpoint")
+    return model.eval()
+
+
+def adapt_state_dict(
+    state_dict: dict[str, Tensor], source: ViTConfig, target: ViTConfig
+) -> dict[str, Tensor]:
+    """Drop a head of another size and resample the position grid to `target`'s resolution."""
+    state_dict = dict(state_dict)
+    if target.num_classes != source.num_classes:
+        for key in _HEAD_KEYS:
+            state_dict.pop(key, None)
+    old_grid, new_grid = grid_size(source), grid_size(target)
+    if "pos_embed" in state_dict and old_grid != new_grid:
+        if to_2tuple(source.patch_size, "patch_size") != to_2tuple(target.patch_size, "patch_size"):
+            raise CheckpointError(
+                f"the checkpoint has patch size {source.patch_size}, the model "
+                f"{target.patch_size}; resampling patch embeddings is not supported"
+            )
+        log.info("resampling the position embedding from grid %s to %s", old_grid, new_grid)
+        state_dict["pos_embed"] = resample_pos_embed(
+            state_dict["pos_embed"],
+            new_size=new_grid,
+            old_size=old_grid,
+            num_prefix_tokens=source.num_prefix_tokens,
+        )
+    return state_dict
+
+
+def _read(
+    source: str | os.PathLike | Mapping[str, Any], format: str
+) -> tuple[dict[str, Any], str, ViTConfig | None]:
+    """(weights, format, config when the file carries one) of a source."""
+    if isinstance(source, Mapping):
+        weights = dict(source)
+        return weights, _detect(weights) if format == "auto" else format, None
+    path = Path(source)
+    if path.is_dir():
+        found = [path / name for name in _HF_WEIGHT_FILES if (path / name).is_file()]
+        if not found:
+            raise CheckpointError(
+                f"{path} is a folder without {' or '.join(_HF_WEIGHT_FILES)}; pass a weights file"
+            )
+        path = found[0]
+    is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
+    if format == "jax" or (format == "auto" and is_npz):
+        return load_npz(path), "jax", None
+    weights = load_state_dict(path)
+    config = saved_config(path) if format in ("auto", "vitkit") else None
+    if config is not None:
+        return weights, "vitkit", config
+    return weights, _detect(weights) if format == "auto" else format, None
+
+
+def _detect(weights: Mapping[str, Any]) -> str:
+    found = detect_format(weights)
+    log.info("detected %s weights", found)
+    return found
