@@ -185,8 +185,13 @@ class VisionTransformer(nn.Module):
 
     def position_embedding(self, grid: tuple[int, int]) -> Tensor | None:
         """The position embedding for a patch grid: the stored one at the native grid, else
-        the learned grid resampled (bicubic) or the fixed table recomputed."""
-        if self.pos_embed is None or grid == self.patch_embed.grid_size:
+        the learned grid resampled (bicubic) or the fixed table recomputed.
+
+        A symbolic grid (torch.export / ONNX export with dynamic sizes) is never compared with
+        the native one, which would bake the native size into the graph; resampling to the
+        native grid is the identity."""
+        static = all(isinstance(side, int) for side in grid)
+        if self.pos_embed is None or (static and grid == self.patch_embed.grid_size):
             return self.pos_embed
         if self.learned_pos_embed is not None:
             return resample_pos_embed(
