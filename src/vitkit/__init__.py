@@ -2,12 +2,14 @@
 
 from .checkpoint import CheckpointError, load, load_state_dict, save
 from .config import ViTConfig
+from .features import ViTBackbone
 from .model import VisionTransformer
 from .registry import create_model, get_config, list_models
 from .summary import summary
 
 __all__ = [
     "CheckpointError",
+    "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",
     "create_model",
