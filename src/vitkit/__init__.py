@@ -2,6 +2,7 @@
 
 from .checkpoint import CheckpointError, load, load_state_dict, save
 from .config import ViTConfig
+from .export import export_onnx
 from .features import ViTBackbone
 from .model import VisionTransformer
 from .registry import create_model, get_config, list_models
@@ -13,6 +14,7 @@ __all__ = [
     "ViTConfig",
     "VisionTransformer",
     "create_model",
+    "export_onnx",
     "get_config",
     "list_models",
     "load",
