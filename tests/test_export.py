@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit import VisionTransformer, export_onnx, save
+from vitkit import VisionTransformer, ViTBackbone, export_onnx, save
 from vitkit.cli import main
 from vitkit.export import check_onnx, export_program
 
@@ -164,3 +164,23 @@ def test_onnx_variants_dynamic(tmp_path, overrides):
         with torch.no_grad():
             expected = model(x)
         torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
+
+
+def test_backbone_onnx_and_torch_export(tmp_path):
+    backbone = ViTBackbone(tiny(num_classes=0, depth=3), out_indices=(0, -1))
+    path = export_onnx(backbone, tmp_path / "bb.onnx", dynamic_img_size=True, verify=True)
+    outputs = onnx.load(str(path)).graph.output
+    assert [o.name for o in outputs] == ["block0", "block2"]
+    reference = ViTBackbone(tiny(num_classes=0, depth=3, dynamic_img_size=True), (0, -1)).eval()
+    x = torch.randn(2, 3, 80, 40)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"image": x.numpy()})
+    program = export_program(backbone).module()  # fixed size: the model's own setting
+    y = torch.randn(3, 3, 60, 100)
+    with torch.no_grad():
+        expected = reference(x)
+        for have, want in zip(got, expected):
+            assert have.shape == (2, 16, 4, 2)
+            torch.testing.assert_close(torch.from_numpy(have), want, rtol=0, atol=1e-4)
+        for have, want in zip(program(y), backbone(y)):
+            torch.testing.assert_close(have, want, rtol=0, atol=1e-5)

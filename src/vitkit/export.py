@@ -1,4 +1,4 @@
-"""Serve a ViT without Python-side vitkit code: ONNX, `torch.export`, TorchScript.
+"""Serve a ViT or a ViTBackbone without vitkit: ONNX, `torch.export`, TorchScript.
 
 Both exports go through `torch.export` (ONNX with PyTorch's torch.export-based exporter, which
 needs `onnxscript`). What is dynamic in the exported graph:
@@ -8,8 +8,9 @@ needs `onnxscript`). What is dynamic in the exported graph:
   multiples of the patch size (ONNX input dims `'16*grid_height'`, `'16*grid_width'`). A learned
   position embedding is resampled inside the graph (ONNX `Resize`, cubic, antialias: opset 18
   or newer), a fixed table is recomputed; otherwise both are fixed at `img_size`;
-- fixed: the channels, the dtype, and the output (logits, or pooled features when
-  `num_classes=0`; attention maps and intermediate features are not exported).
+- fixed: the channels, the dtype, and the outputs: logits (or pooled features when
+  `num_classes=0`) for a model, the chosen blocks' maps for a `ViTBackbone`; attention maps
+  are not exported.
 
 The ONNX graph does not validate its input the way `PatchEmbed.check_input` does: feed it
 sizes that are multiples of the patch size. The TorchScript-based (legacy) ONNX exporter cannot
@@ -28,90 +29,117 @@ import torch
 from torch import Tensor
 from torch.export import Dim, ExportedProgram
 
+from .features import ViTBackbone
 from .model import VisionTransformer
 
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
 
+Exportable = VisionTransformer | ViTBackbone
 
-def example_input(model: VisionTransformer, batch_size: int = 2) -> Tensor:
-    """Random images at the model's `img_size`, on its device and in its dtype."""
-    param = next(model.parameters())
-    size = model.patch_embed.img_size
+
+def _vit(module: Exportable) -> VisionTransformer:
+    return module.model if isinstance(module, ViTBackbone) else module
+
+
+def example_input(
+    module: Exportable, batch_size: int = 2, size: tuple[int, int] | None = None
+) -> Tensor:
+    """Random images at `size` (default: the model's `img_size`), on the model's device and
+    in its dtype."""
+    vit = _vit(module)
+    param = next(vit.parameters())
+    size = size or vit.patch_embed.img_size
     return torch.randn(
-        batch_size, model.config.in_chans, *size, device=param.device, dtype=param.dtype
+        batch_size, vit.config.in_chans, *size, device=param.device, dtype=param.dtype
     )
 
 
-def _with_dynamic_img_size(model: VisionTransformer) -> VisionTransformer:
-    """A copy of `model` (same weights) that accepts any multiple of the patch size."""
-    if model.patch_embed.dynamic_img_size:
-        return model
-    param = next(model.parameters())
+def _output_names(module: Exportable) -> list[str]:
+    if isinstance(module, ViTBackbone):
+        return [f"block{i}" for i in module.out_indices]
+    return ["logits" if module.num_classes else "features"]
+
+
+def _with_dynamic_img_size(module: Exportable) -> Exportable:
+    """A copy (same weights) that accepts any multiple of the patch size."""
+    vit = _vit(module)
+    if vit.patch_embed.dynamic_img_size:
+        return module
+    param = next(vit.parameters())
     with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the user's RNG
-        copy = VisionTransformer(model.config.replace(dynamic_img_size=True))
-    copy.load_state_dict(model.state_dict())
-    return copy.to(device=param.device, dtype=param.dtype)
+        copy = VisionTransformer(vit.config.replace(dynamic_img_size=True))
+    copy.load_state_dict(vit.state_dict())
+    copy = copy.to(device=param.device, dtype=param.dtype).train(vit.training)
+    if isinstance(module, ViTBackbone):
+        return ViTBackbone(copy, module.out_indices, norm=module.norm).train(module.training)
+    return copy
 
 
 def _dynamic_shapes(
-    model: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool
+    vit: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool
 ) -> tuple[dict[int, object]]:
     dims: dict[int, object] = {}
     if dynamic_batch:
         dims[0] = Dim("batch")
     if dynamic_img_size:
-        patch_h, patch_w = model.patch_embed.patch_size
+        patch_h, patch_w = vit.patch_embed.patch_size
         dims[2] = patch_h * Dim("grid_height")
         dims[3] = patch_w * Dim("grid_width")
     return (dims,)
 
 
-def _sample(model: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool) -> Tensor:
+def _sample(module: Exportable, dynamic_batch: bool, dynamic_img_size: bool) -> Tensor:
     """The tracing input; a dynamic dim must not be 1 (torch.export specialises 0 and 1)."""
-    x = example_input(model, batch_size=2 if dynamic_batch else 1)
+    vit = _vit(module)
+    size = vit.patch_embed.img_size
     if dynamic_img_size:
-        grid, patch = model.patch_embed.grid_size, model.patch_embed.patch_size
-        height = patch[0] * max(grid[0], 2)
-        width = patch[1] * max(grid[1], 2)
-        x = x.new_zeros(x.shape[0], x.shape[1], height, width).normal_()
-    return x
+        (grid_h, grid_w), (patch_h, patch_w) = vit.patch_embed.grid_size, vit.patch_embed.patch_size
+        size = (patch_h * max(grid_h, 2), patch_w * max(grid_w, 2))
+    return example_input(module, batch_size=2 if dynamic_batch else 1, size=size)
+
+
+@contextlib.contextmanager
+def _eval_mode(module: Exportable) -> Iterator[Exportable]:
+    """The module in eval mode (no dropout), its training flag restored afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 @contextlib.contextmanager
 def _prepared(
-    model: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool | None
-) -> Iterator[tuple[VisionTransformer, Tensor, tuple[dict[int, object]]]]:
-    """The model to export (eval mode, a dynamic-size copy if asked), a sample input, and
+    module: Exportable, dynamic_batch: bool, dynamic_img_size: bool | None
+) -> Iterator[tuple[Exportable, Tensor, tuple[dict[int, object]]]]:
+    """The module to export (eval mode, a dynamic-size copy if asked), a sample input, and
     the dynamic shapes; restores the training flag afterwards."""
     if dynamic_img_size is None:
-        dynamic_img_size = model.patch_embed.dynamic_img_size
+        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
     if dynamic_img_size:
-        model = _with_dynamic_img_size(model)
-    was_training = model.training
-    model.eval()
-    try:
-        sample = _sample(model, dynamic_batch, dynamic_img_size)
-        yield model, sample, _dynamic_shapes(model, dynamic_batch, dynamic_img_size)
-    finally:
-        model.train(was_training)
+        module = _with_dynamic_img_size(module)
+    with _eval_mode(module):
+        sample = _sample(module, dynamic_batch, dynamic_img_size)
+        yield module, sample, _dynamic_shapes(_vit(module), dynamic_batch, dynamic_img_size)
 
 
 def export_program(
-    model: VisionTransformer, *, dynamic_batch: bool = True, dynamic_img_size: bool | None = None
+    module: Exportable, *, dynamic_batch: bool = True, dynamic_img_size: bool | None = None
 ) -> ExportedProgram:
-    """`torch.export.export` of the model in eval mode, with the dims described above.
+    """`torch.export.export` of a model or `ViTBackbone` in eval mode, with the dims above.
 
     `dynamic_img_size=None` follows the model; True on a fixed-size model exports a copy with
     the same weights that takes any multiple of the patch size.
     """
-    with _prepared(model, dynamic_batch, dynamic_img_size) as (model, sample, shapes):
-        return torch.export.export(model, (sample,), dynamic_shapes=shapes)
+    with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
+        return torch.export.export(exported, (sample,), dynamic_shapes=shapes)
 
 
 def export_onnx(
-    model: VisionTransformer,
+    module: Exportable,
     path: str | Path,
     *,
     dynamic_batch: bool = True,
@@ -119,10 +147,13 @@ def export_onnx(
     opset: int = MIN_OPSET,
     verify: bool = False,
 ) -> Path:
-    """Write the model as an ONNX graph (input 'image', output 'logits' or 'features').
+    """Write a model or a `ViTBackbone` as an ONNX graph.
+
+    The input is 'image'; the output 'logits' (or 'features' for `num_classes=0`), or for a
+    backbone one map per block, 'block2', 'block5', ...
 
     Args:
-        model: the ViT; exported in eval mode (its training flag is restored).
+        module: the ViT or backbone; exported in eval mode (its training flag is restored).
         path: the .onnx file to write.
         dynamic_batch: a dynamic batch dimension, else batch 1.
         dynamic_img_size: dynamic height and width (multiples of the patch size); None follows
@@ -138,11 +169,10 @@ def export_onnx(
             f"antialias, opset {MIN_OPSET} or newer; pass opset={MIN_OPSET}"
         )
     if dynamic_img_size is None:
-        dynamic_img_size = model.patch_embed.dynamic_img_size
+        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    output = "logits" if model.num_classes else "features"
-    with _prepared(model, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
+    with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
         # Passing the module (not an ExportedProgram) keeps the dim names in the ONNX file.
         torch.onnx.export(
             exported,
@@ -152,7 +182,7 @@ def export_onnx(
             dynamic_shapes=shapes,
             opset_version=opset,
             input_names=["image"],
-            output_names=[output],
+            output_names=_output_names(module),
             verbose=False,
         )
     log.debug(
@@ -163,12 +193,12 @@ def export_onnx(
         dynamic_img_size,
     )
     if verify:
-        check_onnx(model, path, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
+        check_onnx(module, path, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
     return path
 
 
 def check_onnx(
-    model: VisionTransformer,
+    module: Exportable,
     path: str | Path,
     *,
     dynamic_batch: bool = True,
@@ -186,27 +216,27 @@ def check_onnx(
     except ImportError as err:
         raise ImportError("check_onnx needs onnxruntime: pip install onnxruntime") from err
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    reference = _with_dynamic_img_size(model) if dynamic_img_size else model
-    was_training = reference.training
-    reference.eval()
-    sizes = [model.patch_embed.img_size]
+    vit = _vit(module)
+    sizes = [vit.patch_embed.img_size]
     if dynamic_img_size:
-        (patch_h, patch_w), (height, width) = model.patch_embed.patch_size, sizes[0]
+        (patch_h, patch_w), (height, width) = vit.patch_embed.patch_size, sizes[0]
         sizes.append((height + 2 * patch_h, width + 2 * patch_w))
+    reference = _with_dynamic_img_size(module) if dynamic_img_size else module
     worst = 0.0
-    try:
+    with _eval_mode(reference):
         for height, width in sizes:
-            x = torch.randn(3 if dynamic_batch else 1, model.config.in_chans, height, width)
+            x = torch.randn(3 if dynamic_batch else 1, vit.config.in_chans, height, width)
             with torch.no_grad():
-                expected = reference(x.to(next(reference.parameters()))).float().cpu()
-            (got,) = session.run(None, {"image": x.numpy()})
-            diff = (torch.from_numpy(got) - expected).abs().max().item()
-            if diff > atol:
-                raise ValueError(
-                    f"{path}: onnxruntime differs from PyTorch by {diff:.2e} (> {atol:g}) at "
-                    f"input size {height}x{width}; export in float32, or report the model config"
-                )
-            worst = max(worst, diff)
-    finally:
-        reference.train(was_training)
+                expected = reference(x.to(next(reference.parameters())))
+            expected = expected if isinstance(expected, list) else [expected]
+            got = session.run(None, {"image": x.numpy()})
+            for name, want, have in zip(_output_names(module), expected, got):
+                diff = (torch.from_numpy(have) - want.float().cpu()).abs().max().item()
+                if diff > atol:
+                    raise ValueError(
+                        f"{path}: onnxruntime differs from PyTorch by {diff:.2e} (> {atol:g}) "
+                        f"in output {name!r} at input size {height}x{width}; export in "
+                        "float32, or report the model config"
+                    )
+                worst = max(worst, diff)
     return worst
