@@ -137,13 +137,17 @@ def test_cli_export_onnx(tmp_path, capsys):
 
 
 def test_cli_export_errors(tmp_path, capsys):
+    out = str(tmp_path / "o.onnx")
     missing = str(tmp_path / "missing.safetensors")
-    assert main(["export", "--checkpoint", missing, "--format", "pt2", "--verify", "o"]) == 2
+    assert main(["export", "--checkpoint", missing, "--format", "pt2", "--verify", out]) == 2
     assert "--verify checks ONNX files; drop it for --format pt2" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", missing, out]) == 2
+    assert "missing.safetensors does not exist" in capsys.readouterr().err
     save(tiny(), tmp_path / "m.safetensors")
-    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--opset", "16", "o.onnx"]
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--opset", "16", out]
     assert main(argv) == 2
     assert "opset 16 is too old" in capsys.readouterr().err
+    assert not (tmp_path / "o.onnx").exists()
 
 
 @pytest.mark.slow
