@@ -45,6 +45,7 @@ def fixed(tmp_path_factory):
 
 def test_onnx_fixed_size_parity(fixed):
     model, path = fixed
+    assert [p.name for p in path.parent.iterdir()] == ["fixed.onnx"]  # weights inside
     assert input_dims(path) == ["batch", 3, 60, 100]
     assert [o.name for o in onnx.load(str(path)).graph.output] == ["logits"]
     for batch in (1, 3):

@@ -35,6 +35,7 @@ from .model import VisionTransformer
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
+PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
 
 Exportable = VisionTransformer | ViTBackbone
 
@@ -54,6 +55,11 @@ def example_input(
     return torch.randn(
         batch_size, vit.config.in_chans, *size, device=param.device, dtype=param.dtype
     )
+
+
+def _weight_bytes(module: Exportable) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _output_names(module: Exportable) -> list[str]:
@@ -147,7 +153,8 @@ def export_onnx(
     opset: int = MIN_OPSET,
     verify: bool = False,
 ) -> Path:
-    """Write a model or a `ViTBackbone` as an ONNX graph.
+    """Write a model or a `ViTBackbone` as an ONNX graph: one file, or for weights over
+    2 GiB the graph plus the weights in `<path>.data` beside it (protobuf's limit).
 
     The input is 'image'; the output 'logits' (or 'features' for `num_classes=0`), or for a
     backbone one map per block, 'block2', 'block5', ...
@@ -183,6 +190,7 @@ def export_onnx(
             opset_version=opset,
             input_names=["image"],
             output_names=_output_names(module),
+            external_data=_weight_bytes(exported) >= PROTOBUF_LIMIT,
             verbose=False,
         )
     log.debug(
