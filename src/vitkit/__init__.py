@@ -3,6 +3,8 @@
 from . import convert
 from .checkpoint import CheckpointError, load, load_state_dict, save
 from .config import ViTConfig
+from .export import export_onnx
+from .features import ViTBackbone
 from .model import VisionTransformer
 from .pretrained import load_pretrained
 from .registry import create_model, get_config, list_models
@@ -10,10 +12,12 @@ from .summary import summary
 
 __all__ = [
     "CheckpointError",
+    "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",
     "convert",
     "create_model",
+    "export_onnx",
     "get_config",
     "list_models",
     "load",

@@ -93,6 +93,46 @@ def _weights_file(path: str) -> str:
 # -- export handlers ------------------------------------------------------------------------
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load
+    from .export import export_onnx, export_program
+
+    if args.verify and args.format != "onnx":
+        raise UserError("--verify checks ONNX files; drop it for --format pt2")
+    model = load(args.checkpoint)
+    for name in ("onnx_ir", "onnxscript"):  # their INFO lines would drown ours
+        logging.getLogger(name).setLevel(logging.WARNING)
+    dynamic_batch = not args.static_batch
+    dynamic_img_size = True if args.dynamic_img_size else None
+    if args.format == "onnx":
+        if args.verify:
+            try:
+                import onnxruntime  # noqa: F401
+            except ImportError as err:
+                raise UserError("--verify needs onnxruntime: pip install onnxruntime") from err
+        export_onnx(
+            model,
+            args.output,
+            dynamic_batch=dynamic_batch,
+            dynamic_img_size=dynamic_img_size,
+            opset=args.opset,
+            verify=args.verify,
+        )
+    else:
+        program = export_program(
+            model, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size
+        )
+        torch.export.save(program, args.output)
+    dynamic = model.patch_embed.dynamic_img_size if dynamic_img_size is None else True
+    print(
+        f"wrote {args.output} ({args.format}; batch {'dynamic' if dynamic_batch else '1'}, "
+        f"image size {'dynamic' if dynamic else 'x'.join(map(str, model.patch_embed.img_size))})"
+    )
+    return 0
+
+
 # -- models / summary handlers --------------------------------------------------------------
 
 
@@ -142,6 +182,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     # -- export parser --
+
+    p = sub.add_parser(
+        "export",
+        help="export a checkpoint to ONNX or a torch.export program (.pt2)",
+        description="Export a checkpoint saved by vitkit for serving without vitkit. Dynamic: "
+        "the batch (unless --static-batch) and, for a model built with dynamic_img_size or with "
+        "--dynamic-img-size, height and width as multiples of the patch size.",
+    )
+    p.add_argument("output", help="the file to write, e.g. model.onnx or model.pt2")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by vitkit.save")
+    p.add_argument("--format", choices=("onnx", "pt2"), default="onnx")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer)")
+    p.add_argument("--static-batch", action="store_true", help="fix the batch size at 1")
+    p.add_argument(
+        "--dynamic-img-size",
+        action="store_true",
+        help="accept any multiple of the patch size (default: as the model was built)",
+    )
+    p.add_argument(
+        "--verify", action="store_true", help="compare onnxruntime with PyTorch (within 1e-4)"
+    )
+    p.set_defaults(func=_cmd_export)
 
     # -- models / summary parsers --
 

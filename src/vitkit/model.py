@@ -186,8 +186,13 @@ class VisionTransformer(nn.Module):
 
     def position_embedding(self, grid: tuple[int, int]) -> Tensor | None:
         """The position embedding for a patch grid: the stored one at the native grid, else
-        the learned grid resampled (bicubic) or the fixed table recomputed."""
-        if self.pos_embed is None or grid == self.patch_embed.grid_size:
+        the learned grid resampled (bicubic) or the fixed table recomputed.
+
+        A symbolic grid (torch.export / ONNX export with dynamic sizes) is never compared with
+        the native one, which would bake the native size into the graph; resampling to the
+        native grid is the identity."""
+        static = all(isinstance(side, int) for side in grid)
+        if self.pos_embed is None or (static and grid == self.patch_embed.grid_size):
             return self.pos_embed
         if self.learned_pos_embed is not None:
             return resample_pos_embed(
@@ -274,3 +279,120 @@ class VisionTransformer(nn.Module):
             feats, attentions = self.forward_features(x, return_attention=True)
             return self.forward_head(feats), attentions
         return self.forward_head(self.forward_features(x))
+
+    # -- intermediate features --------------------------------------------------------------
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        return_prefix_tokens: bool = False,
+        intermediates_only: bool = False,
+        stop_early: bool = False,
+    ) -> tuple[Tensor, list[Any]] | list[Any]:
+        """The outputs of chosen blocks, as feature maps (backbones, probing, dense tasks).
+
+        Conventions follow timm's `forward_intermediates`, except that the intermediates come
+        back in the order `indices` asks for them.
+
+        Args:
+            x: images (B, C, H, W).
+            indices: None for every block, an int n for the last n blocks, or a list of block
+                indices (negative ones count from the end).
+            norm: apply the final norm (`model.norm`) to each intermediate.
+            output_fmt: 'NCHW' for maps (B, D, H/ph, W/pw) with the prefix (class /
+                distillation) tokens split off, or 'NLC' for the patch tokens (B, N, D).
+            return_prefix_tokens: make each intermediate a pair (features, prefix tokens
+                (B, P, D)).
+            intermediates_only: return only the list of intermediates.
+            stop_early: skip the blocks after the last one asked for (needs
+                `intermediates_only`, since there are then no final features).
+
+        Returns:
+            `(final, intermediates)`: `final` is `forward_features(x)`, (B, P + N, D); or just
+            `intermediates` with `intermediates_only=True`.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        if stop_early and not intermediates_only:
+            raise ValueError(
+                "stop_early=True skips the last blocks, so there are no final features; "
+                "pass intermediates_only=True with it"
+            )
+        blocks = list(self.blocks.layers if self.config.encoder == "torch" else self.blocks)
+        take = take_indices(len(blocks), indices)
+        if stop_early:
+            blocks = blocks[: max(take) + 1]
+        tokens = self.embed(x)  # (B, P + N, D); checks the input first
+        batch, patch = x.shape[0], self.patch_embed.patch_size
+        grid = (x.shape[-2] // patch[0], x.shape[-1] // patch[1])
+        outputs: dict[int, Tensor] = {}
+        checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        for i, block in enumerate(blocks):
+            if checkpointing:
+                tokens = torch.utils.checkpoint.checkpoint(block, tokens, use_reentrant=False)
+            else:
+                tokens = block(tokens)
+            if i in take:
+                outputs[i] = self.norm(tokens) if norm else tokens
+
+        intermediates: list[Any] = []
+        for i in take:
+            prefix = outputs[i][:, : self.num_prefix_tokens]  # (B, P, D)
+            feats = outputs[i][:, self.num_prefix_tokens :]  # (B, N, D)
+            if output_fmt == "NCHW":
+                feats = feats.reshape(batch, grid[0], grid[1], -1)  # (B, H/ph, W/pw, D)
+                feats = feats.permute(0, 3, 1, 2).contiguous()  # (B, D, H/ph, W/pw)
+            intermediates.append((feats, prefix) if return_prefix_tokens else feats)
+        if intermediates_only:
+            return intermediates
+        return self.norm(tokens), intermediates
+
+    def get_intermediate_layers(
+        self,
+        x: Tensor,
+        n: int | list[int] | tuple[int, ...] = 1,
+        *,
+        reshape: bool = False,
+        norm: bool = False,
+        return_prefix_tokens: bool = False,
+    ) -> list[Any]:
+        """DINO's interface: the last `n` blocks' patch tokens (B, N, D), or maps
+        (B, D, H/ph, W/pw) with `reshape`; `n` may also be a list of block indices."""
+        return self.forward_intermediates(
+            x,
+            n,
+            norm=norm,
+            output_fmt="NCHW" if reshape else "NLC",
+            return_prefix_tokens=return_prefix_tokens,
+            intermediates_only=True,
+            stop_early=True,
+        )
+
+
+def take_indices(num_blocks: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
+    """Resolve `indices` (None: all, int n: the last n, list: those, negative from the end)
+    to block positions 0..num_blocks-1, in the order asked."""
+    if indices is None:
+        return list(range(num_blocks))
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks:
+            raise ValueError(
+                f"indices={indices} asks for the last {indices} blocks of a model with "
+                f"{num_blocks}; pass an int from 1 to {num_blocks}, or a list of block indices"
+            )
+        return list(range(num_blocks - indices, num_blocks))
+    resolved = []
+    for index in indices:
+        if not -num_blocks <= index < num_blocks:
+            raise ValueError(
+                f"block index {index} is out of range for a model with {num_blocks} blocks; "
+                f"use 0 to {num_blocks - 1}, or -{num_blocks} to -1 from the end"
+            )
+        resolved.append(index % num_blocks)
+    if not resolved:
+        raise ValueError("indices is empty; pass at least one block index")
+    return resolved

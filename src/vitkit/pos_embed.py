@@ -107,7 +107,8 @@ def resample_pos_embed(
             f"position embedding has {num_grid} patch positions, not {old_size[0]}x{old_size[1]}; "
             "check old_size and num_prefix_tokens"
         )
-    if tuple(old_size) == tuple(new_size):
+    static = all(isinstance(side, int) for side in new_size)  # not symbolic (torch.export)
+    if static and tuple(old_size) == tuple(new_size):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim = pos_embed.shape[-1]

@@ -1,0 +1,250 @@
+"""Serve a ViT or a ViTBackbone without vitkit: ONNX, `torch.export`, TorchScript.
+
+Both exports go through `torch.export` (ONNX with PyTorch's torch.export-based exporter, which
+needs `onnxscript`). What is dynamic in the exported graph:
+
+- batch: dynamic (`dynamic_batch=True`, the default), or fixed at 1;
+- height and width: dynamic with `dynamic_img_size` (default: the model's own setting), as
+  multiples of the patch size (ONNX input dims `'16*grid_height'`, `'16*grid_width'`). A learned
+  position embedding is resampled inside the graph (ONNX `Resize`, cubic, antialias: opset 18
+  or newer), a fixed table is recomputed; otherwise both are fixed at `img_size`;
+- fixed: the channels, the dtype, and the outputs: logits (or pooled features when
+  `num_classes=0`) for a model, the chosen blocks' maps for a `ViTBackbone`; attention maps
+  are not exported.
+
+The ONNX graph does not validate its input the way `PatchEmbed.check_input` does: feed it
+sizes that are multiples of the patch size. The TorchScript-based (legacy) ONNX exporter cannot
+export the antialiased bicubic resample, and `torch.jit.script` cannot compile the model (its
+input checks build error messages from shapes); `torch.jit.trace` works, for the traced size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.export import Dim, ExportedProgram
+
+from .features import ViTBackbone
+from .model import VisionTransformer
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
+PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
+
+Exportable = VisionTransformer | ViTBackbone
+
+
+def _vit(module: Exportable) -> VisionTransformer:
+    return module.model if isinstance(module, ViTBackbone) else module
+
+
+def example_input(
+    module: Exportable, batch_size: int = 2, size: tuple[int, int] | None = None
+) -> Tensor:
+    """Random images at `size` (default: the model's `img_size`), on the model's device and
+    in its dtype."""
+    vit = _vit(module)
+    param = next(vit.parameters())
+    size = size or vit.patch_embed.img_size
+    return torch.randn(
+        batch_size, vit.config.in_chans, *size, device=param.device, dtype=param.dtype
+    )
+
+
+def _weight_bytes(module: Exportable) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _output_names(module: Exportable) -> list[str]:
+    if isinstance(module, ViTBackbone):
+        return [f"block{i}" for i in module.out_indices]
+    return ["logits" if module.num_classes else "features"]
+
+
+def _with_dynamic_img_size(module: Exportable) -> Exportable:
+    """A copy (same weights) that accepts any multiple of the patch size."""
+    vit = _vit(module)
+    if vit.patch_embed.dynamic_img_size:
+        return module
+    param = next(vit.parameters())
+    with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the user's RNG
+        copy = VisionTransformer(vit.config.replace(dynamic_img_size=True))
+    copy.load_state_dict(vit.state_dict())
+    copy = copy.to(device=param.device, dtype=param.dtype).train(vit.training)
+    if isinstance(module, ViTBackbone):
+        return ViTBackbone(copy, module.out_indices, norm=module.norm).train(module.training)
+    return copy
+
+
+def _dynamic_shapes(
+    vit: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool
+) -> tuple[dict[int, object]]:
+    dims: dict[int, object] = {}
+    if dynamic_batch:
+        dims[0] = Dim("batch")
+    if dynamic_img_size:
+        patch_h, patch_w = vit.patch_embed.patch_size
+        dims[2] = patch_h * Dim("grid_height")
+        dims[3] = patch_w * Dim("grid_width")
+    return (dims,)
+
+
+def _sample(module: Exportable, dynamic_batch: bool, dynamic_img_size: bool) -> Tensor:
+    """The tracing input; a dynamic dim must not be 1 (torch.export specialises 0 and 1)."""
+    vit = _vit(module)
+    size = vit.patch_embed.img_size
+    if dynamic_img_size:
+        (grid_h, grid_w), (patch_h, patch_w) = vit.patch_embed.grid_size, vit.patch_embed.patch_size
+        size = (patch_h * max(grid_h, 2), patch_w * max(grid_w, 2))
+    return example_input(module, batch_size=2 if dynamic_batch else 1, size=size)
+
+
+@contextlib.contextmanager
+def _eval_mode(module: Exportable) -> Iterator[Exportable]:
+    """The module in eval mode (no dropout), its training flag restored afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
+@contextlib.contextmanager
+def _prepared(
+    module: Exportable, dynamic_batch: bool, dynamic_img_size: bool | None
+) -> Iterator[tuple[Exportable, Tensor, tuple[dict[int, object]]]]:
+    """The module to export (eval mode, a dynamic-size copy if asked), a sample input, and
+    the dynamic shapes; restores the training flag afterwards."""
+    if dynamic_img_size is None:
+        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    if dynamic_img_size:
+        module = _with_dynamic_img_size(module)
+    with _eval_mode(module):
+        sample = _sample(module, dynamic_batch, dynamic_img_size)
+        yield module, sample, _dynamic_shapes(_vit(module), dynamic_batch, dynamic_img_size)
+
+
+def export_program(
+    module: Exportable, *, dynamic_batch: bool = True, dynamic_img_size: bool | None = None
+) -> ExportedProgram:
+    """`torch.export.export` of a model or `ViTBackbone` in eval mode, with the dims above.
+
+    `dynamic_img_size=None` follows the model; True on a fixed-size model exports a copy with
+    the same weights that takes any multiple of the patch size.
+    """
+    with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
+        return torch.export.export(exported, (sample,), dynamic_shapes=shapes)
+
+
+def export_onnx(
+    module: Exportable,
+    path: str | Path,
+    *,
+    dynamic_batch: bool = True,
+    dynamic_img_size: bool | None = None,
+    opset: int = MIN_OPSET,
+    verify: bool = False,
+) -> Path:
+    """Write a model or a `ViTBackbone` as an ONNX graph: one file, or for weights over
+    2 GiB the graph plus the weights in `<path>.data` beside it (protobuf's limit).
+
+    The input is 'image'; the output 'logits' (or 'features' for `num_classes=0`), or for a
+    backbone one map per block, 'block2', 'block5', ...
+
+    Args:
+        module: the ViT or backbone; exported in eval mode (its training flag is restored).
+        path: the .onnx file to write.
+        dynamic_batch: a dynamic batch dimension, else batch 1.
+        dynamic_img_size: dynamic height and width (multiples of the patch size); None follows
+            the model's `dynamic_img_size`, True on a fixed-size model exports a copy with the
+            same weights that takes other sizes.
+        opset: the ONNX opset, 18 or newer.
+        verify: run the file in onnxruntime and raise if it differs from PyTorch by more than
+            1e-4 (needs `onnxruntime`).
+    """
+    if opset < MIN_OPSET:
+        raise ValueError(
+            f"opset {opset} is too old: the position-embedding resample needs ONNX Resize with "
+            f"antialias, opset {MIN_OPSET} or newer; pass opset={MIN_OPSET}"
+        )
+    if dynamic_img_size is None:
+        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
+        # Passing the module (not an ExportedProgram) keeps the dim names in the ONNX file.
+        torch.onnx.export(
+            exported,
+            (sample,),
+            str(path),
+            dynamo=True,
+            dynamic_shapes=shapes,
+            opset_version=opset,
+            input_names=["image"],
+            output_names=_output_names(module),
+            external_data=_weight_bytes(exported) >= PROTOBUF_LIMIT,
+            verbose=False,
+        )
+    log.debug(
+        "wrote %s (opset %d, dynamic batch: %s, dynamic image size: %s)",
+        path,
+        opset,
+        dynamic_batch,
+        dynamic_img_size,
+    )
+    if verify:
+        check_onnx(module, path, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
+    return path
+
+
+def check_onnx(
+    module: Exportable,
+    path: str | Path,
+    *,
+    dynamic_batch: bool = True,
+    dynamic_img_size: bool = False,
+    atol: float = 1e-4,
+) -> float:
+    """Run the ONNX file in onnxruntime on random float32 images and compare with PyTorch.
+
+    Uses the model's size and, with `dynamic_img_size`, a second one (two more patches each
+    way); three images with `dynamic_batch`. Returns the largest absolute difference; raises
+    ValueError above `atol`.
+    """
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise ImportError("check_onnx needs onnxruntime: pip install onnxruntime") from err
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    vit = _vit(module)
+    sizes = [vit.patch_embed.img_size]
+    if dynamic_img_size:
+        (patch_h, patch_w), (height, width) = vit.patch_embed.patch_size, sizes[0]
+        sizes.append((height + 2 * patch_h, width + 2 * patch_w))
+    reference = _with_dynamic_img_size(module) if dynamic_img_size else module
+    worst = 0.0
+    with _eval_mode(reference):
+        for height, width in sizes:
+            x = torch.randn(3 if dynamic_batch else 1, vit.config.in_chans, height, width)
+            with torch.no_grad():
+                expected = reference(x.to(next(reference.parameters())))
+            expected = expected if isinstance(expected, list) else [expected]
+            got = session.run(None, {"image": x.numpy()})
+            for name, want, have in zip(_output_names(module), expected, got):
+                diff = (torch.from_numpy(have) - want.float().cpu()).abs().max().item()
+                if diff > atol:
+                    raise ValueError(
+                        f"{path}: onnxruntime differs from PyTorch by {diff:.2e} (> {atol:g}) "
+                        f"in output {name!r} at input size {height}x{width}; export in "
+                        "float32, or report the model config"
+                    )
+                worst = max(worst, diff)
+    return worst

@@ -1,0 +1,201 @@
+"""ONNX (onnxruntime parity), torch.export and TorchScript trace of the model in eval mode."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit import VisionTransformer, ViTBackbone, export_onnx, save
+from vitkit.cli import main
+from vitkit.export import check_onnx, export_program
+
+try:
+    import onnx
+    import onnxruntime as ort
+except ImportError:  # the torch.export and TorchScript tests still run
+    onnx = ort = None
+needs_onnx = pytest.mark.skipif(ort is None, reason="needs onnx, onnxscript and onnxruntime")
+
+
+def tiny(**overrides) -> VisionTransformer:
+    torch.manual_seed(0)
+    options = dict(
+        img_size=(60, 100), patch_size=20, embed_dim=16, depth=2, num_heads=2, num_classes=5
+    )
+    options.update(overrides)
+    return VisionTransformer(**options).eval()
+
+
+def run_onnx(path, x: torch.Tensor) -> torch.Tensor:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"image": x.numpy()})
+    return torch.from_numpy(out)
+
+
+def input_dims(path) -> list:
+    graph = onnx.load(str(path)).graph
+    return [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    model = tiny()
+    path = export_onnx(model, tmp_path_factory.mktemp("onnx") / "fixed.onnx")
+    return model, path
+
+
+@needs_onnx
+def test_onnx_fixed_size_parity(fixed):
+    model, path = fixed
+    assert [p.name for p in path.parent.iterdir()] == ["fixed.onnx"]  # weights inside
+    assert input_dims(path) == ["batch", 3, 60, 100]
+    assert [o.name for o in onnx.load(str(path)).graph.output] == ["logits"]
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 60, 100)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
+
+
+@needs_onnx
+def test_check_onnx_catches_a_mismatch(fixed):
+    model, path = fixed
+    assert check_onnx(model, path) <= 1e-4
+    changed = tiny()
+    with torch.no_grad():
+        changed.head.bias += 0.01
+    with pytest.raises(ValueError, match=r"onnxruntime differs from PyTorch by 1\.00e-02"):
+        check_onnx(changed, path)
+
+
+@needs_onnx
+def test_onnx_dynamic_img_size_parity_at_other_sizes(tmp_path):
+    model = tiny(dynamic_img_size=True, pos_embed="learn").train()
+    path = export_onnx(model, tmp_path / "dyn.onnx", verify=True)
+    assert model.training  # the training flag is restored
+    model.eval()
+    assert input_dims(path) == ["batch", 3, "20*grid_height", "20*grid_width"]
+    resize = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Resize"]
+    assert len(resize) == 1  # the learned grid is resampled in the graph
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in resize[0].attribute}
+    assert (attrs["mode"], attrs["antialias"]) == (b"cubic", 1)
+    # native 3x5 grid, a larger and transposed one, and a smaller one (antialiased shrink)
+    for height, width in [(60, 100), (100, 60), (40, 40), (120, 160)]:
+        x = torch.randn(2, 3, height, width)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
+
+
+def test_onnx_options_are_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"opset 17 is too old: .* pass opset=18"):
+        export_onnx(tiny(), tmp_path / "m.onnx", opset=17)
+
+
+def test_torch_export_eval_mode():
+    model = tiny()
+    x = torch.randn(2, 3, 60, 100)
+    program = torch.export.export(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=0, atol=1e-5)
+
+
+def test_export_program_dynamic_batch_and_size(tmp_path):
+    model = tiny()  # fixed-size model: export_program exports a dynamic-size copy
+    program = export_program(model, dynamic_img_size=True)
+    torch.export.save(program, tmp_path / "m.pt2")
+    loaded = torch.export.load(tmp_path / "m.pt2").module()
+    reference = tiny(dynamic_img_size=True)
+    for shape in [(3, 3, 60, 100), (2, 3, 80, 40)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), reference(x), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="differs from the model's img_size 60x100"):
+        model(torch.randn(1, 3, 80, 40))  # the user's model is unchanged
+
+
+def test_torchscript_trace_round_trip(tmp_path):
+    model = tiny()
+    x = torch.randn(2, 3, 60, 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated; tracing warns about checks
+        traced = torch.jit.trace(model, (x,))
+        traced.save(str(tmp_path / "m.pt"))
+        loaded = torch.jit.load(str(tmp_path / "m.pt"))
+    x3 = torch.randn(3, 3, 60, 100)  # the batch stays dynamic
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x3), model(x3), rtol=0, atol=1e-5)
+
+
+@needs_onnx
+def test_cli_export_onnx(tmp_path, capsys):
+    model = tiny(num_classes=0)
+    save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "out" / "m.onnx"
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--format", "onnx"]
+    assert main(argv + ["--dynamic-img-size", "--verify", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (onnx; batch dynamic, image size dynamic)\n"
+    assert [o.name for o in onnx.load(str(out)).graph.output] == ["features"]
+    x = torch.randn(1, 3, 40, 120)
+    with torch.no_grad():
+        expected = tiny(num_classes=0, dynamic_img_size=True)(x)
+    np.testing.assert_allclose(run_onnx(out, x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
+
+
+def test_cli_export_errors(tmp_path, capsys):
+    out = str(tmp_path / "o.onnx")
+    missing = str(tmp_path / "missing.safetensors")
+    assert main(["export", "--checkpoint", missing, "--format", "pt2", "--verify", out]) == 2
+    assert "--verify checks ONNX files; drop it for --format pt2" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", missing, out]) == 2
+    assert "missing.safetensors does not exist" in capsys.readouterr().err
+    save(tiny(), tmp_path / "m.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--opset", "16", out]
+    assert main(argv) == 2
+    assert "opset 16 is too old" in capsys.readouterr().err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@needs_onnx
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(distilled=True),
+        dict(encoder="torch"),
+        dict(pos_embed="sincos2d"),
+        dict(global_pool="avg", class_token=False, patch_embed="unfold"),
+    ],
+)
+def test_onnx_variants_dynamic(tmp_path, overrides):
+    model = tiny(dynamic_img_size=True, **overrides)
+    path = export_onnx(model, tmp_path / "m.onnx")
+    for height, width in [(60, 100), (80, 40)]:
+        x = torch.randn(2, 3, height, width)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
+
+
+@needs_onnx
+def test_backbone_onnx_and_torch_export(tmp_path):
+    backbone = ViTBackbone(tiny(num_classes=0, depth=3), out_indices=(0, -1))
+    path = export_onnx(backbone, tmp_path / "bb.onnx", dynamic_img_size=True, verify=True)
+    outputs = onnx.load(str(path)).graph.output
+    assert [o.name for o in outputs] == ["block0", "block2"]
+    reference = ViTBackbone(tiny(num_classes=0, depth=3, dynamic_img_size=True), (0, -1)).eval()
+    x = torch.randn(2, 3, 80, 40)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"image": x.numpy()})
+    program = export_program(backbone).module()  # fixed size: the model's own setting
+    y = torch.randn(3, 3, 60, 100)
+    with torch.no_grad():
+        expected = reference(x)
+        for have, want in zip(got, expected):
+            assert have.shape == (2, 16, 4, 2)
+            torch.testing.assert_close(torch.from_numpy(have), want, rtol=0, atol=1e-4)
+        for have, want in zip(program(y), backbone(y)):
+            torch.testing.assert_close(have, want, rtol=0, atol=1e-5)
