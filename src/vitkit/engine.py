@@ -821,7 +821,7 @@ def fit(
             result.history.append(row)
             epoch += 1
             epoch_state = None
-            improved = val["acc1"] > result.best_acc1
+            improved = val["acc1"] >= result.best_acc1  # ties: the later epoch
             if improved:
                 result.best_acc1, result.best_epoch = val["acc1"], epoch
             if out is not None and main:
