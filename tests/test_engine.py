@@ -282,3 +282,10 @@ def test_bf16_autocast_on_cpu(digits):
     train, val = digits
     result = fit(tiny_model(), train, val, cfg(epochs=1, amp="bf16"))
     assert math.isfinite(result.history[0]["val_loss"])
+
+
+@pytest.mark.slow
+def test_fit_with_torch_compile(digits):
+    train, val = digits
+    result = fit(tiny_model(), train, val, cfg(epochs=1, compile=True))
+    assert math.isfinite(result.history[0]["val_loss"])
