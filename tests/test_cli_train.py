@@ -1,0 +1,352 @@
+"""`vitkit train / eval / predict / explain` end to end on a tiny run, and every user error."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit import cli, load
+
+TINY = [
+    "--model-opt",
+    "embed_dim=16",
+    "--model-opt",
+    "depth=1",
+    "--model-opt",
+    "num_heads=2",
+    "--lr",
+    "5e-3",
+    "--batch-size",
+    "128",
+    "--warmup-epochs",
+    "0.5",
+    "--no-progress",
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "digits"
+    code = cli.main(["train", "--out", str(out), "--epochs", "2", *TINY])
+    assert code == 0
+    return out
+
+
+def _digit_png(path: Path, index: int, scale: int = 1) -> int:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    array = (digits.images[index] * 255 / 16).round().astype(np.uint8)
+    image = Image.fromarray(array, mode="L")
+    if scale > 1:
+        image = image.resize((8 * scale, 8 * scale), Image.Resampling.NEAREST)
+    image.save(path)
+    return int(digits.target[index])
+
+
+def test_train_writes_the_run_and_prints_test_accuracy(trained, tmp_path, capsys):
+    for name in (
+        "model.safetensors",
+        "last.safetensors",
+        "config.json",
+        "metrics.jsonl",
+        "curves.png",
+        "state.pt",
+        "test.json",
+    ):
+        assert (trained / name).is_file(), name
+    rows = [json.loads(x) for x in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert {"epoch", "train_loss", "val_loss", "val_acc1", "val_acc5", "lr", "seconds"} <= set(
+        rows[0]
+    )
+    config = json.loads((trained / "config.json").read_text())
+    assert config["settings"]["model"] == "vit_digits" and config["model"]["embed_dim"] == 16
+    assert config["train"]["lr"] == 5e-3 and config["settings"]["epochs"] == 2
+    model = load(trained / "model.safetensors")
+    assert model.meta["class_names"] == [str(d) for d in range(10)]
+    assert (trained / "curves.png").read_bytes()[:8] == PNG
+    state = torch.load(trained / "state.pt", weights_only=True)
+    assert state["epoch"] == 2
+    # --resume of a finished run trains no more and prints the same test accuracy
+    code, out, _ = run(capsys, "train", "--out", trained, "--resume", "--no-progress")
+    test = json.loads((trained / "test.json").read_text())
+    assert code == 0
+    assert out.splitlines()[-1] == f"test accuracy: {test['test_acc1']:.4f}"
+    assert re.fullmatch(r"test accuracy: 0\.\d{4}", out.splitlines()[-1])
+
+
+def test_existing_run_is_never_overwritten_silently(trained, capsys):
+    code, _, err = run(capsys, "train", "--out", trained, "--epochs", "1", *TINY)
+    assert code == 2
+    assert err.startswith(f"error: {trained} already holds a run (")
+    assert "pass --resume to continue it or --overwrite to replace it" in err
+    before = (trained / "model.safetensors").read_bytes()
+    assert before == (trained / "model.safetensors").read_bytes()
+
+
+def test_eval_json_and_confusion(trained, tmp_path, capsys):
+    png = tmp_path / "confusion.png"
+    code, out, _ = run(
+        capsys, "eval", "--checkpoint", trained / "model.safetensors", "--json", "--confusion", png
+    )
+    assert code == 0
+    row = json.loads(out)
+    test = json.loads((trained / "test.json").read_text())
+    assert row["acc1"] == pytest.approx(test["test_acc1"]) and row["count"] == 359
+    assert row["loss"] == pytest.approx(test["test_loss"], rel=1e-5)
+    assert sum(map(sum, row["confusion"])) == 359
+    assert np.trace(np.array(row["confusion"])) == round(row["acc1"] * 359)
+    assert png.read_bytes()[:8] == PNG
+    code, out, _ = run(
+        capsys,
+        "eval",
+        "--checkpoint",
+        trained / "model.safetensors",
+        "--split",
+        "val",
+        "--confusion",
+        png,
+    )
+    assert code == 0 and out.startswith("val: 179 images  loss ")
+
+
+def test_predict_names_classes_and_resizes(trained, tmp_path, capsys):
+    label = _digit_png(tmp_path / "a.png", 5)
+    _digit_png(tmp_path / "big.png", 5, scale=4)  # 32x32: resized to the model's 8x8
+    code, out, _ = run(
+        capsys,
+        "predict",
+        "--checkpoint",
+        trained / "model.safetensors",
+        tmp_path / "a.png",
+        tmp_path / "big.png",
+        "--topk",
+        "3",
+        "--json",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert [Path(r["image"]).name for r in rows] == ["a.png", "big.png"]
+    for row in rows:
+        probs = [p["probability"] for p in row["predictions"]]
+        assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+        assert all(p["class"] == str(p["index"]) for p in row["predictions"])
+    assert rows[0]["predictions"][0]["class"] == rows[1]["predictions"][0]["class"]
+    model = load(trained / "model.safetensors")
+    mean, std = torch.tensor(model.meta["mean"]), torch.tensor(model.meta["std"])
+    x = torch.from_numpy(np.array(Image.open(tmp_path / "a.png"))).float()[None, None] / 255
+    probs = torch.softmax(model((x - mean) / std), -1)[0]
+    assert rows[0]["predictions"][0]["probability"] == pytest.approx(probs.max().item(), abs=1e-5)
+    assert label in range(10)
+    code, out, _ = run(
+        capsys, "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "a.png"
+    )
+    assert code == 0 and out.startswith(f"{tmp_path / 'a.png'}: ")
+    assert len(out.splitlines()) == 5
+
+
+def test_predict_corrupt_and_missing_images(trained, tmp_path, capsys):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    code, _, err = run(capsys, "predict", "--checkpoint", trained / "model.safetensors", bad)
+    assert code == 2 and err.startswith(f"error: cannot read image {bad}")
+    code, _, err = run(
+        capsys, "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
+    )
+    assert code == 2 and err.strip() == f"error: image {tmp_path / 'nope.png'} does not exist"
+
+
+def test_explain_draws_png(trained, tmp_path, capsys):
+    _digit_png(tmp_path / "a.png", 3)
+    out_png = tmp_path / "explain.png"
+    code, out, _ = run(
+        capsys,
+        "explain",
+        "--checkpoint",
+        trained / "model.safetensors",
+        tmp_path / "a.png",
+        "--out",
+        out_png,
+        "--per-head",
+    )
+    assert code == 0 and out_png.read_bytes()[:8] == PNG
+    assert f"attention maps in {out_png}" in out
+
+
+def _folder(root: Path, classes=("a", "b"), per_class: int = 6, size: int = 8) -> Path:
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            array = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+            Image.fromarray(array).save(root / name / f"{i}.png")
+    return root
+
+
+def test_mismatched_checkpoint_and_data(trained, tmp_path, capsys):
+    folder = _folder(tmp_path / "two")
+    code, _, err = run(
+        capsys, "eval", "--checkpoint", trained / "model.safetensors", "--data", folder
+    )
+    assert code == 2
+    assert re.match(r"error: .*two has 2 classes .* but .* was trained on 10", err)
+    other = tmp_path / "other"
+    code = cli.main(
+        [
+            "train",
+            "--out",
+            str(other),
+            "--epochs",
+            "1",
+            *TINY[:-7],
+            "--model-opt",
+            "embed_dim=32",
+            "--pretrained",
+            str(trained / "model.safetensors"),
+            "--no-progress",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "does not match the model" in err and "wrong shape" in err
+
+
+def test_training_on_a_folder_skips_corrupt_images(tmp_path, capsys, caplog):
+    folder = _folder(tmp_path / "imgs", per_class=8)
+    (folder / "a" / "zz_broken.png").write_bytes(b"nope")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--data",
+        folder,
+        "--out",
+        tmp_path / "run",
+        "--epochs",
+        "1",
+        "--img-size",
+        "8",
+        "--val-fraction",
+        "0.25",
+        "--test-fraction",
+        "0.25",
+        "--aa",
+        "rand-m9-mstd0.5",
+        "--in-chans",
+        "3",
+        *TINY,
+    )
+    assert code == 0 and out.splitlines()[-1].startswith("test accuracy: ")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        "zz_broken.png" in m and m.startswith("skipping cannot read image") for m in messages
+    )
+    model = load(tmp_path / "run" / "model.safetensors")
+    assert model.meta["class_names"] == ["a", "b"] and model.config.in_chans == 3
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data", "/nonexistent/data"], "error: data '/nonexistent/data' is neither a built-in"),
+        (["--resume"], "error: --resume: {out}/config.json does not exist"),
+        (["--model", "vit_nope"], "error: unknown model"),
+        (["--model-opt", "depth"], "error: --model-opt takes KEY=VALUE"),
+        (["--resume", "--overwrite"], "error: --resume: {out}/config.json does not exist"),
+    ],
+)
+def test_user_errors(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "train", "--out", out, "--no-progress", *argv)
+    assert code == 2
+    assert err.startswith(message.format(out=out)), err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_empty_data_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "train", "--data", tmp_path / "empty", "--out", tmp_path / "r")
+    assert code == 2 and "has no class sub-folders" in err
+
+
+def test_out_not_writable(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run(capsys, "train", "--out", blocker / "run", "--epochs", "1", *TINY)
+    assert code == 2 and err.startswith(f"error: --out {blocker / 'run'} is not writable")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, _, err = run(capsys, "train", "--out", locked / "run", "--epochs", "1", *TINY)
+        assert code == 2 and "is not writable" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_state_and_resume_finishes(tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, PYTHONPATH=str(src))
+    argv = ["train", "--out", str(out), "--epochs", "40", *TINY]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vitkit", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"interrupted; continue with: vitkit train --out {out} --resume" in err
+    done = len((out / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= done < 40
+    code, stdout, _ = run(capsys, "train", "--out", out, "--resume", "--no-progress")
+    assert code == 0 and stdout.splitlines()[-1].startswith("test accuracy: ")
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 40
+
+
+@pytest.mark.slow
+def test_default_train_meets_the_acceptance_bar(tmp_path):
+    """`vitkit train` with no arguments: test top-1 >= 0.97 in under 4 minutes (2 CPU cores)."""
+    import subprocess
+    import sys
+    import time
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vitkit", "train"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+        timeout=600,
+    )
+    elapsed = time.time() - start
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.splitlines()[-1]
+    assert re.fullmatch(r"test accuracy: 0\.\d{4}", last)
+    assert float(last.split()[-1]) >= 0.97
+    assert elapsed < 240
+    assert (tmp_path / "runs" / "digits-vit_digits" / "model.safetensors").is_file()

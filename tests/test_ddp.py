@@ -1,0 +1,112 @@
+"""DistributedDataParallel on CPU: 2 processes with gloo through torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit import load
+from vitkit.data import Transformed, load_data
+from vitkit.engine import evaluate, make_loader
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    from vitkit import create_model
+    from vitkit.data import Transformed, load_data
+    from vitkit.engine import TrainConfig, fit
+
+    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = create_model("vit_digits", embed_dim=32, depth=2, num_heads=2)
+    splits = load_data("digits", seed=0)
+    mean = torch.tensor(splits.mean).view(-1, 1, 1)
+    std = torch.tensor(splits.std).view(-1, 1, 1)
+    def norm(x):
+        return (x - mean) / std
+    torch.manual_seed(1 + rank)  # each rank draws its own augmentations
+    config = TrainConfig(epochs=4, batch_size=32, lr=4e-3, warmup_epochs=0.5, mixup=0.0,
+                         cutmix=0.0, seed=0)
+    result = fit(model, Transformed(splits.train, norm), Transformed(splits.val, norm), config,
+                 out_dir=out, meta={"class_names": splits.class_names})
+    torch.save(model.state_dict(), f"{out}/rank{rank}.pt")
+    with open(f"{out}/history{rank}.json", "w") as f:
+        json.dump(result.history, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(args, cwd, timeout=240):
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return subprocess.run(
+        cmd + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_two_processes_end_with_identical_weights(tmp_path):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run"
+    proc = _torchrun([str(script), str(out)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-1500:]
+    w0 = torch.load(out / "rank0.pt", weights_only=True)
+    w1 = torch.load(out / "rank1.pt", weights_only=True)
+    assert w0.keys() == w1.keys()
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    h0 = json.loads((out / "history0.json").read_text())
+    h1 = json.loads((out / "history1.json").read_text())
+    assert [r["val_acc1"] for r in h0] == [r["val_acc1"] for r in h1]  # reduced across ranks
+    assert [r["train_loss"] for r in h0] == [r["train_loss"] for r in h1]
+    # rank 0 alone wrote the run: one metrics row per epoch, the last weights saved
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 4
+    last = load(out / "last.safetensors")
+    assert all(torch.equal(last.state_dict()[k], w0[k]) for k in w0)
+    # the reduced metric is the metric over the whole val split, and it is sensible
+    splits = load_data("digits", seed=0)
+    mean = torch.tensor(splits.mean).view(-1, 1, 1)
+    std = torch.tensor(splits.std).view(-1, 1, 1)
+    val = Transformed(splits.val, lambda x: (x - mean) / std)
+    single = evaluate(last, make_loader(val, 64, train=False))
+    assert single["acc1"] == pytest.approx(h0[-1]["val_acc1"])
+    assert h0[-1]["val_acc1"] >= 0.5
+
+
+@pytest.mark.slow
+def test_torchrun_cli_prints_once(tmp_path):
+    proc = _torchrun(
+        [
+            "-m",
+            "vitkit",
+            "train",
+            "--out",
+            str(tmp_path / "run"),
+            "--epochs",
+            "1",
+            "--model-opt",
+            "depth=1",
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("test accuracy: ") for line in lines) == 1
+    assert lines[-1].startswith("test accuracy: ")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["world_size"] == 2
