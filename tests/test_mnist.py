@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from vitkit.data import DataError
 from vitkit.mnist import (
     FASHION_MNIST_DIRS,
-    DataSourceError,
     fashion_mnist_dir,
     load_idx_split,
     load_mnist_csv,
@@ -54,30 +54,30 @@ def test_truncated_and_foreign_files_are_named(tmp_path):
     data = (tmp_path / "a").read_bytes()
     (tmp_path / "short").write_bytes(data[:-10])
     with pytest.raises(
-        DataSourceError, match=r"short is truncated or corrupt: header says \(4, 28, 28\)"
+        DataError, match=r"short is truncated or corrupt: header says \(4, 28, 28\)"
     ):
         read_idx(tmp_path / "short")
     (tmp_path / "text").write_bytes(b"hello world")
-    with pytest.raises(DataSourceError, match="text is not an idx file"):
+    with pytest.raises(DataError, match="text is not an idx file"):
         read_idx(tmp_path / "text")
     (tmp_path / "bad.gz").write_bytes(b"not gzip at all")
-    with pytest.raises(DataSourceError, match="cannot read idx file .*bad.gz"):
+    with pytest.raises(DataError, match="cannot read idx file .*bad.gz"):
         read_idx(tmp_path / "bad.gz")
 
 
 def test_missing_files_say_how_to_get_them(tmp_path):
     with pytest.raises(
-        DataSourceError,
+        DataError,
         match="fashion-mnist: train-images-idx3-ubyte.* `apt-get install dataset-fashion-mnist`",
     ):
         load_idx_split(tmp_path, "train", "fashion-mnist")
-    with pytest.raises(DataSourceError, match="pass --data-dir FOLDER"):
+    with pytest.raises(DataError, match="pass --data-dir FOLDER"):
         load_idx_split(tmp_path, "train", "mnist")
 
 
 def test_mismatched_counts_are_refused(tmp_path):
     write_split(tmp_path, "train", np.zeros((3, 28, 28)), np.zeros(4))
-    with pytest.raises(DataSourceError, match="do not form an image set"):
+    with pytest.raises(DataError, match="do not form an image set"):
         load_idx_split(tmp_path, "train", "mnist")
 
 
@@ -113,3 +113,83 @@ def test_real_fashion_mnist_files():
     pixels = x_train.float() / 255
     assert pixels.mean().item() == pytest.approx(0.2860, abs=5e-4)
     assert pixels.std().item() == pytest.approx(0.3530, abs=5e-4)
+
+
+# -- as named sources of load_data and `vitkit train` ---------------------------------------
+
+
+def fake_fashion(folder: Path, n_train: int = 60, n_test: int = 20) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    for split, n in (("train", n_train), ("test", n_test)):
+        labels = np.arange(n) % 10
+        images = rng.integers(0, 60, size=(n, 28, 28))
+        for i, label in enumerate(labels):  # a class-dependent bright bar: learnable
+            images[i, 2 * label : 2 * label + 3, :] = 250
+        write_split(folder, split, images, labels)
+
+
+def test_fashion_mnist_source_splits(tmp_path):
+    from vitkit.data import load_data
+
+    fake_fashion(tmp_path)
+    splits = load_data(f"fashion-mnist:{tmp_path}", val_fraction=0.2, seed=0)
+    # 6 images per class, 20 % -> one per class held out for val, stratified
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (50, 10, 20)
+    assert splits.class_names[0] == "T-shirt/top" and splits.num_classes == 10
+    assert splits.in_chans == 1 and splits.img_size == (28, 28)
+    image, label = splits.train[0]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32
+    assert 0.0 <= image.min() and image.max() <= 1.0
+    assert splits.train.dataset.images.dtype == torch.uint8  # kept compact, decoded per item
+
+
+def test_mnist_needs_a_folder_and_mnist_5k_reads_csv(tmp_path):
+    from vitkit.data import load_data
+
+    with pytest.raises(DataError, match="mnist: name the folder of its idx files with --data-dir"):
+        load_data("mnist")
+    rows = np.zeros((50, 785), dtype=np.int64)
+    rows[:, -1] = np.arange(50) % 10
+    path = tmp_path / "sample.csv.gz"
+    with gzip.open(path, "wt") as f:
+        np.savetxt(f, rows, fmt="%d", delimiter=",")
+    splits = load_data(f"mnist-5k:{path}", val_fraction=0.2, test_fraction=0.2)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (30, 10, 10)
+
+
+def test_cli_trains_on_fashion_mnist_from_data_dir(tmp_path, capsys):
+    from vitkit.cli import main
+
+    fake_fashion(tmp_path / "fm", n_train=100, n_test=30)
+    code = main(
+        [
+            "train", "--data", "fashion-mnist", "--data-dir", str(tmp_path / "fm"),
+            "--model-opt", "patch_size=7", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
+            "--epochs", "2", "--no-progress", "--out", str(tmp_path / "run"), "--aa", "none",
+            "--no-crop", "--reprob", "0", "--mixup", "0", "--cutmix", "0",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.strip().splitlines()[-1].startswith("test accuracy: ")
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_cli_missing_fashion_files_is_one_line(tmp_path, capsys):
+    from vitkit.cli import main
+
+    code = main(
+        [
+            "train",
+            "--data",
+            "fashion-mnist",
+            "--data-dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "apt-get install dataset-fashion-mnist" in err and "--data-dir FOLDER" in err

