@@ -106,12 +106,18 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
-    """Median GFLOP/s of an n x n x n torch.mm: the practical ceiling for the models."""
+def matmul_step(device: torch.device, dtype: torch.dtype, n: int) -> Callable[[], object]:
+    """An n x n x n torch.mm (2 n^3 FLOPs): the practical ceiling for the models."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    times = [timed(lambda: a @ b, device) for _ in range(repeats)]
+    return lambda: a @ b
+
+
+def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
+    """Median GFLOP/s of `matmul_step`."""
+    step = matmul_step(device, dtype, n)
+    step()
+    times = [timed(step, device) for _ in range(repeats)]
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
@@ -200,6 +206,13 @@ def alternate(
     return times
 
 
+def alternate_with_matmul(steps, args, device, dtype) -> tuple[dict[str, list[float]], float]:
+    """`alternate`, with a torch.mm in every round: its GFLOP/s under the same load."""
+    n = args.matmul_size
+    times = alternate({**steps, "torch.mm": matmul_step(device, dtype, n)}, args, device)
+    return times, 2 * n**3 / statistics.median(times.pop("torch.mm")) / 1e9
+
+
 def summarise(times: dict[str, list[float]], batch: int) -> dict[str, dict]:
     out = {
         k: {"seconds": v, "images_per_s": batch / statistics.median(v)} for k, v in times.items()
@@ -210,7 +223,7 @@ def summarise(times: dict[str, list[float]], batch: int) -> dict[str, dict]:
     return out
 
 
-def run_case(name, batch, dtype_name, compiled, args, device, mm_rate) -> list[dict]:
+def run_case(name, batch, dtype_name, compiled, args, device) -> list[dict]:
     """Inference and/or training of one model configuration, both implementations."""
     dtype = DTYPES[dtype_name]
     base = build_pair(name, args)
@@ -232,7 +245,8 @@ def run_case(name, batch, dtype_name, compiled, args, device, mm_rate) -> list[d
             for k, step in steps.items():
                 step()  # first call: compile / lazy init, outside the measurement
                 mem[k] = peak_bytes(step, device)
-        result = summarise(alternate(steps, args, device), batch)
+        times, mm_rate = alternate_with_matmul(steps, args, device, dtype)
+        result = summarise(times, batch)
         rows.append(row(common, "infer", result, mem, fwd_flops, mm_rate, max_diff))
         del models, steps
     if "train" in csv(args.modes):
@@ -245,7 +259,8 @@ def run_case(name, batch, dtype_name, compiled, args, device, mm_rate) -> list[d
             step()  # creates the optimiser state, so the peak below is a steady-state step
             if not args.no_memory:
                 mem[k] = peak_bytes(step, device)
-        result = summarise(alternate(steps, args, device), batch)
+        times, mm_rate = alternate_with_matmul(steps, args, device, dtype)
+        result = summarise(times, batch)
         rows.append(row(common, "train", result, mem, train_flops, mm_rate, max_diff))
     return rows
 
@@ -281,7 +296,13 @@ def train_step(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, device: to
 
 
 def row(common, mode, result, mem, flops, mm_rate, max_diff) -> dict:
-    out = {**common, "mode": mode, "flops_per_batch": flops, "max_abs_diff_vs_timm": max_diff}
+    out = {
+        **common,
+        "mode": mode,
+        "flops_per_batch": flops,
+        "matmul_gflops": mm_rate,
+        "max_abs_diff_vs_timm": max_diff,
+    }
     for k, r in result.items():
         gflops = flops * r["images_per_s"] / common["batch"] / 1e9
         out[k] = {
@@ -337,7 +358,7 @@ def scaling_case(name, sizes, batch, args, device) -> list[dict]:
 # -- reporting -------------------------------------------------------------------------------
 
 
-def environment(device: torch.device, threads: int) -> dict:
+def environment(device: torch.device, args: argparse.Namespace) -> dict:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -347,10 +368,10 @@ def environment(device: torch.device, threads: int) -> dict:
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
-        "threads": torch.get_num_threads() if device.type == "cpu" else threads,
+        "threads": torch.get_num_threads() if device.type == "cpu" else args.threads,
         "device": str(device),
         "torch": torch.__version__,
-        "timm": getattr(timm, "__version__", None),
+        "timm": None if args.no_timm else getattr(timm, "__version__", None),
         "python": platform.python_version(),
     }
     if device.type == "cuda":
@@ -374,12 +395,13 @@ def render(report: dict) -> str:
     rates = ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_gflops"].items())
     lines = [
         f"{env['date']} · {env['cpu']} · {env['device']} · {env['threads']} threads · "
-        f"torch {env['torch']} · timm {env['timm'] or 'not installed (vitkit alone)'}",
-        f"torch.mm {report['matmul_size']}^3 GFLOP/s: {rates}",
+        f"torch {env['torch']} · timm {env['timm'] or 'not measured (vitkit alone)'}",
+        f"torch.mm {report['matmul_size']}^3 GFLOP/s at the start: {rates}; 'of mm' below is "
+        "against a torch.mm timed in the same rounds as the models",
         "",
         "| model | batch | dtype | compile | mode | vitkit img/s | timm img/s | vitkit/timm "
-        "| vitkit peak MiB | timm peak MiB | vitkit GFLOP/s | of mm |",
-        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| vitkit peak MiB | timm peak MiB | vitkit GFLOP/s | mm GFLOP/s | of mm |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         ours, theirs = r["vitkit"], r.get("timm")
@@ -395,6 +417,7 @@ def render(report: dict) -> str:
             cell(ours, "peak_mib", ",.0f"),
             cell(theirs, "peak_mib", ",.0f"),
             cell(ours, "gflops_per_s", ".0f"),
+            cell(r, "matmul_gflops", ".0f"),
             cell(ours, "fraction_of_matmul", ".0%"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -451,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: timm is not installed; measuring vitkit alone (pip install timm)")
     torch.manual_seed(0)
     report: dict = {
-        "env": environment(device, args.threads),
+        "env": environment(device, args),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "matmul_size": args.matmul_size,
         "matmul_gflops": {
@@ -465,15 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             for dtype_name in csv(args.dtypes):
                 for compiled in (c == "on" for c in csv(args.compile)):
                     print(f"{name} batch {batch} {dtype_name} compile={compiled} ...", flush=True)
-                    report["results"] += run_case(
-                        name,
-                        batch,
-                        dtype_name,
-                        compiled,
-                        args,
-                        device,
-                        report["matmul_gflops"][dtype_name],
-                    )
+                    report["results"] += run_case(name, batch, dtype_name, compiled, args, device)
     if args.grad_ckpt_model:
         batch = int(csv(args.batch_sizes)[0])
         print(f"gradient checkpointing: {args.grad_ckpt_model} batch {batch} ...", flush=True)
