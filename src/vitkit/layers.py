@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 PATCH_EMBED_KINDS = ("conv", "unfold")
 
@@ -173,15 +174,23 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        batch, tokens, dim = x.shape
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+    def split_heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Packed projections (B, N, 3 * D) -> q, k, v, each (B, heads, N, head_dim)."""
+        batch, tokens, _ = qkv.shape
+        qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, heads, N, head_dim)
         return qkv.unbind(0)
 
+    @staticmethod
+    def merge_heads(x: Tensor) -> Tensor:
+        """(B, heads, N, head_dim) -> (B, N, D), contiguous for the output projection."""
+        return x.transpose(1, 2).flatten(2)  # (B, N, D)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.split_heads(self.qkv(x))
+
     def _out(self, x: Tensor) -> Tensor:
-        x = x.transpose(1, 2).flatten(2)  # (B, N, D)
-        return self.proj_drop(self.proj(x))
+        return self.proj_drop(self.proj(self.merge_heads(x)))
 
     def attention_weights(self, q: Tensor, k: Tensor) -> Tensor:
         """softmax(q k^T * scale), in fp32 even under autocast: (B, heads, N, N)."""
@@ -250,8 +259,35 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+def _has_forward_hooks(module: nn.Module) -> bool:
+    """Whether any forward (pre-)hook, global or on `module` or a sub-module, would run."""
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+def _linear_gelu(x: Tensor, layer: nn.Linear) -> Tensor:
+    """GELU(x W^T + b) in one oneDNN kernel (the activation runs in the GEMM epilogue)."""
+    return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "gelu", [], "none")
+
+
+def _linear_add(x: Tensor, layer: nn.Linear, residual: Tensor) -> Tensor:
+    """residual + (x W^T + b) in one oneDNN kernel (the residual add runs in the epilogue)."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, layer.weight, layer.bias, "add")
+
+
+def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
+    """x W^T + b with oneDNN's inner-product kernel (faster than MKL's addmm here)."""
+    return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+
+
 class Block(nn.Module):
-    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper Eqs. 2-3)."""
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper Eqs. 2-3).
+
+    In eval mode with grad disabled on CPU, `forward` takes a fused inference path (oneDNN
+    GEMMs with the bias, GELU and residual add fused in, and SDPA attention) whenever
+    `fast_path_blocker` finds nothing against it; `fast_path = False` switches it off.
+    """
 
     def __init__(
         self,
@@ -283,11 +319,61 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.fast_path = True
+
+    def fast_path_blocker(self, x: Tensor) -> str:
+        """Why `forward(x)` takes the plain path rather than the fused one ('' if it does not).
+
+        The fused path computes the same function without running the sub-modules, so it is
+        left whenever something needs them to run: training, autograd, hooks (e.g.
+        `vitkit.summary`), a dispatch mode (e.g. FlopCounterMode), tracing or compiling.
+        """
+        weight = self.attn.qkv.weight
+        if not self.fast_path:
+            return "the fast path is switched off (fast_path = False)"
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return "compiling or tracing (the compiler does its own fusion)"
+        if self.training:
+            return "the block is in training mode"
+        if torch.is_grad_enabled():
+            return "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
+        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
+            return "LayerScale is not fused"
+        if not self.attn.fused_attn:
+            return "attn.fused_attn is False (explicit attention requested)"
+        if x.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
+        if x.ndim != 3 or x.dtype != weight.dtype:
+            return f"input {x.dtype} {x.ndim}-D does not match 3-D {weight.dtype} weights"
+        if x.dtype not in (torch.float32, torch.bfloat16) or (
+            x.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        ):
+            return f"oneDNN has no fast {x.dtype} kernel on this CPU"
+        if torch.is_autocast_enabled("cpu"):
+            return "autocast is enabled"
+        if _get_current_dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):
+            return "a dispatch mode or tensor subclass is active"
+        if _has_forward_hooks(self):
+            return "forward hooks are registered on the block or its sub-layers"
+        return ""
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.fast_path_blocker(x):
+            return self.forward_fused(x)
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
+
+    def forward_fused(self, x: Tensor) -> Tensor:
+        """Inference-only `forward` with fused oneDNN kernels; dropout and drop-path are the
+        identity in eval mode, so the function is the same. Call through `forward`, which
+        checks that it applies."""
+        attn = self.attn
+        q, k, v = attn.split_heads(_linear(self.norm1(x), attn.qkv))  # (B, heads, N, head_dim)
+        h = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, heads, N, head_dim)
+        x = _linear_add(attn.merge_heads(h), attn.proj, x)  # (B, N, D)
+        h = _linear_gelu(self.norm2(x), self.mlp.fc1)  # (B, N, hidden)
+        return _linear_add(h, self.mlp.fc2, x)
 
     def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The same block, also returning its attention weights (B, heads, N, N)."""

@@ -177,6 +177,14 @@ class VisionTransformer(nn.Module):
         """Recompute each block in the backward pass: less activation memory, same gradients."""
         self.grad_checkpointing = enable
 
+    def set_fast_path(self, enable: bool = True) -> None:
+        """Allow (default) or forbid the fused inference path of every native block; see
+        `Block.fast_path_blocker` for when it runs. `encoder='torch'` layers follow
+        `torch.backends.mha.set_fastpath_enabled` instead."""
+        for module in self.modules():
+            if isinstance(module, Block):
+                module.fast_path = enable
+
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning."""
         self.config = self.config.replace(num_classes=num_classes)

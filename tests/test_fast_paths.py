@@ -1,0 +1,227 @@
+"""Every fast path computes what the plain path computes.
+
+Tolerances: float32 paths agree within 1e-5 absolute on outputs of order 1 (the kernels sum in
+different orders); bfloat16 within 3e-2 (8 mantissa bits); gradient checkpointing replays the
+same kernels, so its gradients match within 1e-6.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitkit
+from vitkit.layers import Attention, Block
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+
+
+def tiny(**overrides) -> vitkit.VisionTransformer:
+    torch.manual_seed(0)
+    return vitkit.VisionTransformer(**{**TINY, **overrides}).eval()
+
+
+@pytest.fixture
+def fused_calls(monkeypatch) -> list[int]:
+    """Counts calls of Block.forward_fused, the fused inference path."""
+    calls: list[int] = []
+    original = Block.forward_fused
+
+    def spy(self, x):
+        calls.append(1)
+        return original(self, x)
+
+    monkeypatch.setattr(Block, "forward_fused", spy)
+    return calls
+
+
+def images(batch: int = 3) -> torch.Tensor:
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def plain_output(model: vitkit.VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    model.set_fast_path(False)
+    with torch.inference_mode():
+        out = model(x)
+    model.set_fast_path(True)
+    return out
+
+
+# -- fused SDPA attention --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qk_scale", [None, 0.5])
+def test_sdpa_matches_explicit_attention(qk_scale):
+    torch.manual_seed(0)
+    attn = Attention(64, num_heads=4, qk_scale=qk_scale)
+    x = torch.randn(2, 17, 64)
+    fused = attn(x)
+    attn.fused_attn = False
+    explicit = attn(x)
+    with_weights, weights = attn.forward_with_weights(x)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    torch.testing.assert_close(with_weights, explicit, atol=0, rtol=0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 17), atol=1e-6, rtol=0)
+
+
+# -- the fused inference path ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grad_off", [torch.inference_mode, torch.no_grad])
+@pytest.mark.parametrize("num_heads", [4, 1])
+def test_fused_inference_matches_plain_path(fused_calls, grad_off, num_heads):
+    model = tiny(num_heads=num_heads)
+    x = images()
+    with grad_off():
+        fast = model(x)
+    assert len(fused_calls) == 2  # both blocks took it
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
+    assert len(fused_calls) == 2  # and set_fast_path(False) kept it off
+
+
+@pytest.mark.parametrize(
+    "overrides", [dict(qk_scale=0.3), dict(drop_path_rate=0.5, drop_rate=0.2), dict(qkv_bias=False)]
+)
+def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrides):
+    model = tiny(**overrides)
+    x = images()
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == 2
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
+
+
+def test_layer_scale_falls_back_to_plain_path(fused_calls):
+    model = tiny(init_values=0.1)
+    x = images()
+    with torch.inference_mode():
+        out = model(x)
+        tokens = model.embed(x)
+        assert model.blocks[0].fast_path_blocker(tokens) == "LayerScale is not fused"
+    assert fused_calls == []
+    torch.testing.assert_close(out, plain_output(model, x), atol=0, rtol=0)
+
+
+def test_blockers_name_the_reason():
+    model = tiny()
+    block = model.blocks[0]
+    x = torch.randn(2, 17, 64)
+    with torch.inference_mode():
+        assert block.fast_path_blocker(x) == ""
+        model.set_fast_path(False)
+        assert block.fast_path_blocker(x) == "the fast path is switched off (fast_path = False)"
+        model.set_fast_path(True)
+        block.attn.fused_attn = False
+        assert block.fast_path_blocker(x) == (
+            "attn.fused_attn is False (explicit attention requested)"
+        )
+        block.attn.fused_attn = True
+        assert "does not match" in block.fast_path_blocker(x.double())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert block.fast_path_blocker(x) == "autocast is enabled"
+        with FlopCounterMode(display=False):
+            assert block.fast_path_blocker(x) == "a dispatch mode or tensor subclass is active"
+    assert block.fast_path_blocker(x) == (
+        "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
+    )
+    model.train()
+    with torch.inference_mode():
+        assert block.fast_path_blocker(x) == "the block is in training mode"
+
+
+def test_hooks_see_every_layer(fused_calls):
+    model = tiny()
+    seen: list[tuple[int, ...]] = []
+    handle = model.blocks[1].mlp.fc1.register_forward_hook(
+        lambda module, args, out: seen.append(tuple(out.shape))
+    )
+    x = images()
+    with torch.inference_mode():
+        out = model(x)
+    assert seen == [(3, 17, 256)]
+    assert len(fused_calls) == 1  # block 0 has no hooks and stays fused
+    handle.remove()
+    torch.testing.assert_close(out, plain_output(model, x), atol=1e-5, rtol=0)
+
+
+def test_attention_maps_and_training_use_plain_path(fused_calls):
+    model = tiny()
+    x = images()
+    with torch.inference_mode():
+        logits, maps = model(x, return_attention=True)
+    assert [tuple(m.shape) for m in maps] == [(3, 4, 17, 17)] * 2
+    model.train()
+    model(x).sum().backward()
+    assert fused_calls == []
+    model.eval()
+    torch.testing.assert_close(logits, plain_output(model, x), atol=1e-5, rtol=0)
+
+
+def test_flop_counts_and_summary_are_unchanged_by_the_fast_path():
+    model = tiny()
+    x = images(1)
+    counts = []
+    for enabled in (True, False):
+        model.set_fast_path(enabled)
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            model(x)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
+    model.set_fast_path(True)
+    table = vitkit.summary(model, (1, 3, 32, 32), max_depth=4)
+    assert table.total_flops == counts[0]
+    assert "fc1" in {row.name.split(".")[-1] for row in table.rows}
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no bf16 oneDNN kernels on this CPU"
+)
+def test_fused_inference_in_bfloat16(fused_calls):
+    model = tiny().to(torch.bfloat16)
+    x = images().to(torch.bfloat16)
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == 2
+    torch.testing.assert_close(fast, plain_output(model, x), atol=3e-2, rtol=3e-2)
+
+
+# -- gradient checkpointing ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(drop_path_rate=0.3, drop_rate=0.1)])
+def test_grad_checkpointing_gives_the_same_gradients(overrides):
+    model = tiny(**overrides).train()
+    x, y = images(4), torch.tensor([0, 1, 2, 3])
+    grads = []
+    for enabled in (False, True):
+        model.set_grad_checkpointing(enabled)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(2)  # the same dropout masks in both runs
+        F.cross_entropy(model(x), y).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=0, msg=name)
+
+
+# -- torch.compile ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_inference_matches_eager():
+    model = tiny()
+    x = images()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), plain_output(model, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_compile_fullgraph_training_step_has_no_graph_breaks():
+    model = tiny(drop_path_rate=0.1).train()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x, y = images(2), torch.tensor([0, 1])
+    F.cross_entropy(compiled(x), y).backward()
+    assert all(p.grad is not None for p in model.parameters())
