@@ -11,9 +11,9 @@ before timing. The two implementations then run alternately, round by round, in 
 rounds excluded. Peak memory is what one step allocates on top of what was allocated before
 it (weights, optimiser state): on CPU the running total of PyTorch's allocator recorded by
 `torch.profiler` (library-internal scratch of MKL / oneDNN is not seen), on a GPU
-`torch.cuda.max_memory_allocated`. FLOPs are counted by `FlopCounterMode` on the meta device
-(matrix products and attention, 2 per multiply-add; backward included for training) and put
-against the rate of a large `torch.mm` measured in the same run.
+`torch.cuda.max_memory_allocated`. FLOPs are counted by `vitkit.summary.flop_counter` on the
+meta device (matrix products and attention, 2 per multiply-add; backward included for
+training) and put against the rate of a large `torch.mm` measured in the same run.
 
 dtypes: `fp32` runs everything in float32. `bf16` / `fp16` run inference on weights and
 inputs cast to that dtype, and training under autocast with float32 weights.
@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 try:
     import vitkit
@@ -149,10 +148,10 @@ def count_flops(model: nn.Module, batch: int) -> tuple[int, int]:
     """(forward, forward + backward) FLOPs of one batch, counted on a copy on the meta device."""
     model = copy.deepcopy(model).to("meta").train()
     x = torch.randn(batch, model.config.in_chans, *model.patch_embed.img_size, device="meta")
-    with FlopCounterMode(display=False) as counter:
+    with vitkit.summary.flop_counter() as counter:
         model(x)
     forward = counter.get_total_flops()
-    with FlopCounterMode(display=False) as counter:
+    with vitkit.summary.flop_counter() as counter:
         model(x).sum().backward()
     return forward, counter.get_total_flops()
 

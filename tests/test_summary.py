@@ -132,3 +132,22 @@ def test_python_dash_m_summary_and_unknown_name():
     assert bad.returncode == 2
     assert bad.stderr.strip().startswith("error: unknown model name 'vit_tiny'; did you mean")
     assert "Traceback" not in bad.stderr
+
+
+def test_flop_counter_counts_cpu_attention_backward():
+    """Forward + backward: the fused CPU kernel's backward counts the explicit path's four
+    products plus the recomputed q k^T (flash attention recomputes it), per block."""
+    from vitkit.summary import flop_counter
+
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4)
+    x = torch.randn(2, 3, 16, 16)
+    totals = []
+    for fused in (True, False):
+        for block in model.blocks:
+            block.attn.fused_attn = fused
+        with flop_counter() as counter:
+            model(x).sum().backward()
+        totals.append(counter.get_total_flops())
+    tokens, batch, depth = 17, 2, 2
+    recompute = 2 * batch * tokens * tokens * 32  # q k^T over all heads
+    assert totals[0] == totals[1] + depth * recompute

@@ -1,8 +1,8 @@
 """A per-layer table of a model: output shape, parameters and FLOPs, with totals.
 
-FLOPs come from `torch.utils.flop_counter.FlopCounterMode`: a multiply-add counts as 2, and
-matrix products, convolutions and attention are counted (elementwise ops, norms and
-activations are not, as is usual for such tables).
+FLOPs come from `torch.utils.flop_counter.FlopCounterMode` (see `flop_counter`): a
+multiply-add counts as 2, and matrix products, convolutions and attention are counted
+(elementwise ops, norms and activations are not, as is usual for such tables).
 """
 
 from __future__ import annotations
@@ -11,17 +11,30 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 
 def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """q k^T and (weights) v: the CPU attention kernel PyTorch's counter has no formula for."""
-    batch, heads, q_len, head_dim = query_shape
-    k_len, v_dim = key_shape[-2], value_shape[-1]
-    return 2 * batch * heads * q_len * k_len * (head_dim + v_dim)
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops}
+def _sdpa_cpu_backward_flops(
+    grad_shape, query_shape, key_shape, value_shape, *args, **kwargs
+) -> int:
+    return sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape)
+
+
+def flop_counter(display: bool = False) -> FlopCounterMode:
+    """PyTorch's `FlopCounterMode`, also counting the CPU attention kernels (forward and
+    backward), which it has no formula for: the one FLOP count used by summary and benchmarks."""
+    aten = torch.ops.aten
+    return FlopCounterMode(
+        display=display,
+        custom_mapping={
+            aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
+        },
+    )
 
 
 @dataclass
@@ -118,7 +131,7 @@ def summary(model: nn.Module, input_size: tuple[int, ...], max_depth: int = 3) -
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
     was_training = model.training
     model.eval()
-    counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
+    counter = flop_counter()
     try:
         # Grad stays on so fused inference fast paths (which hide sub-layers) are not taken.
         with torch.enable_grad(), counter:
