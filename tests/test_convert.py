@@ -11,7 +11,10 @@ import vitkit
 from vitkit import CheckpointError, VisionTransformer, convert
 from vitkit.cli import main
 
-TOL = dict(atol=1e-5, rtol=0.0)
+# 1e-5 absolute, with torch.allclose's default 1e-5 relative term: vitkit's fused inference
+# kernels sum in another order than the reference library, which moves ViT-B logits of
+# magnitude ~3 by about 1e-5 (float32 rounding, not a conversion difference).
+TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
