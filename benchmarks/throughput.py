@@ -42,6 +42,7 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import vitkit
+from vitkit.summary import flop_counter  # noqa: E402
 
 try:
     import timm
@@ -148,10 +149,10 @@ def count_flops(model: nn.Module, batch: int) -> tuple[int, int]:
     """(forward, forward + backward) FLOPs of one batch, counted on a copy on the meta device."""
     model = copy.deepcopy(model).to("meta").train()
     x = torch.randn(batch, model.config.in_chans, *model.patch_embed.img_size, device="meta")
-    with vitkit.summary.flop_counter() as counter:
+    with flop_counter() as counter:
         model(x)
     forward = counter.get_total_flops()
-    with vitkit.summary.flop_counter() as counter:
+    with flop_counter() as counter:
         model(x).sum().backward()
     return forward, counter.get_total_flops()
 
