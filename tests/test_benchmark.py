@@ -1,6 +1,7 @@
-"""The benchmark script runs end to end (its numbers are reported, never asserted)."""
+"""The benchmark scripts run end to end (their numbers are reported, never asserted)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,22 @@ def test_throughput_script_writes_both_implementations(tmp_path):
         assert row["max_abs_diff_vs_timm"] < 1e-4  # the same weights give the same logits
         assert row["flops_per_batch"] > 0
     assert "| vit_tiny_patch16_224 | 2 | fp32 | off | infer |" in proc.stdout
+
+
+def test_loader_benchmark_times_the_loader_and_the_model(tmp_path):
+    out = tmp_path / "loader.json"
+    args = ["--data", "digits", "--batches", "2", "--rounds", "1", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "loader.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert (report["data"], report["model"], report["batch_size"]) == ("digits", "vit_digits", 64)
+    assert report["loader_images_per_s"] > 0 and report["model_train_images_per_s"] > 0
+    ratio = report["loader_images_per_s"] / report["model_train_images_per_s"]
+    assert report["ratio"] == pytest.approx(ratio)
+    assert f"the loader is {report['ratio']:.1f}x the model" in proc.stdout

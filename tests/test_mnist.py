@@ -1,6 +1,7 @@
 """idx reading (MNIST, Fashion-MNIST) on files the tests write, and the real Debian files."""
 
 import gzip
+import json
 import struct
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from vitkit import get_config
 from vitkit.data import DataError
 from vitkit.mnist import (
     FASHION_MNIST_DIRS,
@@ -158,22 +160,29 @@ def test_mnist_needs_a_folder_and_mnist_5k_reads_csv(tmp_path):
     assert (len(splits.train), len(splits.val), len(splits.test)) == (30, 10, 10)
 
 
-def test_cli_trains_on_fashion_mnist_from_data_dir(tmp_path, capsys):
-    from vitkit.cli import main
+def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, capsys):
+    from vitkit.cli import PRESETS, main
 
     fake_fashion(tmp_path / "fm", n_train=100, n_test=30)
     code = main(
         [
             "train", "--data", "fashion-mnist", "--data-dir", str(tmp_path / "fm"),
-            "--model-opt", "patch_size=7", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
-            "--epochs", "2", "--no-progress", "--out", str(tmp_path / "run"), "--aa", "none",
-            "--no-crop", "--reprob", "0", "--mixup", "0", "--cutmix", "0",
+            "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
+            "--epochs", "2", "--no-progress", "--out", str(tmp_path / "run"),
         ]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
     assert out.strip().splitlines()[-1].startswith("test accuracy: ")
     assert (tmp_path / "run" / "model.safetensors").is_file()
+    # no --model: the source's preset model and recipe, with the command line over them
+    record = json.loads((tmp_path / "run" / "config.json").read_text())
+    model_name, recipe = PRESETS["fashion-mnist"]
+    assert record["settings"]["model"] == model_name == "vit_mnist"
+    assert record["model"]["patch_size"] == get_config("vit_mnist").patch_size
+    assert record["model"]["embed_dim"] == 32 and record["settings"]["epochs"] == 2
+    for key in ("batch_size", "aa", "mixup", "cutmix", "crop_scale", "reprob", "drop_path"):
+        assert record["settings"][key] == recipe[key], key
 
 
 def test_cli_missing_fashion_files_is_one_line(tmp_path, capsys):

@@ -8,12 +8,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import ConcatDataset
+from torch.utils.data import ConcatDataset, Dataset
 
 from . import __version__, engine, registry
 from . import data as data_lib
@@ -91,8 +92,43 @@ _DEIT_RECIPE: dict[str, Any] = {
 }
 
 
-def _recipe(img_size: tuple[int, int]) -> dict[str, Any]:
-    """The default recipe for the model's input size (tiny images get the light one)."""
+# 28x28 grey images, 60,000 of them (Fashion-MNIST, MNIST): chosen by measurement on 2 CPU
+# cores within a 15-minute budget (README, "A real run").
+_MNIST_RECIPE: dict[str, Any] = {
+    **_DEIT_RECIPE,
+    "epochs": 10,
+    "batch_size": 128,
+    "blr": 1e-3 * 512 / 128,
+    "warmup_epochs": 1.0,
+    "mixup": 0.0,
+    "cutmix": 0.0,
+    "aa": "none",
+    "crop_scale": None,
+    "reprob": 0.0,
+    "drop_path": 0.0,
+}
+
+# Built-in sources with a measured default: (model, recipe). Other data: `vit_digits` and the
+# recipe for its input size.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "digits": ("vit_digits", _SMALL_RECIPE),
+    "fashion-mnist": ("vit_mnist", _MNIST_RECIPE),
+    "mnist": ("vit_mnist", _MNIST_RECIPE),
+    "mnist-5k": ("vit_mnist", {**_MNIST_RECIPE, "epochs": 100}),
+}
+
+
+def _default_model(data: str) -> str:
+    """The model `vitkit train --data DATA` trains when no --model is given."""
+    source = data.partition(":")[0]
+    return PRESETS[source][0] if source in PRESETS else "vit_digits"
+
+
+def _recipe(source: str, img_size: tuple[int, int]) -> dict[str, Any]:
+    """The default recipe: the source's preset, else by input size (tiny images get the light
+    one, larger ones DeiT's)."""
+    if source in PRESETS:
+        return dict(PRESETS[source][1])
     return dict(_SMALL_RECIPE if max(img_size) <= 16 else _DEIT_RECIPE)
 
 
@@ -156,7 +192,8 @@ def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
 
 def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every choice of the run, resolved (the command line over the recipe defaults)."""
-    base = registry.get_config(args.model)
+    model_name = args.model or _default_model(args.data)
+    base = registry.get_config(model_name)
     overrides = _parse_model_opts(args.model_opt)
     img_size = _img_size_arg(args.img_size)
     data = args.data
@@ -169,7 +206,7 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         data = f"{args.data}:{args.data_dir}"
     settings: dict[str, Any] = {
         "data": data,
-        "model": args.model,
+        "model": model_name,
         "model_opts": overrides,
         "img_size": list(img_size) if img_size else None,
         "in_chans": args.in_chans,
@@ -188,12 +225,13 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     native = {"digits": (8, 8), "cifar": (32, 32)}  # image files take the model's size
     native.update({name: (28, 28) for name in ("fashion-mnist", "mnist", "mnist-5k")})
+    source = data_lib.detect_source(data)[0]
     size = (
         img_size
-        or native.get(data_lib.detect_source(data)[0])
+        or native.get(source)
         or (tuple(base.img_size) if isinstance(base.img_size, tuple) else (base.img_size,) * 2)
     )
-    recipe = _recipe(size)
+    recipe = _recipe(source, size)
     for key, default in recipe.items():
         value = getattr(args, key)
         settings[key] = list(value) if isinstance(value, tuple) else value
@@ -248,6 +286,52 @@ def _transforms(settings: dict[str, Any], splits: data_lib.Splits, img_size: tup
     return train, build_transform(False, **common)
 
 
+@dataclass
+class TrainingSetup:
+    """What `vitkit train` builds before it trains: the resolved settings, the data splits,
+    the model (seeded, on the CPU) and the transformed train / val / test datasets."""
+
+    settings: dict[str, Any]
+    splits: data_lib.Splits
+    model: VisionTransformer
+    train_set: Dataset
+    val_set: Dataset
+    test_set: Dataset
+
+
+def _setup(settings: dict[str, Any]) -> TrainingSetup:
+    torch.manual_seed(settings["seed"])
+    base = registry.get_config(settings["model"])
+    img_size = _img_size_arg(settings["img_size"]) or None
+    in_chans = settings["in_chans"] or settings["model_opts"].get("in_chans", base.in_chans)
+    size_for_files = img_size or tuple(
+        base.img_size if isinstance(base.img_size, tuple) else (base.img_size,) * 2
+    )
+    splits = data_lib.load_data(
+        settings["data"],
+        val_fraction=settings["val_fraction"],
+        test_fraction=settings["test_fraction"],
+        seed=settings["seed"],
+        in_chans=in_chans,
+        img_size=size_for_files,
+    )
+    model = _build_model(settings, splits)
+    train_tf, eval_tf = _transforms(settings, splits, tuple(model.patch_embed.img_size))
+    return TrainingSetup(
+        settings=settings,
+        splits=splits,
+        model=model,
+        train_set=data_lib.Transformed(splits.train, train_tf),
+        val_set=data_lib.Transformed(splits.val, eval_tf),
+        test_set=data_lib.Transformed(splits.test, eval_tf),
+    )
+
+
+def training_setup(argv: Sequence[str] = ()) -> TrainingSetup:
+    """What `vitkit train ARGV` would train, without training (benchmarks, notebooks)."""
+    return _setup(_train_settings(build_parser().parse_args(["train", *argv])))
+
+
 def _init_distributed(device: str) -> str:
     """Join the torchrun group when launched by it; returns this process's device."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
@@ -282,7 +366,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if args.resume:
         if out is None:
-            out = Path("runs") / (args.name or f"{Path(args.data).name}-{args.model}")
+            model_name = args.model or _default_model(args.data)
+            out = Path("runs") / (args.name or f"{Path(args.data).name}-{model_name}")
         config_file = out / "config.json"
         if not config_file.is_file():
             raise UserError(f"--resume: {config_file} does not exist; start without --resume")
@@ -301,24 +386,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if settings.get("threads"):
         torch.set_num_threads(settings["threads"])
-    torch.manual_seed(settings["seed"])
-    base = registry.get_config(settings["model"])
-    img_size = _img_size_arg(settings["img_size"]) or None
-    in_chans = settings["in_chans"] or settings["model_opts"].get("in_chans", base.in_chans)
-    size_for_files = img_size or tuple(
-        base.img_size if isinstance(base.img_size, tuple) else (base.img_size,) * 2
-    )
-    splits = data_lib.load_data(
-        settings["data"],
-        val_fraction=settings["val_fraction"],
-        test_fraction=settings["test_fraction"],
-        seed=settings["seed"],
-        in_chans=in_chans,
-        img_size=size_for_files,
-    )
-    model = _build_model(settings, splits).to(device)
-    model_size = tuple(model.patch_embed.img_size)
-    train_tf, eval_tf = _transforms(settings, splits, model_size)
+    setup = _setup(settings)
+    splits = setup.splits
+    model = setup.model.to(device)
     torch.manual_seed(settings["seed"] + rank)
 
     world_batch = settings["batch_size"] * settings["accum_steps"] * world_size
@@ -386,8 +456,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     result = engine.fit(
         model,
-        data_lib.Transformed(splits.train, train_tf),
-        data_lib.Transformed(splits.val, eval_tf),
+        setup.train_set,
+        setup.val_set,
         config,
         out_dir=out,
         meta=meta,
@@ -407,9 +477,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         best = load_state_dict(out / engine.BEST_FILE)
     if best is not None:
         model.load_state_dict(best)
-    loader = engine.make_loader(
-        data_lib.Transformed(splits.test, eval_tf), config.batch_size, train=False
-    )
+    loader = engine.make_loader(setup.test_set, config.batch_size, train=False)
     test = engine.evaluate(model, loader, device=device, amp=config.amp)
     if rank == 0:
         summary_row = {
@@ -732,7 +800,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where a built-in source's files are (fashion-mnist: default "
         "/usr/share/datasets/fashion-mnist; mnist: required)",
     )
-    g.add_argument("--model", default="vit_digits", help="a registered model (`vitkit models`)")
+    g.add_argument(
+        "--model",
+        help="a registered model (`vitkit models`; default: the source's preset, else vit_digits)",
+    )
     g.add_argument(
         "--model-opt",
         action="append",
