@@ -19,9 +19,17 @@ from torch.utils.data import ConcatDataset, Dataset
 from . import __version__, engine, registry
 from . import data as data_lib
 from .augment import build_transform
-from .checkpoint import load, load_into, load_state_dict
+from .checkpoint import (
+    DiskFullError,
+    atomic_write,
+    load,
+    load_into,
+    load_state_dict,
+    remove_stale_temp_files,
+)
 from .explain import attention_maps, draw_explanation, plot_confusion
 from .model import VisionTransformer
+from .settings import read_settings
 from .summary import summary
 
 log = logging.getLogger("vitkit")
@@ -154,9 +162,19 @@ def _img_size_arg(values: Sequence[int] | None) -> tuple[int, int] | None:
 
 
 def _device(name: str | None) -> str:
-    if name:
-        return name
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not name:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        found = torch.cuda.device_count()
+        raise UserError(
+            f"--device {name}: this machine has {found} CUDA device(s); use "
+            + ("--device cpu" if not found else f"cuda:0 to cuda:{found - 1}")
+        )
+    return name
 
 
 def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -167,9 +185,10 @@ def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     if resume:
         if not (out / "state.pt").is_file():
             raise UserError(
-                f"--resume: {out} holds no training state (state.pt); "
-                "start a new run without --resume"
+                f"--resume: {out} holds no training state (state.pt), the run stopped before "
+                "it began; start it again with --overwrite"
             )
+        remove_stale_temp_files(out)
         return
     if held and not overwrite:
         raise UserError(
@@ -188,6 +207,7 @@ def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     if overwrite:
         for name in held:
             (out / name).unlink(missing_ok=True)
+        remove_stale_temp_files(out)
 
 
 def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -329,7 +349,7 @@ def _setup(settings: dict[str, Any]) -> TrainingSetup:
 
 def training_setup(argv: Sequence[str] = ()) -> TrainingSetup:
     """What `vitkit train ARGV` would train, without training (benchmarks, notebooks)."""
-    return _setup(_train_settings(build_parser().parse_args(["train", *argv])))
+    return _setup(_new_run_settings(build_parser().parse_args(["train", *argv])))
 
 
 def _init_distributed(device: str) -> str:
@@ -362,18 +382,47 @@ def _progress(enabled: bool):
     return make
 
 
+# Settings whose value more than one flag sets (a --config file yields to any of them).
+_SETTING_FLAGS = {"data": {"data", "data_dir"}, "model_opts": {"model_opt"}}
+_SETTING_FLAGS["crop_scale"] = {"crop_scale", "no_crop"}
+
+
+def _new_run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A new run's settings: the flags given on the command line, then a --config file, then
+    the recipe defaults for the input size."""
+    values = read_settings(args.config, source=f"--config {args.config}") if args.config else {}
+    flags = getattr(args, "given", set())
+    given = flags | {key for key, names in _SETTING_FLAGS.items() if names & flags}
+    for key in ("data", "model", "img_size"):  # these choose the recipe: set them first
+        if key in values and key not in flags:
+            setattr(args, key, values[key])
+    if "model_opts" in values and "model_opt" not in flags:
+        args.model_opt = [f"{k}={json.dumps(v)}" for k, v in values["model_opts"].items()]
+    settings = _train_settings(args)
+    settings["save_every"] = args.save_every or 0
+    settings.update({key: value for key, value in values.items() if key not in given})
+    return settings
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if args.resume:
+        if args.config:
+            raise UserError(
+                "--config starts a new run from a settings file; --resume continues with the "
+                "settings in the run's config.json: drop one of them"
+            )
         if out is None:
             model_name = args.model or _default_model(args.data)
             out = Path("runs") / (args.name or f"{Path(args.data).name}-{model_name}")
         config_file = out / "config.json"
         if not config_file.is_file():
             raise UserError(f"--resume: {config_file} does not exist; start without --resume")
-        settings = json.loads(config_file.read_text())["settings"]
+        settings = read_settings(config_file, complete=True)
+        if args.save_every is not None:
+            settings["save_every"] = args.save_every
     else:
-        settings = _train_settings(args)
+        settings = _new_run_settings(args)
     if out is None:
         out = Path("runs") / (
             args.name or f"{Path(str(settings['data'])).name}-{settings['model']}"
@@ -384,8 +433,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if world_size > 1:
         dist.barrier()
 
-    if settings.get("threads"):
-        torch.set_num_threads(settings["threads"])
+    threads = settings.get("threads")
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
     setup = _setup(settings)
     splits = setup.splits
     model = setup.model.to(device)
@@ -415,6 +467,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         seed=settings["seed"],
         num_workers=args.workers,
         device=device,
+        save_every=settings["save_every"],
     )
     teacher = None
     if settings["teacher"]:
@@ -439,7 +492,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "vitkit_version": __version__,
             "torch_version": torch.__version__,
         }
-        (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+        text = json.dumps(record, indent=2) + "\n"
+        atomic_write(out / "config.json", lambda f: f.write(text), mode="w")
     log.info(
         "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
         "%d epochs -> %s",
@@ -486,7 +540,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "test_acc5": test["acc5"],
             "best_epoch": result.best_epoch,
         }
-        (out / "test.json").write_text(json.dumps(summary_row) + "\n")
+        text = json.dumps(summary_row) + "\n"
+        atomic_write(out / "test.json", lambda f: f.write(text), mode="w")
         print(f"best val top-1 {result.best_acc1:.4f} at epoch {result.best_epoch}; files in {out}")
         print(f"test accuracy: {test['acc1']:.4f}")
     if world_size > 1:
@@ -862,6 +917,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--name", help="run name for the default output folder")
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
     g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    g.add_argument(
+        "--config",
+        metavar="JSON",
+        help="settings from a file: a run's config.json or a flat object of the names of these "
+        'options (e.g. {"epochs": 10}); options given here override it',
+    )
+    g.add_argument(
+        "--save-every",
+        type=int,
+        metavar="STEPS",
+        help="also save the state every STEPS optimiser steps, so that a crash loses at most "
+        "that much (default 0: at epoch ends only)",
+    )
     g.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     g.add_argument("--workers", type=int, default=0, help="data loader processes")
     g.add_argument(
@@ -964,16 +1032,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given_options(argv: Sequence[str] | None) -> set[str]:
+    """The train options set on the command line (a --config file yields to them): parsed
+    again with every default suppressed, so that only the given ones appear."""
+    parser = build_parser()
+    # argparse offers no public way to reach a subparser's actions
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices["train"]._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 user error, 130 interrupted)."""
+    """Run the command line; returns the exit code (0 ok, 1 the run failed, 2 user error,
+    130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "train":
+        args.given = _given_options(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (FloatingPointError, DiskFullError) as err:  # the message names the files kept
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except (UserError, ValueError, TypeError, OSError) as err:
         if args.debug:
             raise

@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import tarfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from torch.utils.data import Dataset
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+# Pillow's convert("L"/"RGB") clips these to 255 instead of scaling: they are read as 16-bit.
+_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
 class DataError(ValueError):
@@ -181,25 +184,40 @@ def read_image(
 ) -> Tensor:
     """An image file as a float tensor (in_chans, H, W) in [0, 1], resized to `size` (h, w).
 
-    Raises `CorruptImageError` naming the file when Pillow cannot read it.
+    Grey, palette, RGBA (alpha dropped, as torchvision's loader does) and 16-bit grey images
+    (0..65535 scaled to [0, 1]) become `in_chans` channels. Raises `CorruptImageError` naming
+    the file when Pillow cannot read it, and for images over `PIL.Image.MAX_IMAGE_PIXELS`
+    (decompression bombs).
     """
     from PIL import Image, UnidentifiedImageError
 
     if in_chans not in (1, 3):
         raise ValueError(f"images are read with 1 or 3 channels, not {in_chans}")
     try:
-        with Image.open(path) as img:
-            img = img.convert("L" if in_chans == 1 else "RGB")
-            if size is not None and img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            array = np.asarray(img, dtype=np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                if img.mode in _WIDE_GREY_MODES:
+                    grey = np.asarray(img, dtype=np.float32) / 65535.0
+                    img, scale = Image.fromarray(grey.clip(0.0, 1.0), mode="F"), 1.0
+                else:
+                    img, scale = img.convert("L" if in_chans == 1 else "RGB"), 255.0
+                if size is not None and img.size != (size[1], size[0]):
+                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+                array = np.asarray(img, dtype=np.float32) / scale
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise CorruptImageError(
+            f"cannot read image {path}: {err} Raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise CorruptImageError(f"cannot read image {path}: {err}") from None
     if array.ndim == 2:
         array = array[:, :, None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0  # (C, H, W)
+    if array.shape[2] != in_chans:  # 16-bit grey read into 3 channels
+        array = np.repeat(array, in_chans, axis=2)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (C, H, W)
 
 
 # -- splitting ------------------------------------------------------------------------------
@@ -296,7 +314,13 @@ def _three_way(
 
 
 def _list_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    try:
+        entries = list(root.iterdir())
+    except OSError as err:
+        raise DataError(
+            f"cannot list the data folder {root} ({err.strerror or err}); check its permissions"
+        ) from None
+    classes = sorted(d.name for d in entries if d.is_dir() and not d.name.startswith("."))
     samples = []
     for label, name in enumerate(classes):
         for file in sorted((root / name).rglob("*")):
@@ -382,6 +406,12 @@ def _check_folder(root: Path, classes: list[str], samples: list[tuple[str, int]]
         raise DataError(
             f"data folder {root} has no images in its class sub-folders "
             f"({', '.join(classes[:5])}); supported: {', '.join(IMAGE_EXTENSIONS)}"
+        )
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if empty:
+        raise DataError(
+            f"class folder(s) {', '.join(str(root / c) for c in empty[:5])} hold no images "
+            "(or cannot be read); add images or remove the folder, as every folder is a class"
         )
 
 
@@ -602,7 +632,11 @@ def detect_source(spec: str) -> tuple[str, str | None]:
 
 def _looks_like_cifar(path: Path) -> bool:
     """A folder with CIFAR batch files in it or in one sub-folder (the extracted archive)."""
-    for folder in [path, *(p for p in path.iterdir() if p.is_dir())]:
+    try:
+        subfolders = [p for p in path.iterdir() if p.is_dir()]
+    except OSError:  # unreadable: the folder loader says so
+        return False
+    for folder in [path, *subfolders]:
         if (folder / "data_batch_1").is_file():
             return True
         if (folder / "train").is_file() and (folder / "test").is_file():

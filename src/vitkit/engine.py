@@ -55,7 +55,8 @@ class TrainConfig:
 
     `batch_size` is per process; `lr` is the absolute peak learning rate (the CLI scales a
     base rate by the effective batch / 512, as DeiT does). Epoch counts may be fractional for
-    warmup.
+    warmup. `save_every` > 0 also saves the state every that many optimiser steps, so that a
+    crash in a long epoch loses at most that many steps.
     """
 
     epochs: int = 100
@@ -82,6 +83,7 @@ class TrainConfig:
     seed: int = 0
     num_workers: int = 0
     device: str = "cpu"
+    save_every: int = 0
 
     def __post_init__(self) -> None:
         if self.amp not in AMP_MODES:
@@ -95,6 +97,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.save_every < 0:
+            raise ValueError(
+                f"save_every must be >= 0 (0: at epoch ends only), got {self.save_every}"
+            )
         if self.amp == "fp16" and not self.device.startswith("cuda"):
             raise ValueError("amp='fp16' needs a CUDA device; use amp='bf16' on CPU")
         self.betas = tuple(self.betas)
@@ -316,6 +322,14 @@ class StopFlag:
         return self._event.is_set()
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite (the run cannot continue as it is)."""
+
+    def __init__(self, message: str, *, step: int, batch: int, loss: float) -> None:
+        super().__init__(message)
+        self.step, self.batch, self.loss = step, batch, loss
+
+
 @dataclass
 class EpochState:
     """Running sums of the current epoch (saved with a mid-epoch stop)."""
@@ -348,6 +362,8 @@ def train_one_epoch(
     state: EpochState | None = None,
     stop: StopFlag | None = None,
     on_step: Callable[[EpochState, float], None] | None = None,
+    save_every: int = 0,
+    save: Callable[[EpochState, int], None] | None = None,
 ) -> tuple[EpochState, int]:
     """Train over `loader` once; returns the epoch's running sums and the new step count.
 
@@ -373,6 +389,8 @@ def train_one_epoch(
         state: running sums to continue (resume in mid-epoch).
         stop: checked after each optimiser step.
         on_step: called with the running sums and images/second (progress bars).
+        save_every: call `save(state, step)` after every that many optimiser steps (0: never).
+        save: writes the mid-epoch state (no gradient accumulation is pending when called).
     """
     model.train()
     state = state or EpochState()
@@ -407,9 +425,12 @@ def train_one_epoch(
                     logits = model(mixed)
                     loss = soft_cross_entropy(logits, targets)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"training loss is {loss.item()} at step {step}; lower the learning rate "
-                    "or enable gradient clipping (--clip-grad)"
+                raise NonFiniteLossError(
+                    f"training loss is {loss.item()} at step {step} (batch {state.batches + 1} "
+                    "of the epoch); lower the learning rate or clip gradients (clip_grad)",
+                    step=step,
+                    batch=state.batches + 1,
+                    loss=loss.item(),
                 )
             scaled = loss / accum_steps
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -426,6 +447,8 @@ def train_one_epoch(
             pending = 0
             if ema is not None:
                 ema.update(ema_source if ema_source is not None else model)
+            if save is not None and save_every and step % save_every == 0:
+                save(state, step)
         if on_step is not None:
             on_step(state, seen / max(time.perf_counter() - start, 1e-9))
         if stop and pending == 0:
@@ -707,7 +730,10 @@ def fit(
     if teacher is not None:
         teacher.eval().requires_grad_(False)
 
+    saved_at = (epoch, epoch_state.batches if epoch_state else 0)  # what state.pt holds
+
     def write_state() -> None:
+        nonlocal saved_at
         if out is None or not main:
             return
         payload: dict[str, Any] = {
@@ -727,13 +753,32 @@ def fit(
         if ema is not None:
             payload["ema"] = {k: v.cpu() for k, v in ema.state.items()}
         save_state(out / STATE_FILE, payload)
+        saved_at = (epoch, epoch_state.batches if epoch_state else 0)
 
-    if out is not None and main:
-        out.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            write_state()  # a stop during the first epoch can still resume
+    def save_mid_epoch(running: EpochState, at_step: int) -> None:
+        nonlocal epoch_state, step
+        epoch_state, step = running, at_step
+        write_state()
 
-    with _stop_on_signals(stop):
+    def kept() -> str:
+        """The files a failed run leaves, and the point of training each holds."""
+        if out is None or not main:
+            return "none (no out_dir)"
+        done, batches = saved_at
+        if batches:
+            when = f"epoch {done + 1} after batch {batches}"
+        else:
+            when = f"end of epoch {done}" if done else "before the first epoch"
+        files = [f"{out / STATE_FILE} ({when})"]
+        if result.history:
+            files.append(f"{out / LAST_FILE} (epoch {result.history[-1]['epoch']})")
+        return ", ".join(files)
+
+    with _stop_on_signals(stop), _explained_failures(kept, lambda: epoch, config.lr):
+        if out is not None and main:
+            out.mkdir(parents=True, exist_ok=True)
+            if not resume:
+                write_state()  # a stop during the first epoch can still resume
         while epoch < config.epochs:
             start = time.perf_counter()
             skip = epoch_state.batches * config.batch_size if epoch_state else 0
@@ -781,6 +826,8 @@ def fit(
                 state=epoch_state,
                 stop=stop,
                 on_step=on_step,
+                save_every=config.save_every,
+                save=save_mid_epoch,
             )
             if hasattr(bar, "close"):
                 bar.close()
@@ -858,11 +905,33 @@ def fit(
                         out / STATE_FILE if out else "nowhere",
                     )
                 break
-    if out is not None and main and result.history:
-        from .explain import plot_curves
+        if out is not None and main and result.history:
+            from .explain import plot_curves
 
-        plot_curves(result.history, out / CURVES_FILE)
+            plot_curves(result.history, out / CURVES_FILE)
     return result
+
+
+@contextlib.contextmanager
+def _explained_failures(
+    kept: Callable[[], str], epoch: Callable[[], int], lr: float
+) -> Iterator[None]:
+    """Turn a NaN loss or a full disk during `fit` into one line that says which files the
+    run kept and what to do next."""
+    try:
+        yield
+    except NonFiniteLossError as err:
+        raise NonFiniteLossError(
+            f"training loss is {err.loss} at step {err.step} (epoch {epoch() + 1}, batch "
+            f"{err.batch}); the run stopped and kept its last good files: {kept()}. Lower the "
+            f"learning rate (e.g. --lr {lr / 10:.3g}, a tenth of this run's {lr:.3g}) or clip "
+            "gradients (--clip-grad 1.0), and start a new run",
+            step=err.step,
+            batch=err.batch,
+            loss=err.loss,
+        ) from err
+    except checkpoint.DiskFullError as err:
+        raise checkpoint.DiskFullError(err.path, err.existed, "continue with --resume") from err
 
 
 @contextlib.contextmanager

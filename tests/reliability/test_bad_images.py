@@ -1,0 +1,190 @@
+"""Image files as they come: broken ones are skipped with a warning and counted in training and
+named in the error at prediction time; odd modes become the model's channels with the right
+values; data folders that cannot be used say why.
+
+Covered elsewhere, not repeated here: garbage bytes (`test_data.py::
+test_corrupt_training_images_are_skipped_and_counted`, `test_cli_train.py::
+test_training_on_a_folder_skips_corrupt_images`, `test_predict_corrupt_and_missing_images`),
+a missing image, a missing or empty data folder and one without images
+(`test_data.py::test_missing_and_empty_folders`, `test_cli_train.py::test_empty_data_folder`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _run import tiny_model
+from PIL import Image
+
+import vitkit
+from vitkit.data import CorruptImageError, DataError, ImageFiles, collate, load_data, read_image
+from vitkit.engine import TrainConfig, fit
+
+LIMIT = 100  # PIL.Image.MAX_IMAGE_PIXELS in these tests: a 12x12 image is already "huge"
+
+
+def _png(size: int = 8, mode: str = "RGB") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, (size, size), 90 if mode == "L" else (90, 40, 200)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+BAD = {
+    "truncated": _png(32)[:60],
+    "zero-byte": b"",
+    "not-an-image": b"name,label\ncat.png,0\n",
+    "bomb": _png(16),  # 256 pixels > 2 * LIMIT: Pillow raises DecompressionBombError
+    "bomb-warning": _png(12),  # 144 pixels > LIMIT: Pillow only warns, vitkit refuses
+}
+
+
+@pytest.fixture(autouse=True)
+def small_pixel_limit(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", LIMIT)
+
+
+def bad_file(folder: Path, kind: str) -> Path:
+    path = folder / f"{kind}.png"
+    path.write_bytes(BAD[kind])
+    return path
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_a_bad_file_is_named_when_read(tmp_path, kind):
+    path = bad_file(tmp_path, kind)
+    with pytest.raises(CorruptImageError, match=rf"^cannot read image {path}: ") as err:
+        read_image(path)
+    assert "\n" not in str(err.value)
+    if kind.startswith("bomb"):
+        assert "decompression bomb" in str(err.value) and "MAX_IMAGE_PIXELS" in str(err.value)
+
+
+def test_bad_files_are_skipped_counted_and_warned_once_in_training(tmp_path, caplog):
+    good = tmp_path / "good.png"
+    good.write_bytes(_png(8))
+    bad = [bad_file(tmp_path, kind) for kind in BAD]
+    samples = [(str(good), i % 2) for i in range(30)] + [(str(p), 0) for p in bad]
+    train = ImageFiles(samples, in_chans=3, img_size=(8, 8), skip_corrupt=True)
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        result = fit(
+            tiny_model(in_chans=3),
+            train,
+            ImageFiles(samples[:4], in_chans=3, img_size=(8, 8)),
+            TrainConfig(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, mixup=0, cutmix=0),
+        )
+    assert result.corrupt_images == len(BAD)
+    assert [row["skipped_images"] for row in result.history] == [len(BAD)] * 2
+    for path in bad:  # one warning per file, not one per epoch
+        assert sum(str(path) in m for m in caplog.messages) == 1
+    images, labels = collate([train[i] for i in range(len(train))])
+    assert images.shape == (30, 3, 8, 8) and labels.shape == (30,)
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_predict_names_the_bad_file(tmp_path, run_cli, kind):
+    checkpoint = tmp_path / "model.safetensors"
+    vitkit.save(tiny_model(), checkpoint, meta={"class_names": list("0123456789")})
+    good = tmp_path / "good.png"
+    good.write_bytes(_png(8, "L"))
+    path = bad_file(tmp_path, kind)
+    code, stdout, err = run_cli("predict", "--checkpoint", checkpoint, good, path)
+    assert (code, stdout) == (2, "")
+    assert err.startswith(f"error: cannot read image {path}: ") and err.count("\n") == 1
+
+
+# -- modes ----------------------------------------------------------------------------------
+
+
+def _saved(tmp_path: Path, image: Image.Image, name: str = "x.png") -> Path:
+    path = tmp_path / name
+    image.save(path)
+    return path
+
+
+def test_grey_to_one_and_three_channels(tmp_path):
+    path = _saved(tmp_path, Image.new("L", (4, 4), 200))
+    assert torch.equal(read_image(path, in_chans=1), torch.full((1, 4, 4), 200 / 255))
+    assert torch.equal(read_image(path, in_chans=3), torch.full((3, 4, 4), 200 / 255))
+    bilevel = _saved(tmp_path, Image.new("1", (4, 4), 1), "bilevel.png")
+    assert torch.equal(read_image(bilevel, in_chans=1), torch.ones(1, 4, 4))
+
+
+def test_rgba_drops_alpha(tmp_path):
+    """As torchvision's loader does: the colour stays, even where the pixel is transparent."""
+    path = _saved(tmp_path, Image.new("RGBA", (4, 4), (10, 20, 30, 0)))
+    expected = torch.tensor([10, 20, 30]).view(3, 1, 1).expand(3, 4, 4) / 255
+    assert torch.equal(read_image(path, in_chans=3), expected)
+    luma = (10 * 299 + 20 * 587 + 30 * 114) // 1000  # ITU-R 601-2, as Pillow's "L"
+    assert torch.equal(read_image(path, in_chans=1), torch.full((1, 4, 4), luma / 255))
+
+
+def test_palette_colours(tmp_path):
+    image = Image.new("P", (4, 4), 1)
+    image.putpalette([0, 0, 0, 255, 0, 128] + [0] * (256 * 3 - 6))
+    image.putpixel((0, 0), 0)
+    x = read_image(_saved(tmp_path, image), in_chans=3)
+    assert torch.equal(x[:, 1, 1], torch.tensor([255, 0, 128]) / 255)
+    assert torch.equal(x[:, 0, 0], torch.zeros(3))
+
+
+def test_16_bit_grey_is_scaled_not_clipped(tmp_path):
+    """Pillow's convert("L") would clip every value over 255 to white."""
+    values = np.array([[0, 1000, 30000, 65535]] * 4, dtype=np.uint16)
+    path = _saved(tmp_path, Image.fromarray(values))
+    assert Image.open(path).mode == "I;16"  # a real 16-bit PNG
+    expected = torch.from_numpy(values.astype(np.float32) / 65535)
+    assert torch.allclose(read_image(path, in_chans=1)[0], expected, rtol=0, atol=1e-7)
+    three = read_image(path, in_chans=3)
+    assert three.shape == (3, 4, 4) and torch.equal(three[0], three[2])
+    flat = _saved(tmp_path, Image.fromarray(np.full((8, 8), 40000, np.uint16)), "flat.png")
+    resized = read_image(flat, in_chans=1, size=(4, 2))
+    assert resized.shape == (1, 4, 2)
+    assert torch.allclose(resized, torch.full((1, 4, 2), 40000 / 65535), rtol=0, atol=1e-6)
+
+
+# -- folders --------------------------------------------------------------------------------
+
+
+def _class_folders(root: Path, classes: dict[str, int]) -> Path:
+    for name, count in classes.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            (root / name / f"{i}.png").write_bytes(_png(8))
+    return root
+
+
+def test_a_class_folder_without_images(tmp_path, run_cli):
+    root = _class_folders(tmp_path / "pets", {"cat": 3, "dog": 0, "eel": 2})
+    (root / "dog" / "notes.txt").write_text("no pictures yet")
+    message = (
+        f"class folder(s) {root / 'dog'} hold no images (or cannot be read); add images or "
+        "remove the folder, as every folder is a class"
+    )
+    with pytest.raises(DataError) as err:
+        load_data(str(root))
+    assert str(err.value) == message
+    code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
+    assert (code, stderr) == (2, f"error: {message}\n")
+
+
+def test_an_unreadable_data_folder(tmp_path, monkeypatch, run_cli):
+    root = _class_folders(tmp_path / "pets", {"cat": 2, "dog": 2})
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == root:
+            raise PermissionError(13, "Permission denied")
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)  # root reads anything, even at mode 000
+    message = f"cannot list the data folder {root} (Permission denied); check its permissions"
+    with pytest.raises(DataError) as err:
+        load_data(str(root))
+    assert str(err.value) == message
+    code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
+    assert (code, stderr) == (2, f"error: {message}\n")

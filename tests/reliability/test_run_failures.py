@@ -1,0 +1,298 @@
+"""A run that fails part way: a NaN loss, a full disk, a crash between periodic saves. The last
+good files stay whole, the error says which they are and what to do, and resuming ends where
+an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from _run import TINY, tiny_model
+from torch.utils.data import Dataset
+
+import vitkit
+from vitkit.checkpoint import DiskFullError, atomic_write
+from vitkit.engine import (
+    BEST_FILE,
+    LAST_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    NonFiniteLossError,
+    TrainConfig,
+    fit,
+    load_state,
+)
+
+RUN_FILES = (STATE_FILE, LAST_FILE, BEST_FILE, METRICS_FILE)
+
+
+class FaultyAfter(Dataset):
+    """The items of `base` until `reads` have been read; after that `fault(image)` for each."""
+
+    def __init__(self, base: Dataset, reads: int, fault: Callable) -> None:
+        self.base, self.reads, self.fault = base, reads, fault
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, label = self.base[index]
+        self.reads -= 1
+        return (self.fault(image) if self.reads < 0 else image), label
+
+
+def nan_image(image):
+    return image * float("nan")
+
+
+def crash(image):
+    raise RuntimeError("the machine went away")
+
+
+def config(**options) -> TrainConfig:
+    base = dict(epochs=3, batch_size=32, lr=2e-3, warmup_epochs=1, mixup=0.8, cutmix=1.0)
+    return TrainConfig(**{**base, **options})
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in RUN_FILES}
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return vitkit.load(path).state_dict()
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ"
+
+
+def temp_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, digits) -> Path:
+    """An uninterrupted run of `config()` (EMA on, to check that it resumes too)."""
+    out = tmp_path_factory.mktemp("reference")
+    fit(tiny_model(drop_path_rate=0.1), *digits, config(ema_decay=0.9), out_dir=out)
+    return out
+
+
+# -- NaN loss -------------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_files(tmp_path, digits):
+    train, val = digits
+    saved = {}
+
+    def on_epoch_end(row):
+        saved.update(snapshot(tmp_path))
+
+    with pytest.raises(NonFiniteLossError) as err:
+        fit(
+            tiny_model(),
+            FaultyAfter(train, len(train), nan_image),  # NaN images from epoch 2 on
+            val,
+            config(),
+            out_dir=tmp_path,
+            on_epoch_end=on_epoch_end,
+        )
+    assert str(err.value) == (
+        f"training loss is nan at step 5 (epoch 2, batch 1); the run stopped and kept its last "
+        f"good files: {tmp_path / STATE_FILE} (end of epoch 1), {tmp_path / LAST_FILE} (epoch "
+        "1). Lower the learning rate (e.g. --lr 0.0002, a tenth of this run's 0.002) or clip "
+        "gradients (--clip-grad 1.0), and start a new run"
+    )
+    assert snapshot(tmp_path) == saved  # nothing was written after epoch 1
+    state = load_state(tmp_path / STATE_FILE)
+    assert (state["epoch"], state["step"], state["epoch_state"]) == (1, 5, None)
+    last = vitkit.load(tmp_path / LAST_FILE)
+    assert last.meta["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in last.state_dict().values())
+    assert temp_files(tmp_path) == []
+
+
+def test_nan_loss_from_the_command_line(tmp_path, run_cli):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(
+        "train", "--out", out, "--epochs", "2", *TINY, "--lr", "1e10", "--warmup-epochs", "0"
+    )
+    assert code == 1 and stdout == ""
+    assert len(err.splitlines()) == 1
+    assert err.startswith("error: training loss is nan at step ")
+    assert f"kept its last good files: {out / STATE_FILE} (" in err
+    assert "(e.g. --lr 1e+09, a tenth of this run's 1e+10) or clip gradients (--clip-grad" in err
+    assert load_state(out / STATE_FILE)["epoch"] == 0
+
+
+# -- a full disk ----------------------------------------------------------------------------
+
+
+def disk_full(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["write", "fsync"])
+def test_a_full_disk_leaves_the_previous_file_and_no_temporary(tmp_path, monkeypatch, where):
+    path = tmp_path / "state.pt"
+    path.write_bytes(b"the previous state")
+
+    def write(f):
+        f.write(b"half a new st")
+        if where == "write":
+            disk_full()
+
+    if where == "fsync":
+        monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(DiskFullError) as err:
+        atomic_write(path, write)
+    assert str(err.value) == (
+        f"no space left on device while writing {path}; free space and try again; the previous "
+        "file is intact"
+    )
+    assert err.value.errno == errno.ENOSPC and isinstance(err.value, OSError)
+    assert path.read_bytes() == b"the previous state"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+def test_save_on_a_full_disk(tmp_path, monkeypatch):
+    model = tiny_model()
+    path = tmp_path / "model.safetensors"
+    vitkit.save(model, path)
+    before = path.read_bytes()
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(DiskFullError, match=r"while writing .*model\.safetensors; free space and"):
+        vitkit.save(model, path)
+    with pytest.raises(DiskFullError, match=r"new\.safetensors; free .* nothing was written$"):
+        vitkit.save(model, tmp_path / "new.safetensors")
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def test_a_full_disk_during_training_then_resume(tmp_path, monkeypatch, digits, reference):
+    real_fsync = os.fsync
+    full = {"disk": False}
+    saved = {}
+
+    def fsync(fd):
+        (disk_full if full["disk"] else real_fsync)(fd)
+
+    def on_epoch_end(row):  # the disk fills up after epoch 1 was saved
+        saved.update(snapshot(tmp_path))
+        full["disk"] = True
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(DiskFullError) as err:
+        fit(
+            tiny_model(drop_path_rate=0.1),
+            *digits,
+            config(ema_decay=0.9),
+            out_dir=tmp_path,
+            on_epoch_end=on_epoch_end,
+        )
+    assert str(err.value) == (
+        f"no space left on device while writing {tmp_path / LAST_FILE}; free space and continue "
+        "with --resume; the previous file is intact"
+    )
+    assert snapshot(tmp_path) == saved and temp_files(tmp_path) == []
+    full["disk"] = False
+    fit(
+        tiny_model(drop_path_rate=0.1),
+        *digits,
+        config(ema_decay=0.9),
+        out_dir=tmp_path,
+        resume=True,
+    )
+    for name in (LAST_FILE, BEST_FILE, "ema.safetensors"):
+        assert_same_weights(tmp_path / name, reference / name)
+
+
+def test_a_full_disk_from_the_command_line(tmp_path, monkeypatch, run_cli):
+    """The first write of last.safetensors fails: exit code 1, one line, and --resume
+    finishes once there is space."""
+    made: list[str] = []
+    real_mkstemp, real_fsync = tempfile.mkstemp, os.fsync
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        made.append(name)
+        return fd, name
+
+    def fsync(fd):
+        if Path(made[-1]).name.startswith(f".{LAST_FILE}."):
+            disk_full()
+        real_fsync(fd)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(os, "fsync", fsync)
+    code, stdout, err = run_cli("train", "--out", out, "--epochs", "2", *TINY)
+    assert (code, stdout) == (1, "")
+    assert err == (
+        f"error: no space left on device while writing {out / LAST_FILE}; free space and "
+        "continue with --resume; nothing was written\n"
+    )
+    assert temp_files(out) == [] and load_state(out / STATE_FILE)["epoch"] == 0
+    monkeypatch.undo()
+    code, stdout, _ = run_cli("train", "--out", out, "--resume", "--no-progress")
+    assert code == 0 and stdout.splitlines()[-1].startswith("test accuracy: ")
+
+
+# -- periodic saves and stale temporary files -----------------------------------------------
+
+
+def test_a_crash_loses_at_most_save_every_steps(tmp_path, digits, reference):
+    """save_every=2 over 5 steps an epoch: a crash in step 10 (epoch 2, batch 5) resumes from
+    step 8 (epoch 2 after batch 3) and ends with the weights of the uninterrupted run."""
+    train, val = digits
+    run = config(ema_decay=0.9, save_every=2)
+    with pytest.raises(RuntimeError, match="the machine went away"):
+        fit(
+            tiny_model(drop_path_rate=0.1),
+            FaultyAfter(train, len(train) + 4 * 32, crash),
+            val,
+            run,
+            out_dir=tmp_path,
+        )
+    state = load_state(tmp_path / STATE_FILE)
+    assert (state["epoch"], state["step"], state["epoch_state"]["batches"]) == (1, 8, 3)
+    torch.manual_seed(123)  # the resumed run must not depend on the global seed
+    fit(tiny_model(drop_path_rate=0.1), train, val, run, out_dir=tmp_path, resume=True)
+    for name in (LAST_FILE, BEST_FILE, "ema.safetensors"):
+        assert_same_weights(tmp_path / name, reference / name)
+
+
+def test_save_every_must_not_be_negative(tmp_path, run_cli):
+    with pytest.raises(ValueError, match=r"save_every must be >= 0 \(0: at epoch ends only\)"):
+        TrainConfig(save_every=-1)
+    code, _, err = run_cli("train", "--out", tmp_path / "run", "--save-every", "-1", *TINY)
+    assert code == 2 and err == "error: save_every must be >= 0 (0: at epoch ends only), got -1\n"
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--overwrite"])
+def test_stale_temporary_files_are_removed(tmp_path, run_cli, caplog, flag):
+    caplog.set_level(logging.INFO, logger="vitkit")
+    out = tmp_path / "run"
+    assert run_cli("train", "--out", out, "--epochs", "1", *TINY)[0] == 0
+    stale = [out / ".state.pt.k2j4_x7q.tmp", out / ".last.safetensors.abc123de.tmp"]
+    for path in stale:
+        path.write_bytes(b"half a file")
+    for name in ("notes.tmp", ".notes.tmp", ".my.notes.tmp"):  # not written by vitkit
+        (out / name).write_text("keep me")
+    argv = ["--resume", "--no-progress"] if flag == "--resume" else ["--overwrite", *TINY]
+    code, _, _ = run_cli("train", "--out", out, "--epochs", "1", *argv)
+    assert code == 0
+    assert not any(path.exists() for path in stale)
+    assert all((out / name).exists() for name in ("notes.tmp", ".notes.tmp", ".my.notes.tmp"))
+    assert (
+        "removed 2 stale temporary file(s) of an interrupted write: "
+        ".last.safetensors.abc123de.tmp, .state.pt.k2j4_x7q.tmp" in caplog.messages
+    )
