@@ -345,6 +345,13 @@ def build_transform(
         reprob: random erasing probability.
     """
     img_size = tuple(img_size)
+    if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+        raise ValueError(
+            f"crop_scale (MIN, MAX) needs 0 < MIN <= MAX <= 1, got {tuple(crop_scale)}"
+        )
+    for name, p in (("hflip", hflip), ("reprob", reprob)):
+        if not 0 <= p <= 1:
+            raise ValueError(f"{name} is a probability in [0, 1], got {p}")
     if not train:
         return Compose([Resize(img_size), Normalize(mean, std)])
     steps: list[Transform] = [

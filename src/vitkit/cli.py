@@ -444,7 +444,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     torch.manual_seed(settings["seed"] + rank)
 
     world_batch = settings["batch_size"] * settings["accum_steps"] * world_size
-    lr = settings["lr"] or settings["blr"] * world_batch / 512
+    lr = settings["lr"] if settings["lr"] is not None else settings["blr"] * world_batch / 512
     config = engine.TrainConfig(
         epochs=settings["epochs"],
         batch_size=settings["batch_size"],

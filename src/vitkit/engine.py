@@ -97,6 +97,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("mixup", "cutmix", "weight_decay", "warmup_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        for name in ("mix_prob", "switch_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.save_every < 0:
             raise ValueError(
                 f"save_every must be >= 0 (0: at epoch ends only), got {self.save_every}"
