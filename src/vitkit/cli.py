@@ -100,9 +100,9 @@ _DEIT_RECIPE: dict[str, Any] = {
 }
 
 
-# 28x28 grey images, 60,000 of them (Fashion-MNIST, MNIST): chosen by measurement on 2 CPU
-# cores within a 15-minute budget (README, "A real run").
-_MNIST_RECIPE: dict[str, Any] = {
+# 28x28 grey images, 60,000 of them (Fashion-MNIST): chosen by measurement on 2 CPU cores
+# within a 15-minute budget (README, "A real run").
+_FASHION_RECIPE: dict[str, Any] = {
     **_DEIT_RECIPE,
     "epochs": 12,
     "batch_size": 128,
@@ -115,14 +115,26 @@ _MNIST_RECIPE: dict[str, Any] = {
     "reprob": 0.0,
     "drop_path": 0.0,
 }
+# Handwritten digits are not mirrored (a flipped 2 is no digit).
+_MNIST_RECIPE: dict[str, Any] = {**_FASHION_RECIPE, "hflip": 0.0}
+# 3,500 training images overfit without regularising (measured, 100 epochs: 0.891 test top-1
+# with the recipe above, 0.971 with mild crops, Mixup / CutMix and stochastic depth).
+_MNIST_5K_RECIPE: dict[str, Any] = {
+    **_MNIST_RECIPE,
+    "epochs": 100,
+    "crop_scale": (0.7, 1.0),
+    "mixup": 0.8,
+    "cutmix": 1.0,
+    "drop_path": 0.1,
+}
 
 # Built-in sources with a measured default: (model, recipe). Other data: `vit_digits` and the
 # recipe for its input size.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "digits": ("vit_digits", _SMALL_RECIPE),
-    "fashion-mnist": ("vit_mnist", _MNIST_RECIPE),
+    "fashion-mnist": ("vit_mnist", _FASHION_RECIPE),
     "mnist": ("vit_mnist", _MNIST_RECIPE),
-    "mnist-5k": ("vit_mnist", {**_MNIST_RECIPE, "epochs": 100}),
+    "mnist-5k": ("vit_mnist", _MNIST_5K_RECIPE),
 }
 
 
