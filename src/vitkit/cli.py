@@ -28,6 +28,7 @@ from .checkpoint import (
     remove_stale_temp_files,
 )
 from .explain import attention_maps, draw_explanation, plot_confusion
+from .layers import to_2tuple
 from .model import VisionTransformer
 from .settings import read_settings
 from .summary import summary
@@ -258,11 +259,7 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     native = {"digits": (8, 8), "cifar": (32, 32)}  # image files take the model's size
     native.update({name: (28, 28) for name in ("fashion-mnist", "mnist", "mnist-5k")})
     source = data_lib.detect_source(data)[0]
-    size = (
-        img_size
-        or native.get(source)
-        or (tuple(base.img_size) if isinstance(base.img_size, tuple) else (base.img_size,) * 2)
-    )
+    size = img_size or native.get(source) or to_2tuple(base.img_size, "img_size")
     recipe = _recipe(source, size)
     for key, default in recipe.items():
         value = getattr(args, key)
@@ -336,9 +333,7 @@ def _setup(settings: dict[str, Any]) -> TrainingSetup:
     base = registry.get_config(settings["model"])
     img_size = _img_size_arg(settings["img_size"]) or None
     in_chans = settings["in_chans"] or settings["model_opts"].get("in_chans", base.in_chans)
-    size_for_files = img_size or tuple(
-        base.img_size if isinstance(base.img_size, tuple) else (base.img_size,) * 2
-    )
+    size_for_files = img_size or to_2tuple(base.img_size, "img_size")
     splits = data_lib.load_data(
         settings["data"],
         val_fraction=settings["val_fraction"],
@@ -395,8 +390,11 @@ def _progress(enabled: bool):
 
 
 # Settings whose value more than one flag sets (a --config file yields to any of them).
-_SETTING_FLAGS = {"data": {"data", "data_dir"}, "model_opts": {"model_opt"}}
-_SETTING_FLAGS["crop_scale"] = {"crop_scale", "no_crop"}
+_SETTING_FLAGS = {
+    "data": {"data", "data_dir"},
+    "model_opts": {"model_opt"},
+    "crop_scale": {"crop_scale", "no_crop"},
+}
 
 
 def _new_run_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -58,8 +58,15 @@ _ITEMS: dict[str, type] = {"img_size": int, "crop_scale": float}
 _PLURALS = {int: "integers", float: "numbers"}
 # Settings that the config.json of an older run may lack, with the value they had then.
 OPTIONAL: dict[str, Any] = {"save_every": 0}
-_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-_NAMES.update({list: "a list", dict: "an object", None: "null"})
+_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    list: "a list",
+    dict: "an object",
+    None: "null",
+}
 
 
 class SettingsError(ValueError):
