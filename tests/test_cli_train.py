@@ -315,3 +315,14 @@ def test_default_train_meets_the_acceptance_bar(tmp_path):
     assert re.fullmatch(r"test accuracy: 0\.\d{4}", last)
     assert float(last.split()[-1]) >= 0.97
     assert (tmp_path / "runs" / "digits-vit_digits" / "model.safetensors").is_file()
+
+
+def test_training_setup_builds_what_train_would_train():
+    from vitkit.cli import training_setup
+
+    setup = training_setup(["--data", "digits", "--model-opt", "depth=1"])
+    assert setup.settings["model"] == "vit_digits" and setup.settings["epochs"] == 120
+    assert (len(setup.train_set), len(setup.val_set), len(setup.test_set)) == (1259, 179, 359)
+    assert setup.model.config.depth == 1 and tuple(setup.model.patch_embed.img_size) == (8, 8)
+    image, label = setup.train_set[0]
+    assert image.shape == (1, 8, 8) and 0 <= label < 10
