@@ -178,8 +178,8 @@ def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, cap
     # no --model: the source's preset model and recipe, with the command line over them
     record = json.loads((tmp_path / "run" / "config.json").read_text())
     model_name, recipe = PRESETS["fashion-mnist"]
-    assert record["settings"]["model"] == model_name == "vit_mnist"
-    assert record["model"]["patch_size"] == get_config("vit_mnist").patch_size
+    assert record["settings"]["model"] == model_name == "vit_mnist_hybrid"
+    assert record["model"]["conv_stem"] == list(get_config("vit_mnist_hybrid").conv_stem)
     assert record["model"]["embed_dim"] == 32 and record["settings"]["epochs"] == 2
     for key in ("batch_size", "aa", "mixup", "cutmix", "crop_scale", "reprob", "drop_path"):
         assert record["settings"][key] == recipe[key], key

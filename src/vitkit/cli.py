@@ -133,8 +133,8 @@ _MNIST_5K_RECIPE: dict[str, Any] = {
 # recipe for its input size.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "digits": ("vit_digits", _SMALL_RECIPE),
-    "fashion-mnist": ("vit_mnist", _FASHION_RECIPE),
-    "mnist": ("vit_mnist", _MNIST_RECIPE),
+    "fashion-mnist": ("vit_mnist_hybrid", _FASHION_RECIPE),
+    "mnist": ("vit_mnist_hybrid", _MNIST_RECIPE),
     "mnist-5k": ("vit_mnist", _MNIST_5K_RECIPE),
 }
 

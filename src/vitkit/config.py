@@ -19,6 +19,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "img_size": (int, tuple, list),
     "patch_size": (int, tuple, list),
     "in_chans": (int,),
+    "conv_stem": (tuple, list),
     "num_classes": (int,),
     "embed_dim": (int,),
     "depth": (int,),
@@ -52,6 +53,10 @@ class ViTConfig:
         img_size: input size, an int or (h, w).
         patch_size: patch size, an int or (h, w).
         in_chans: input channels.
+        conv_stem: the paper's hybrid (Section 3.1): output channels of 3x3 stride-2
+            convolutions, each with BatchNorm and ReLU, run on the image before the patch
+            projection, which then cuts `patch_size` patches from their feature map (1: every
+            feature-map pixel is a token). Empty: patches of the raw image.
         num_classes: head outputs; 0 gives pooled features only, 1 a regression head.
         embed_dim: token width D.
         depth: number of encoder blocks.
@@ -80,6 +85,7 @@ class ViTConfig:
     img_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
     in_chans: int = 3
+    conv_stem: tuple[int, ...] = ()
     num_classes: int = 1000
     embed_dim: int = 768
     depth: int = 12
@@ -116,6 +122,10 @@ class ViTConfig:
                 object.__setattr__(self, name, to_2tuple(value, name))
             else:
                 to_2tuple(value, name)
+        stem = tuple(self.conv_stem)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in stem):
+            raise ValueError(f"conv_stem must be positive channel counts, got {self.conv_stem!r}")
+        object.__setattr__(self, "conv_stem", stem)
         for name in ("in_chans", "embed_dim", "depth", "num_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

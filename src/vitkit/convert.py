@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from .checkpoint import CheckpointError, load_npz, mismatch_report
 from .config import ViTConfig
-from .layers import to_2tuple
+from .layers import stem_output_size, to_2tuple
 from .model import VisionTransformer
 from .pos_embed import fixed_pos_embed
 from .torch_encoder import torch_to_native_state_dict
@@ -193,7 +193,8 @@ def grid_size(config: ViTConfig) -> tuple[int, int]:
     """The patch grid (h, w) of a config's native resolution."""
     h, w = to_2tuple(config.img_size, "img_size")
     ph, pw = to_2tuple(config.patch_size, "patch_size")
-    return (h // ph, w // pw)
+    layers = len(config.conv_stem)
+    return (stem_output_size(h, layers) // ph, stem_output_size(w, layers) // pw)
 
 
 def _strip_prefix(sd: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -226,6 +227,7 @@ def to_timm(model_or_state_dict: Any, config: ViTConfig | None = None) -> dict[s
     and an unfold patch embedding as timm's convolution: the same function either way.
     """
     sd, config = _vitkit_state(model_or_state_dict, config)
+    _check_no_conv_stem(config)
     if config.pos_embed in ("sinusoid", "sincos2d"):
         sd["pos_embed"] = fixed_pos_embed(
             config.pos_embed, grid_size(config), config.embed_dim, config.num_prefix_tokens
@@ -233,9 +235,18 @@ def to_timm(model_or_state_dict: Any, config: ViTConfig | None = None) -> dict[s
     return sd
 
 
+def _check_no_conv_stem(config: ViTConfig) -> None:
+    if config.conv_stem:
+        raise ValueError(
+            "timm's VisionTransformer has no conv stem like vitkit's conv_stem (its hybrids use "
+            "ResNet backbones); only models with conv_stem=() convert to timm"
+        )
+
+
 def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments for timm's `VisionTransformer` (or `VisionTransformerDistilled` when
     `config.distilled`) that build the same architecture as `config`."""
+    _check_no_conv_stem(config)
     kwargs: dict[str, Any] = {
         "img_size": config.img_size,
         "patch_size": config.patch_size,
@@ -476,6 +487,8 @@ def _check_hf_compatible(config: ViTConfig) -> None:
         problems.append("embed_norm=False")
     if config.qk_scale is not None:
         problems.append("qk_scale=None")
+    if config.conv_stem:
+        problems.append("no conv_stem")
     if problems:
         raise ValueError(
             "Hugging Face's ViT cannot express this model; it needs " + ", ".join(problems)
@@ -550,6 +563,8 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
     size, patch = config.img_size, config.patch_size
     if not isinstance(size, int) or not isinstance(patch, int):
         raise ValueError("torchvision's ViT needs int img_size and patch_size")
+    if config.conv_stem:
+        raise ValueError("torchvision's ViT has no conv stem; it needs conv_stem=()")
     return {
         "image_size": size,
         "patch_size": patch,

@@ -73,10 +73,7 @@ def attention_maps(
     """
     model.eval()
     logits, attentions = model(images, return_attention=True)
-    grid = (
-        images.shape[-2] // model.patch_embed.patch_size[0],
-        images.shape[-1] // model.patch_embed.patch_size[1],
-    )
+    grid = model.patch_embed.grid_for(*images.shape[-2:])
     prefix = model.num_prefix_tokens
     heads = cls_attention(attentions[-1], num_prefix_tokens=prefix, grid=grid)
     return {

@@ -125,6 +125,11 @@ def _prepared(
     the dynamic shapes; restores the training flag afterwards."""
     if dynamic_img_size is None:
         dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    if dynamic_img_size and _vit(module).config.conv_stem:
+        raise ValueError(
+            "a model with a conv_stem exports at its fixed img_size (the stem rounds odd sizes "
+            "up, which export's size arithmetic does not follow); pass dynamic_img_size=False"
+        )
     if dynamic_img_size:
         module = _with_dynamic_img_size(module)
     with _eval_mode(module):

@@ -51,8 +51,8 @@ class ViTBackbone(nn.Module):
         self.model = model
         self.out_indices = take_indices(depth, out_indices)
         self.norm = norm
-        patch_h, patch_w = model.patch_embed.patch_size
-        reduction: int | tuple[int, int] = patch_h if patch_h == patch_w else (patch_h, patch_w)
+        red_h, red_w = model.patch_embed.reduction  # image pixels per token
+        reduction: int | tuple[int, int] = red_h if red_h == red_w else (red_h, red_w)
         self.channels: list[int] = [model.embed_dim] * len(self.out_indices)
         self.reductions: list[int | tuple[int, int]] = [reduction] * len(self.out_indices)
         blocks = "blocks.layers" if model.config.encoder == "torch" else "blocks"

@@ -44,12 +44,49 @@ def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, 
     return weight.reshape(weight.shape[0], in_chans, *patch_size)
 
 
+def stem_output_size(size: int, layers: int) -> int:
+    """A side of the feature map after `layers` 3x3 stride-2 convolutions padded by 1."""
+    for _ in range(layers):
+        size = (size + 1) // 2
+    return size
+
+
+class ConvStem(nn.Sequential):
+    """3x3 stride-2 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the
+    paper's hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers
+    See Better" (2021). Each layer halves the image (rounding up)."""
+
+    def __init__(self, in_chans: int, channels: tuple[int, ...]) -> None:
+        layers: list[nn.Module] = []
+        for out in channels:
+            layers += [
+                nn.Conv2d(in_chans, out, kernel_size=3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+            ]
+            in_chans = out
+        super().__init__(*layers)
+        self.out_chans = in_chans
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """He (fan-out) normal convolutions, BatchNorm ones / zeros: the ResNet init."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+
 class PatchEmbed(nn.Module):
     """Split an image into patches and project each to `embed_dim` (paper Eq. 1).
 
     `kind='conv'` is a Conv2d with kernel = stride = patch size; `kind='unfold'` cuts patches
     with nn.Unfold and projects them with a Linear layer. Both hold the projection under the
     name `proj`; `conv_to_unfold_weight` / `unfold_to_conv_weight` move weights between them.
+    With `conv_stem` channels (the paper's hybrid), a `ConvStem` named `backbone` runs first
+    and the patches are cut from its feature map.
     """
 
     def __init__(
@@ -63,35 +100,60 @@ class PatchEmbed(nn.Module):
         norm: bool = False,
         norm_eps: float = 1e-6,
         dynamic_img_size: bool = False,
+        conv_stem: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         check_choice("patch_embed", kind, PATCH_EMBED_KINDS)
         self.img_size = to_2tuple(img_size, "img_size")
         self.patch_size = to_2tuple(patch_size, "patch_size")
-        for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size):
-            if size % patch:
-                raise ValueError(
-                    f"img_size {side} {size} is not divisible by patch_size {side} {patch}; "
-                    f"use an img_size that is a multiple of {patch}"
-                )
-        self.grid_size = (
-            self.img_size[0] // self.patch_size[0],
-            self.img_size[1] // self.patch_size[1],
+        self.backbone = ConvStem(in_chans, tuple(conv_stem)) if conv_stem else None
+        self.stem_layers = len(conv_stem)
+        # Image pixels per token along each side (timm's feature "reduction").
+        self.reduction = (
+            2**self.stem_layers * self.patch_size[0],
+            2**self.stem_layers * self.patch_size[1],
         )
+        self.grid_size = self.grid_for(*self.img_size, what="img_size")
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans = in_chans
         self.kind = kind
         self.dynamic_img_size = dynamic_img_size
+        proj_chans = self.backbone.out_chans if self.backbone is not None else in_chans
         if kind == "conv":
             self.unfold = None
             self.proj = nn.Conv2d(
-                in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size
+                proj_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size
             )
         else:
             self.unfold = nn.Unfold(kernel_size=self.patch_size, stride=self.patch_size)
-            patch_dim = in_chans * self.patch_size[0] * self.patch_size[1]
+            patch_dim = proj_chans * self.patch_size[0] * self.patch_size[1]
             self.proj = nn.Linear(patch_dim, embed_dim)
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm else nn.Identity()
+
+    def grid_for(self, height: int, width: int, what: str = "input") -> tuple[int, int]:
+        """The patch grid (rows, columns) of a height x width image; a ValueError with the fix
+        when the image (or the stem's feature map) does not split into whole patches."""
+        grid = []
+        for side, size, patch in zip(("height", "width"), (height, width), self.patch_size):
+            feature = stem_output_size(size, self.stem_layers)
+            if feature % patch:
+                if self.stem_layers:
+                    raise ValueError(
+                        f"{what} {side} {size} gives a {feature}-pixel conv-stem feature map, "
+                        f"not divisible by patch_size {side} {patch}; choose a size whose "
+                        f"feature map is a multiple of {patch}"
+                    )
+                if what == "input":
+                    raise ValueError(
+                        f"input {side} {size} is not divisible by patch size {patch}; "
+                        f"resize to a multiple of {patch}"
+                    )
+                raise ValueError(
+                    f"{what} {side} {size} is not divisible by patch_size {side} {patch}; "
+                    f"use an {what} that is a multiple of {patch}"
+                )
+            grid.append(feature // patch)
+        return grid[0], grid[1]
 
     def check_input(self, x: Tensor) -> None:
         """Fail early, with the fix, on input the embedding cannot take."""
@@ -116,12 +178,7 @@ class PatchEmbed(nn.Module):
             )
         height, width = x.shape[-2:]
         if self.dynamic_img_size:
-            for side, size, patch in zip(("height", "width"), (height, width), self.patch_size):
-                if size % patch:
-                    raise ValueError(
-                        f"input {side} {size} is not divisible by patch size {patch}; "
-                        f"resize to a multiple of {patch}"
-                    )
+            self.grid_for(height, width)
         elif (height, width) != self.img_size:
             raise ValueError(
                 f"input size {height}x{width} differs from the model's img_size "
@@ -130,8 +187,10 @@ class PatchEmbed(nn.Module):
             )
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Return patch tokens (B, N, D) and the patch grid (H/ph, W/pw)."""
+        """Return patch tokens (B, N, D) and the patch grid (rows, columns)."""
         self.check_input(x)
+        if self.backbone is not None:
+            x = self.backbone(x)  # (B, C', H', W')
         grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])
         if self.unfold is None:
             x = self.proj(x)  # (B, D, H/ph, W/pw)

@@ -5,6 +5,7 @@ Scale" (ICLR 2021). The distillation token is Touvron et al., "Training data-eff
 transformers & distillation through attention" (DeiT, 2021).
 
     image (B, C, H, W)
+      [-> conv stem (hybrid)        (B, C', H', W')  H' = H / 2^layers, rounded up]
       -> patch embedding            (B, N, D)        N = (H / ph) * (W / pw)
       -> [class, dist] tokens       (B, P + N, D)    P prefix tokens
       -> + position embedding, dropout
@@ -80,6 +81,7 @@ class VisionTransformer(nn.Module):
             norm=config.embed_norm,
             norm_eps=config.norm_eps,
             dynamic_img_size=config.dynamic_img_size,
+            conv_stem=config.conv_stem,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
@@ -141,7 +143,8 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """trunc-normal(0.02) weights and zero biases for Linear layers and the patch
-        projection, LayerNorm ones/zeros; class token and learned positions per `token_init`."""
+        projection, LayerNorm ones/zeros; class token and learned positions per `token_init`;
+        a conv stem gets the ResNet init (`ConvStem.reset_parameters`)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 trunc_normal_(module.weight)
@@ -162,6 +165,8 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(param)
             else:
                 trunc_normal_(param)
+        if self.patch_embed.backbone is not None:
+            self.patch_embed.backbone.reset_parameters()
 
     @property
     def learned_pos_embed(self) -> nn.Parameter | None:
@@ -343,8 +348,7 @@ class VisionTransformer(nn.Module):
         if stop_early:
             blocks = blocks[: max(take) + 1]
         tokens = self.embed(x)  # (B, P + N, D); checks the input first
-        batch, patch = x.shape[0], self.patch_embed.patch_size
-        grid = (x.shape[-2] // patch[0], x.shape[-1] // patch[1])
+        batch, grid = x.shape[0], self.patch_embed.grid_for(*x.shape[-2:])
         outputs: dict[int, Tensor] = {}
         checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(blocks):
