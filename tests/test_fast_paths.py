@@ -188,6 +188,49 @@ def test_fused_inference_in_bfloat16(fused_calls):
     torch.testing.assert_close(fast, plain_output(model, x), atol=3e-2, rtol=3e-2)
 
 
+# -- packed weights ----------------------------------------------------------------------------
+
+
+def fused(model: vitkit.VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(x)
+
+
+def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
+    from vitkit.layers import _PACKED
+
+    model, x = tiny(), images()
+    fused(model, x)
+    fc1 = model.blocks[0].mlp.fc1
+    assert fc1 in _PACKED and list(model.state_dict()) == list(tiny().state_dict())
+    with torch.no_grad():  # an in-place update (an optimiser step, a manual edit)
+        fc1.weight.mul_(2.0)
+    torch.testing.assert_close(fused(model, x), plain_output(model, x), atol=1e-5, rtol=0)
+    torch.manual_seed(1)
+    other = vitkit.VisionTransformer(**TINY)
+    model.load_state_dict(other.state_dict())  # other weights, copied in place
+    torch.testing.assert_close(fused(model, x), plain_output(model, x), atol=1e-5, rtol=0)
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach() * 0.5)  # a new tensor
+    torch.testing.assert_close(fused(model, x), plain_output(model, x), atol=1e-5, rtol=0)
+    assert len(fused_calls) == 4 * 2  # four fused forwards of two blocks
+
+
+def test_packed_weights_leave_copies_alone_and_are_freed_with_the_fast_path():
+    import copy
+
+    from vitkit.layers import _PACKED
+
+    model, x = tiny(), images()
+    expected = fused(model, x)
+    twin = copy.deepcopy(model)  # a used model copies (the packs are not module state)
+    with torch.no_grad():
+        twin.blocks[1].attn.qkv.weight.zero_()
+    assert not torch.allclose(fused(twin, x), expected)
+    torch.testing.assert_close(fused(model, x), expected, atol=0, rtol=0)
+    model.set_fast_path(False)
+    assert not any(layer in _PACKED for layer in model.modules())
+
+
 # -- gradient checkpointing ------------------------------------------------------------------
 
 

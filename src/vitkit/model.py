@@ -25,7 +25,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .config import ViTConfig
-from .layers import Block, LayerScale, PatchEmbed
+from .layers import Block, LayerScale, PatchEmbed, drop_packed_weights
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
@@ -184,11 +184,14 @@ class VisionTransformer(nn.Module):
 
     def set_fast_path(self, enable: bool = True) -> None:
         """Allow (default) or forbid the fused inference path of every native block; see
-        `Block.fast_path_blocker` for when it runs. `encoder='torch'` layers follow
+        `Block.fast_path_blocker` for when it runs; switching it off also frees the packed
+        weight copies it keeps. `encoder='torch'` layers follow
         `torch.backends.mha.set_fastpath_enabled` instead."""
         for module in self.modules():
             if isinstance(module, Block):
                 module.fast_path = enable
+        if not enable:
+            drop_packed_weights(self)
 
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning."""
