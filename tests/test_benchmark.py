@@ -54,3 +54,17 @@ def test_loader_benchmark_times_the_loader_and_the_model(tmp_path):
     ratio = report["loader_images_per_s"] / report["model_train_images_per_s"]
     assert report["ratio"] == pytest.approx(ratio)
     assert f"the loader is {report['ratio']:.1f}x the model" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_numerics_checks_pass_on_the_cpu():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_numerics.py"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "all checks passed"
+    assert sum(line.startswith("ok ") for line in lines) >= 5
