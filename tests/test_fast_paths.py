@@ -94,6 +94,41 @@ def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrid
     torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
 
 
+def test_fused_slices_keep_each_slice_under_the_byte_budget(monkeypatch):
+    from vitkit import layers
+
+    # ViT-B/16 and ViT-S/16 at batch 32, fp32: 197 tokens, MLP hidden 3072 / 1536.
+    assert layers.fused_slices(32, 197, 3072, 4) == 4
+    assert layers.fused_slices(32, 197, 1536, 4) == 2
+    assert layers.fused_slices(32, 197, 768, 4) == 1
+    assert layers.fused_slices(32, 197, 3072, 2) == 2  # bfloat16 halves the bytes
+    assert layers.fused_slices(1, 4097, 5120, 4) == 1  # never less than one image
+    monkeypatch.setattr(layers, "FUSED_SLICE_BYTES", 17 * 256 * 4)  # one image's hidden layer
+    assert layers.fused_slices(3, 17, 256, 4) == 3
+
+
+def test_sliced_batches_match_the_plain_path(monkeypatch):
+    from vitkit import layers
+
+    model, x = tiny(), images(5)
+    whole = plain_output(model, x)
+    monkeypatch.setattr(layers, "FUSED_SLICE_BYTES", 2 * 17 * 256 * 4)  # two images a slice
+    assert layers.fused_slices(5, 17, 256, 4) == 3
+    sizes: list[int] = []
+    original = Block._fused_slice
+    monkeypatch.setattr(
+        Block, "_fused_slice", lambda self, part: sizes.append(len(part)) or original(self, part)
+    )
+    with torch.inference_mode():
+        sliced = model(x)
+    assert sizes == [2, 2, 1] * 2  # three slices in each of the two blocks
+    torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=0)
+    for index in range(5):  # each image as if it ran alone
+        with torch.inference_mode():
+            alone = model(x[index : index + 1])
+        torch.testing.assert_close(sliced[index : index + 1], alone, atol=1e-5, rtol=0)
+
+
 def test_layer_scale_falls_back_to_plain_path(fused_calls):
     model = tiny(init_values=0.1)
     x = images()
