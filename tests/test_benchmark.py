@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ def test_throughput_script_writes_both_implementations(tmp_path):
     pytest.importorskip("timm", reason="timm is not installed (pip install -e '.[interop]')")
     out = tmp_path / "bench.json"
     args = [
-        "--models", "vit_tiny_patch16_224", "--batch-sizes", "2", "--repeats", "1",
+        "--models", "vit_tiny_patch16_224", "--batch-sizes", "2", "--repeats", "3",
         "--warmup", "0", "--grad-ckpt-model", "", "--scaling-model", "", "--json", str(out),
     ]  # fmt: skip
     proc = subprocess.run(
@@ -34,6 +35,13 @@ def test_throughput_script_writes_both_implementations(tmp_path):
     for row in report["results"]:
         assert row["max_abs_diff_vs_timm"] < 1e-4  # the same weights give the same logits
         assert row["flops_per_batch"] > 0
+        ours, mm_rates = row["vitkit"], row["matmul_gflops_per_round"]
+        assert len(ours["seconds"]) == len(mm_rates) == 3
+        per_round = [
+            row["flops_per_batch"] / 1e9 / t / mm for t, mm in zip(ours["seconds"], mm_rates)
+        ]
+        assert ours["fraction_of_matmul"] == pytest.approx(statistics.median(per_round))
+        assert row["matmul_gflops"] == pytest.approx(statistics.median(mm_rates))
     assert "| vit_tiny_patch16_224 | 2 | fp32 | off | infer |" in proc.stdout
 
 

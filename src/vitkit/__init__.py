@@ -1,7 +1,7 @@
 """vitkit: Vision Transformers on PyTorch, faithful to "An Image is Worth 16x16 Words"."""
 
 from . import convert
-from .checkpoint import CheckpointError, load, load_state_dict, save
+from .checkpoint import CheckpointError, DiskFullError, load, load_state_dict, save
 from .config import ViTConfig
 from .export import export_onnx
 from .features import ViTBackbone
@@ -12,6 +12,7 @@ from .summary import summary
 
 __all__ = [
     "CheckpointError",
+    "DiskFullError",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from .checkpoint import CheckpointError, load_npz, mismatch_report
 from .config import ViTConfig
-from .layers import stem_output_size, to_2tuple
+from .layers import patch_grid, to_2tuple
 from .model import VisionTransformer
 from .pos_embed import fixed_pos_embed
 from .torch_encoder import torch_to_native_state_dict
@@ -191,10 +191,9 @@ def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source
 
 def grid_size(config: ViTConfig) -> tuple[int, int]:
     """The patch grid (h, w) of a config's native resolution."""
-    h, w = to_2tuple(config.img_size, "img_size")
-    ph, pw = to_2tuple(config.patch_size, "patch_size")
-    layers = len(config.conv_stem)
-    return (stem_output_size(h, layers) // ph, stem_output_size(w, layers) // pw)
+    patch_size = to_2tuple(config.patch_size, "patch_size")
+    height, width = to_2tuple(config.img_size, "img_size")
+    return patch_grid(height, width, patch_size, len(config.conv_stem), what="img_size")
 
 
 def _strip_prefix(sd: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:

@@ -25,7 +25,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .config import ViTConfig
-from .layers import Block, LayerScale, PatchEmbed, drop_packed_weights
+from .layers import Block, LayerScale, Linear, PatchEmbed, drop_packed_weights
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
@@ -183,12 +183,13 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = enable
 
     def set_fast_path(self, enable: bool = True) -> None:
-        """Allow (default) or forbid the fused inference path of every native block; see
-        `Block.fast_path_blocker` for when it runs; switching it off also frees the packed
-        weight copies it keeps. `encoder='torch'` layers follow
-        `torch.backends.mha.set_fastpath_enabled` instead."""
+        """Allow (default) or forbid the fast paths of every native block: the fused inference
+        path (see `Block.fast_path_blocker` for when it runs; switching it off also frees the
+        packed weight copies it keeps) and the oneDNN products of its `Linear` layers (training
+        too). `encoder='torch'` layers follow `torch.backends.mha.set_fastpath_enabled`
+        instead."""
         for module in self.modules():
-            if isinstance(module, Block):
+            if isinstance(module, (Block, Linear)):
                 module.fast_path = enable
         if not enable:
             drop_packed_weights(self)

@@ -136,11 +136,11 @@ def test_nan_loss_from_the_command_line(tmp_path, run_cli):
 # -- a full disk ----------------------------------------------------------------------------
 
 
-def disk_full(*args):
+def disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize("where", ["write", "fsync"])
+@pytest.mark.parametrize("where", ["write", "fsync", "mkstemp"])
 def test_a_full_disk_leaves_the_previous_file_and_no_temporary(tmp_path, monkeypatch, where):
     path = tmp_path / "state.pt"
     path.write_bytes(b"the previous state")
@@ -152,6 +152,8 @@ def test_a_full_disk_leaves_the_previous_file_and_no_temporary(tmp_path, monkeyp
 
     if where == "fsync":
         monkeypatch.setattr(os, "fsync", disk_full)
+    if where == "mkstemp":  # no room even for the temporary file's directory entry
+        monkeypatch.setattr(tempfile, "mkstemp", disk_full)
     with pytest.raises(DiskFullError) as err:
         atomic_write(path, write)
     assert str(err.value) == (
@@ -169,7 +171,9 @@ def test_save_on_a_full_disk(tmp_path, monkeypatch):
     vitkit.save(model, path)
     before = path.read_bytes()
     monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(DiskFullError, match=r"while writing .*model\.safetensors; free space and"):
+    with pytest.raises(
+        vitkit.DiskFullError, match=r"while writing .*model\.safetensors; free space and"
+    ):
         vitkit.save(model, path)
     with pytest.raises(DiskFullError, match=r"new\.safetensors; free .* nothing was written$"):
         vitkit.save(model, tmp_path / "new.safetensors")
