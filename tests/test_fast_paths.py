@@ -302,6 +302,16 @@ def test_onednn_linear_matches_f_linear_and_its_gradients(bias, shape):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
 
 
+def test_onednn_linear_is_deterministic():
+    torch.manual_seed(0)
+    layer, x = Linear(256, 320), torch.randn(3, 50, 256, requires_grad=True)
+    grad = torch.randn(3, 50, 320)
+    runs = [torch.autograd.grad(layer(x), [x, layer.weight], grad) for _ in range(2)]
+    assert onednn_used(layer(x))
+    for first, second in zip(*runs, strict=True):
+        assert torch.equal(first, second)
+
+
 def test_onednn_linear_supports_a_second_derivative():
     torch.manual_seed(0)
     layer = Linear(6, 4)
