@@ -302,6 +302,21 @@ def test_onednn_linear_matches_f_linear_and_its_gradients(bias, shape):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
 
 
+def test_onednn_linear_under_no_grad_and_with_frozen_weights():
+    torch.manual_seed(0)
+    layer, x = Linear(256, 192), torch.randn(4, 256)
+    expected = F.linear(x, layer.weight, layer.bias)
+    for grad_off in (torch.inference_mode, torch.no_grad):
+        with grad_off():
+            torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=0)
+    layer.requires_grad_(False)  # a frozen layer still passes gradients to its input
+    x.requires_grad_()
+    out = layer(x)
+    assert onednn_used(out)
+    (grad_x,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad_x, layer.weight.sum(0).expand(4, -1), atol=1e-5, rtol=0)
+
+
 def test_onednn_linear_is_deterministic():
     torch.manual_seed(0)
     layer, x = Linear(256, 320), torch.randn(3, 50, 256, requires_grad=True)
