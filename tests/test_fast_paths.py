@@ -94,6 +94,21 @@ def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrid
     torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("in_epilogue", [True, False])
+def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(monkeypatch, in_epilogue):
+    from vitkit import layers
+
+    monkeypatch.setattr(layers, "GELU_IN_EPILOGUE", in_epilogue)
+    torch.manual_seed(0)
+    fc1, x = Linear(64, 256), torch.randn(3, 17, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(layers._linear_gelu(x, fc1), F.gelu(fc1(x)), atol=1e-5, rtol=0)
+    model = tiny()
+    with torch.inference_mode():
+        fast = model(images())
+    torch.testing.assert_close(fast, plain_output(model, images()), atol=1e-5, rtol=0)
+
+
 def test_fused_slices_keep_each_slice_under_the_byte_budget(monkeypatch):
     from vitkit import layers
 
