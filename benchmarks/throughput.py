@@ -111,6 +111,17 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def onednn_has_kernels(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's CPU inner product runs in `dtype` here (bf16 / fp16 need the ISA)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return {
+        torch.float32: True,
+        torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    }.get(dtype, False)
+
+
 def matmul_steps(
     device: torch.device, dtype: torch.dtype, n: int
 ) -> dict[str, Callable[[], object]]:
@@ -119,7 +130,7 @@ def matmul_steps(
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     steps: dict[str, Callable[[], object]] = {"torch.mm": lambda: a @ b}
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
+    if device.type == "cpu" and onednn_has_kernels(dtype):
         steps["onednn.mm"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
     return steps
 
@@ -388,6 +399,7 @@ def environment(device: torch.device, args: argparse.Namespace) -> dict:
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels' ISA: AVX2, ...
         "threads": torch.get_num_threads() if device.type == "cpu" else args.threads,
         "device": str(device),
         "torch": torch.__version__,
@@ -414,7 +426,8 @@ def render(report: dict) -> str:
     env = report["env"]
     rates = ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_gflops"].items())
     lines = [
-        f"{env['date']} · {env['cpu']} · {env['device']} · {env['threads']} threads · "
+        f"{env['date']} · {env['cpu']} ({env.get('cpu_capability', '?')}) · {env['device']} · "
+        f"{env['threads']} threads · "
         f"torch {env['torch']} · timm {env['timm'] or 'not measured (vitkit alone)'}",
         f"matmul {report['matmul_size']}^3 GFLOP/s at the start: {rates}; 'mm GFLOP/s' below "
         "is the median over the model's rounds of the faster of torch.mm / oneDNN in each round, "

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end (their numbers are reported, never asserted)."""
 
+import importlib.util
 import json
 import os
 import statistics
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,3 +78,21 @@ def test_gpu_numerics_checks_pass_on_the_cpu():
     lines = proc.stdout.splitlines()
     assert lines[-1] == "all checks passed"
     assert sum(line.startswith("ok ") for line in lines) >= 5
+
+
+def load_throughput_script():
+    path = ROOT / "benchmarks" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_matmul_ceiling_runs_in_every_dtype(dtype):
+    throughput = load_throughput_script()
+    steps = throughput.matmul_steps(torch.device("cpu"), dtype, 16)
+    assert ("onednn.mm" in steps) == throughput.onednn_has_kernels(dtype)
+    assert (dtype == torch.float32) <= ("onednn.mm" in steps)  # float32 always has oneDNN's
+    for step in steps.values():
+        assert step().dtype == dtype
