@@ -162,8 +162,8 @@ class _OneDNNLinear(torch.autograd.Function):
 
 class Linear(nn.Linear):
     """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
-    in the forward and the input gradient (~1.5x MKL's GEMM on the AMD CPU the benchmarks ran
-    on, ~1.1-1.2x a whole ViT training step); anywhere else, with `fast_path = False`, and for
+    in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
+    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, with `fast_path = False`, and for
     layers narrower than `min_features` it is `F.linear`. Same parameters, state-dict keys and
     hooks as `nn.Linear`."""
 
