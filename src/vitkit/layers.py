@@ -163,9 +163,9 @@ class _OneDNNLinear(torch.autograd.Function):
 class Linear(nn.Linear):
     """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
     in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
-    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, with `fast_path = False`, and for
-    layers narrower than `min_features` it is `F.linear`. Same parameters, state-dict keys and
-    hooks as `nn.Linear`."""
+    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, with
+    `fast_path = False`, and for layers narrower than `min_features` it is `F.linear`. Same
+    parameters, state-dict keys and hooks as `nn.Linear`."""
 
     fast_path = True
     # Narrower products are too small to repay the custom kernel's per-call costs (measured:
