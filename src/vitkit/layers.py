@@ -461,11 +461,10 @@ GELU_IN_EPILOGUE = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 def _linear_gelu(x: Tensor, layer: nn.Linear) -> Tensor:
     """GELU(x W^T + b): oneDNN's product, the GELU in its epilogue or in place after it."""
+    if not GELU_IN_EPILOGUE:
+        return torch.ops.aten.gelu_(_linear(x, layer))
     weight = _packed_weight(layer, x.shape[0] * x.shape[1])
-    if GELU_IN_EPILOGUE:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "gelu", [], "none")
-    out = torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "none", [], "")
-    return torch.ops.aten.gelu_(out)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "gelu", [], "none")
 
 
 def _linear_add(x: Tensor, layer: nn.Linear, residual: Tensor) -> Tensor:
@@ -476,8 +475,7 @@ def _linear_add(x: Tensor, layer: nn.Linear, residual: Tensor) -> Tensor:
 
 def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
     """x W^T + b with oneDNN's inner-product kernel (faster than MKL's addmm here)."""
-    weight = _packed_weight(layer, x.shape[0] * x.shape[1])
-    return torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "none", [], "")
+    return _onednn_inner_product(x, _packed_weight(layer, x.shape[0] * x.shape[1]), layer.bias)
 
 
 class Block(nn.Module):
