@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from vitkit import cli, engine
+    from vitkit import cli
+    from vitkit.train import engine
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from vitkit import cli, engine
+    from vitkit import cli
+    from vitkit.train import engine
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

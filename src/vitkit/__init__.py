@@ -1,14 +1,11 @@
 """vitkit: Vision Transformers on PyTorch, faithful to "An Image is Worth 16x16 Words"."""
 
 from . import convert
-from .checkpoint import CheckpointError, DiskFullError, load, load_state_dict, save
-from .config import ViTConfig
 from .export import export_onnx
-from .features import ViTBackbone
-from .model import VisionTransformer
-from .pretrained import load_pretrained
-from .registry import create_model, get_config, list_models
+from .files import DiskFullError
+from .model import VisionTransformer, ViTBackbone, ViTConfig, create_model, get_config, list_models
 from .summary import summary
+from .weights import CheckpointError, load, load_pretrained, load_state_dict, save
 
 __all__ = [
     "CheckpointError",

@@ -16,22 +16,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import ConcatDataset, Dataset
 
-from . import __version__, engine, registry
+from . import __version__
 from . import data as data_lib
-from .augment import build_transform
-from .checkpoint import (
-    DiskFullError,
-    atomic_write,
-    load,
-    load_into,
-    load_state_dict,
-    remove_stale_temp_files,
-)
+from .data import build_transform
 from .explain import attention_maps, draw_explanation, plot_confusion
-from .layers import to_2tuple
-from .model import VisionTransformer
-from .settings import read_settings
+from .files import DiskFullError, atomic_write, remove_stale_temp_files
+from .model import VisionTransformer, registry
+from .model.config import to_2tuple
 from .summary import summary
+from .train import engine
+from .train.settings import read_settings
+from .weights.checkpoint import load, load_into, load_state_dict
 
 log = logging.getLogger("vitkit")
 
@@ -709,8 +704,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     import torch
 
     from . import convert
-    from .checkpoint import CheckpointError, load_state_dict, save
-    from .pretrained import load_pretrained
+    from .weights import CheckpointError, load_pretrained, load_state_dict, save
 
     options = {}
     if args.num_heads is not None:
@@ -776,8 +770,8 @@ def _weights_file(path: str) -> str:
 def _cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load
     from .export import export_onnx, export_program
+    from .weights import load
 
     if args.verify and args.format != "onnx":
         raise UserError("--verify checks ONNX files; drop it for --format pt2")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import atomic_write
+from .files import atomic_write
 
 
 def attention_rollout(

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 from torch.export import Dim, ExportedProgram
 
-from .features import ViTBackbone
-from .model import VisionTransformer
+from .model import VisionTransformer, ViTBackbone
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 from _run import TINY
 
 from vitkit import cli
-from vitkit.settings import TYPES
+from vitkit.train.settings import TYPES
 
 RUN = (*TINY, "--epochs", "1")
 
@@ -132,6 +132,6 @@ def test_an_older_runs_config_json_resumes(tmp_path, run_cli, first):
 
 
 def test_every_setting_has_a_type():
-    """A new train setting needs its JSON type in vitkit.settings.TYPES."""
+    """A new train setting needs its JSON type in vitkit.train.settings.TYPES."""
     args = cli.build_parser().parse_args(["train"])
     assert set(cli._train_settings(args)) | {"save_every"} == set(TYPES)

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitkit import VisionTransformer
-from vitkit.layers import conv_to_unfold_weight
+from vitkit.model.layers import conv_to_unfold_weight
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

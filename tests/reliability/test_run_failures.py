@@ -17,8 +17,8 @@ from _run import TINY, tiny_model
 from torch.utils.data import Dataset
 
 import vitkit
-from vitkit.checkpoint import DiskFullError, atomic_write
-from vitkit.engine import (
+from vitkit.files import DiskFullError, atomic_write
+from vitkit.train.engine import (
     BEST_FILE,
     LAST_FILE,
     METRICS_FILE,

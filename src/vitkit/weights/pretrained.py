@@ -15,6 +15,9 @@ from typing import Any
 
 from torch import Tensor
 
+from ..model import VisionTransformer, ViTConfig
+from ..model.config import to_2tuple
+from ..model.pos_embed import resample_pos_embed
 from .checkpoint import (
     CheckpointError,
     is_npz_file,
@@ -23,11 +26,7 @@ from .checkpoint import (
     load_state_dict,
     saved_config,
 )
-from .config import ViTConfig
 from .convert import CONVERTERS, FORMATS, detect_format, grid_size
-from .layers import to_2tuple
-from .model import VisionTransformer
-from .pos_embed import resample_pos_embed
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from vitkit import VisionTransformer, ViTBackbone
-from vitkit.features import default_out_indices
+from vitkit.model.features import default_out_indices
 
 SIZES = [((32, 32), 8), ((60, 100), 20)]  # (img_size, patch): grids 4x4 and 3x5
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .model import VisionTransformer, take_indices
+from .vit import VisionTransformer, take_indices
 
 
 def default_out_indices(depth: int) -> list[int]:

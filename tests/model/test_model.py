@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from vitkit import VisionTransformer, ViTConfig, create_model
-from vitkit.layers import conv_to_unfold_weight
+from vitkit.model.layers import conv_to_unfold_weight
 
 TINY = dict(
     img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32, depth=2, num_heads=4
@@ -174,7 +174,7 @@ def test_dynamic_img_size_at_native_size_equals_fixed_path():
 
 
 def test_dynamic_img_size_resamples_learned_grid():
-    from vitkit.pos_embed import resample_pos_embed
+    from vitkit.model.pos_embed import resample_pos_embed
 
     model = tiny(dynamic_img_size=True).eval()
     x = torch.randn(1, 3, 24, 12)
@@ -187,7 +187,7 @@ def test_dynamic_img_size_resamples_learned_grid():
 
 @pytest.mark.parametrize("kind", ["sinusoid", "sincos2d"])
 def test_dynamic_img_size_recomputes_fixed_tables(kind):
-    from vitkit.pos_embed import fixed_pos_embed
+    from vitkit.model.pos_embed import fixed_pos_embed
 
     model = tiny(dynamic_img_size=True, pos_embed=kind).eval()
     x = torch.randn(1, 3, 8, 20)

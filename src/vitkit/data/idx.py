@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import DataError
+from .images import DataError
 
 FASHION_MNIST_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)
 FASHION_MNIST_CLASSES = (

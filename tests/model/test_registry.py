@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vitkit import create_model, get_config, list_models
-from vitkit.registry import SIZES
+from vitkit.model.registry import SIZES
 
 # Paper Table 1 (ViT-B/L/H) and DeiT Table 1 (Ti/S): (layers, hidden D, MLP size, heads, params).
 PAPER = {

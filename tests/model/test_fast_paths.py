@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.layers import Attention, Block, Linear
+from vitkit.model.layers import Attention, Block, Linear
 from vitkit.summary import flop_counter
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
@@ -96,7 +96,7 @@ def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrid
 
 @pytest.mark.parametrize("in_epilogue", [True, False])
 def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(monkeypatch, in_epilogue):
-    from vitkit import layers
+    from vitkit.model import layers
 
     monkeypatch.setattr(layers, "GELU_IN_EPILOGUE", in_epilogue)
     torch.manual_seed(0)
@@ -110,7 +110,7 @@ def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(monkeypatch, 
 
 
 def test_fused_slices_keep_each_slice_under_the_byte_budget(monkeypatch):
-    from vitkit import layers
+    from vitkit.model import layers
 
     # ViT-B/16 and ViT-S/16 at batch 32, fp32: 197 tokens, MLP hidden 3072 / 1536.
     assert layers.fused_slices(32, 197, 3072, 4) == 4
@@ -123,7 +123,7 @@ def test_fused_slices_keep_each_slice_under_the_byte_budget(monkeypatch):
 
 
 def test_sliced_batches_match_the_plain_path(monkeypatch):
-    from vitkit import layers
+    from vitkit.model import layers
 
     model, x = tiny(), images(5)
     whole = plain_output(model, x)
@@ -247,7 +247,7 @@ def fused(model: vitkit.VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
-    from vitkit.layers import _PACKED
+    from vitkit.model.layers import _PACKED
 
     model, x = tiny(), images()
     fused(model, x)
@@ -268,7 +268,7 @@ def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
 def test_packed_weights_leave_copies_alone_and_are_freed_with_the_fast_path():
     import copy
 
-    from vitkit.layers import _PACKED
+    from vitkit.model.layers import _PACKED
 
     model, x = tiny(), images()
     expected = fused(model, x)

@@ -11,7 +11,7 @@ from torch import nn
 
 from vitkit import create_model, load
 from vitkit.data import Subset, TensorImages, Transformed, load_data
-from vitkit.engine import (
+from vitkit.train.engine import (
     LAST_FILE,
     STATE_FILE,
     ModelEma,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitkit import augment
-from vitkit.augment import (
+from vitkit.data import augment
+from vitkit.data.augment import (
     RAND_AUGMENT_OPS,
     Mixup,
     Normalize,

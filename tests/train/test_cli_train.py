@@ -301,7 +301,7 @@ def test_default_train_meets_the_acceptance_bar(tmp_path):
     import subprocess
     import sys
 
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     proc = subprocess.run(
         [sys.executable, "-m", "vitkit", "train"],
         cwd=tmp_path,

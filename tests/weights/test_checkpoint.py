@@ -13,7 +13,8 @@ import torch
 
 import vitkit
 from vitkit import CheckpointError, VisionTransformer, convert
-from vitkit.checkpoint import atomic_write, load_into, load_state_dict
+from vitkit.files import atomic_write
+from vitkit.weights.checkpoint import load_into, load_state_dict
 
 SMALL = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3)
 
@@ -241,7 +242,7 @@ def test_format_argument_is_checked():
 def test_npz_is_a_zip_but_not_a_torch_checkpoint(tmp_path):
     path = _npz(tmp_path)
     assert zipfile.is_zipfile(path)
-    from vitkit.checkpoint import is_npz_file
+    from vitkit.weights.checkpoint import is_npz_file
 
     assert is_npz_file(path)
     assert not is_npz_file(_pth(tmp_path))

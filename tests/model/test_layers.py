@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitkit.layers import (
+from vitkit.model.layers import (
     Attention,
     Block,
     DropPath,

@@ -1,4 +1,8 @@
-"""`ViTConfig`: every choice that defines a Vision Transformer, checked once, saved as JSON."""
+"""`ViTConfig`: every choice that defines a Vision Transformer, checked once, saved as JSON.
+
+It also owns the geometry: `patch_grid` is the one computation of the patch grid, used by the
+model, the weight converters and the position-embedding resampler.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,71 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from .layers import PATCH_EMBED_KINDS, check_choice, to_2tuple
 from .pos_embed import POS_EMBED_KINDS
 
+PATCH_EMBED_KINDS = ("conv", "unfold")
 GLOBAL_POOLS = ("token", "avg")
 ENCODERS = ("native", "torch")
 TOKEN_INITS = ("trunc_normal", "zeros")
+
+
+# -- geometry --------------------------------------------------------------------------------------
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """An int or an (h, w) pair as an (h, w) tuple of positive ints."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{name} must be a positive int or an (h, w) pair of them, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def check_choice(name: str, value: object, choices: tuple) -> None:
+    """Raise a ValueError naming the option and its allowed values."""
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
+
+
+def stem_output_size(size: int, layers: int) -> int:
+    """A side of the feature map after `layers` 3x3 stride-2 convolutions padded by 1."""
+    for _ in range(layers):
+        size = (size + 1) // 2
+    return size
+
+
+def patch_grid(
+    height: int,
+    width: int,
+    patch_size: tuple[int, int],
+    stem_layers: int = 0,
+    what: str = "input",
+) -> tuple[int, int]:
+    """The patch grid (rows, columns) of a height x width image cut into `patch_size` patches,
+    after `stem_layers` stride-2 stem convolutions; a ValueError with the fix when the image
+    (or the stem's feature map) does not split into whole patches."""
+    grid = []
+    for side, size, patch in zip(("height", "width"), (height, width), patch_size):
+        feature = stem_output_size(size, stem_layers)
+        if feature % patch:
+            if stem_layers:
+                raise ValueError(
+                    f"{what} {side} {size} gives a {feature}-pixel conv-stem feature map, "
+                    f"not divisible by patch_size {side} {patch}; choose a size whose "
+                    f"feature map is a multiple of {patch}"
+                )
+            if what == "input":
+                raise ValueError(
+                    f"input {side} {size} is not divisible by patch size {patch}; "
+                    f"resize to a multiple of {patch}"
+                )
+            raise ValueError(
+                f"{what} {side} {size} is not divisible by patch_size {side} {patch}; "
+                f"use an {what} that is a multiple of {patch}"
+            )
+        grid.append(feature // patch)
+    return grid[0], grid[1]
+
 
 _NUMBER = (int, float)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -148,6 +211,16 @@ class ViTConfig:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
         if self.distilled and self.global_pool != "token":
             raise ValueError("distilled=True needs global_pool='token' and class_token=True")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """The patch grid (rows, columns) at `img_size`."""
+        return patch_grid(
+            *to_2tuple(self.img_size, "img_size"),
+            to_2tuple(self.patch_size, "patch_size"),
+            len(self.conv_stem),
+            "img_size",
+        )
 
     @property
     def num_prefix_tokens(self) -> int:

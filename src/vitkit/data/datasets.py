@@ -1,0 +1,188 @@
+"""Datasets: images in memory or in files, subsets, transforms, and the seeded splits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from .images import CorruptImageError, read_image
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Splits:
+    """Train / val / test datasets of one source and what a model needs to know about them.
+
+    `img_size` is the images' native size, or None when files of any size are resized.
+    """
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    class_names: list[str]
+    in_chans: int
+    img_size: tuple[int, int] | None
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+# -- datasets -------------------------------------------------------------------------------
+
+
+class TensorImages(Dataset):
+    """Images already in memory: uint8 (N, C, H, W) or float in [0, 1], with int labels."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels.long()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        image = self.images[index]
+        image = image.float() / 255.0 if image.dtype == torch.uint8 else image.float()
+        return image, int(self.labels[index])
+
+
+class ImageFiles(Dataset):
+    """Image files decoded with Pillow on access, converted to `in_chans` and resized.
+
+    With `skip_corrupt=True` an unreadable file yields None (the collate function drops it),
+    is logged once and counted in `self.corrupt`; otherwise it raises `CorruptImageError`
+    naming the file.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[str, int]],
+        *,
+        in_chans: int = 3,
+        img_size: tuple[int, int] | None = None,
+        skip_corrupt: bool = False,
+    ) -> None:
+        self.samples = list(samples)
+        self.in_chans = in_chans
+        self.img_size = img_size
+        self.skip_corrupt = skip_corrupt
+        self.corrupt: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
+        path, label = self.samples[index]
+        try:
+            image = read_image(path, in_chans=self.in_chans, size=self.img_size)
+        except CorruptImageError as err:
+            if not self.skip_corrupt:
+                raise
+            if path not in self.corrupt:
+                log.warning("skipping %s", err)
+                self.corrupt.add(path)
+            return None
+        return image, label
+
+
+class Subset(Dataset):
+    """The items of `dataset` at `indices` (keeps `corrupt` reachable for counting)."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int]) -> None:
+        self.dataset = dataset
+        self.indices = list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[self.indices[index]]
+
+
+class Transformed(Dataset):
+    """Apply `transform` to each image (None items, i.e. skipped files, pass through)."""
+
+    def __init__(self, dataset: Dataset, transform: Callable[[Tensor], Tensor] | None) -> None:
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
+        item = self.dataset[index]
+        if item is None or self.transform is None:
+            return item
+        return self.transform(item[0]), item[1]
+
+
+def corrupt_count(dataset: Dataset) -> int:
+    """How many files of `dataset` (through Subset / Transformed wrappers) were skipped."""
+    while not isinstance(dataset, ImageFiles):
+        inner = getattr(dataset, "dataset", None)
+        if inner is None:
+            return 0
+        dataset = inner
+    return len(dataset.corrupt)
+
+
+def collate(batch: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor]:
+    """Stack (image, label) pairs, dropping the None of skipped files."""
+    items = [item for item in batch if item is not None]
+    if not items:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    images = torch.stack([image for image, _ in items])  # (B, C, H, W)
+    labels = torch.tensor([label for _, label in items], dtype=torch.long)
+    return images, labels
+
+
+# -- splitting ------------------------------------------------------------------------------
+
+
+def split_indices(
+    n: int, fractions: Sequence[float], seed: int, labels: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Indices 0..n-1 shuffled with `seed` and cut into parts of the given fractions (the last
+    part takes the rest). With `labels` the split is stratified: each class is cut alike."""
+    if sum(fractions) > 1.0 + 1e-9:
+        raise ValueError(f"split fractions {list(fractions)} add up to more than 1")
+    generator = torch.Generator().manual_seed(seed)
+    groups = [list(range(n))] if labels is None else _by_class(labels)
+    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
+    for group in groups:
+        order = [group[i] for i in torch.randperm(len(group), generator=generator).tolist()]
+        start = 0
+        for k, fraction in enumerate(fractions):
+            stop = start + round(fraction * len(order))
+            parts[k + 1].extend(order[start:stop])
+            start = stop
+        parts[0].extend(order[start:])
+    return [sorted(part) for part in parts]
+
+
+def _by_class(labels: Sequence[int]) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(int(label), []).append(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def mean_std(images: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    x = images.float() / (255.0 if images.dtype == torch.uint8 else 1.0)
+    mean = x.mean(dim=(0, 2, 3))
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
+    return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())

@@ -1,0 +1,20 @@
+"""The network: config, layers, position embeddings, the ViT, presets and backbones.
+
+Imports nothing from the rest of vitkit; everything else builds on it.
+"""
+
+from .config import ViTConfig, patch_grid, to_2tuple
+from .features import ViTBackbone
+from .registry import create_model, get_config, list_models
+from .vit import VisionTransformer
+
+__all__ = [
+    "ViTBackbone",
+    "ViTConfig",
+    "VisionTransformer",
+    "create_model",
+    "get_config",
+    "list_models",
+    "patch_grid",
+    "to_2tuple",
+]
