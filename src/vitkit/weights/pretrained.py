@@ -26,11 +26,10 @@ from .checkpoint import (
     load_state_dict,
     saved_config,
 )
-from .convert import CONVERTERS, FORMATS, detect_format, grid_size
+from .detect import CONVERTERS, FORMATS, detect_format, weights_file
 
 log = logging.getLogger(__name__)
 
-_HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
 
 
@@ -99,7 +98,7 @@ def adapt_state_dict(
     if target.num_classes != source.num_classes:
         for key in _HEAD_KEYS:
             state_dict.pop(key, None)
-    old_grid, new_grid = grid_size(source), grid_size(target)
+    old_grid, new_grid = source.grid_size, target.grid_size
     if "pos_embed" in state_dict and old_grid != new_grid:
         if to_2tuple(source.patch_size, "patch_size") != to_2tuple(target.patch_size, "patch_size"):
             raise CheckpointError(
@@ -123,14 +122,7 @@ def _read(
     if isinstance(source, Mapping):
         weights = dict(source)
         return weights, _detect(weights) if format == "auto" else format, None
-    path = Path(source)
-    if path.is_dir():
-        found = [path / name for name in _HF_WEIGHT_FILES if (path / name).is_file()]
-        if not found:
-            raise CheckpointError(
-                f"{path} is a folder without {' or '.join(_HF_WEIGHT_FILES)}; pass a weights file"
-            )
-        path = found[0]
+    path = weights_file(source)
     is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
     if format == "jax" or (format == "auto" and is_npz):
         return load_npz(path), "jax", None

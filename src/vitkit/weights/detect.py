@@ -1,0 +1,75 @@
+"""Which library a checkpoint comes from, its converter, and where a hub folder keeps it.
+
+The format is told from the key names: timm `vision_transformer.py` (and vitkit) name the
+patch projection `patch_embed.proj`, Hugging Face `modeling_vit.py`
+`embeddings.patch_embeddings.projection`, torchvision `vision_transformer.py` `conv_proj`, and
+the npz files of google-research/vision_transformer `embedding/kernel`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ..model import ViTConfig
+from .checkpoint import CheckpointError
+from .hf import from_hf
+from .jax import from_jax
+from .timm import from_timm
+from .torchvision import from_torchvision
+
+FORMATS = ("vitkit", "timm", "hf", "torchvision", "jax")
+
+# The weights file of a Hugging Face `save_pretrained` / Hub folder (timm's Hub folders too),
+# in order of preference.
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+
+CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], ViTConfig]]] = {
+    "timm": from_timm,
+    "vitkit": from_timm,
+    "hf": from_hf,
+    "torchvision": from_torchvision,
+    "jax": from_jax,
+}
+
+
+def detect_format(state_dict: Mapping[str, Any]) -> str:
+    """'timm' (also vitkit's own keys), 'hf', 'torchvision' or 'jax', from the key names."""
+    keys = list(state_dict)
+    if any(k.endswith("embedding/kernel") for k in keys):
+        return "jax"
+    if any(
+        k in ("conv_proj.weight", "class_token") or k.startswith("encoder.layers.encoder_layer_")
+        for k in keys
+    ):
+        return "torchvision"
+    if any("embeddings.patch_embeddings.projection" in k for k in keys):
+        return "hf"
+    if any(k.removeprefix("module.") == "patch_embed.proj.weight" for k in keys):
+        return "timm"
+    raise CheckpointError(
+        f"cannot tell the checkpoint format from its keys ({', '.join(keys[:4])}, ...); it is "
+        f"none of {', '.join(FORMATS)}: pass format= if it is one of them"
+    )
+
+
+def weights_file(path: str | os.PathLike) -> Path:
+    """The weights file of `path`: `model.safetensors` (else `pytorch_model.bin`) inside a
+    Hugging Face / timm hub folder, or `path` itself when it is not a folder.
+
+    A folder holding neither raises a CheckpointError; a missing file is left for the loader
+    to report.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for name in WEIGHTS_FILES:
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(
+        f"{path} is a folder without {' or '.join(WEIGHTS_FILES)}; pass a weights file"
+    )

@@ -1,0 +1,210 @@
+"""vitkit's key layout, which timm's `vision_transformer.py` shares: config inference from the
+weights, the expected shapes of a config, and the key / shape check every converter ends with.
+
+This is its own module, not part of `timm.py`, because every source uses it: the Hugging Face,
+torchvision and JAX converters map their keys into this layout, then call `infer_config` and
+`check_state_dict` here, and the exporters start from `native_state_dict`. Keeping it apart
+means `hf.py` does not import `timm.py` to reach code that is not about timm.
+
+The config is inferred from the weights: embed_dim, depth, MLP width, patch size, input
+channels, class / distillation token, final norm vs `fc_norm`, LayerScale, number of classes,
+and the resolution from the position-embedding grid (assumed square; pass `img_size` for a
+non-square grid). The number of attention heads leaves no trace in timm, Hugging Face or
+torchvision weights (q, k and v are stored as full D x D matrices), so it comes from, in order:
+the `num_heads` argument, a Hugging Face `config.json` when one is given, the standard head
+count for the width (192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16; ViT paper Table 1
+and DeiT), else `embed_dim // 64`. The JAX layout stores heads explicitly, so there it is exact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..model import VisionTransformer, ViTConfig
+from ..model.config import to_2tuple
+from ..model.torch_encoder import torch_to_native_state_dict
+from .checkpoint import CheckpointError, mismatch_report
+
+# embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
+STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+# Placeholder LayerScale init for converted models: the loaded gammas replace it.
+_LAYER_SCALE_INIT = 1e-5
+
+# timm layers vitkit does not have, named in the error message.
+_UNSUPPORTED = {
+    "reg_token": "register tokens (reg_token)",
+    "norm_pre.weight": "a norm before the encoder (norm_pre, as CLIP)",
+    "attn_pool.latent": "attention pooling (attn_pool)",
+    "blocks.0.attn.q_norm.weight": "q/k normalisation (attn.q_norm)",
+    "blocks.0.attn.norm.weight": "an attention output norm (attn.norm)",
+    "blocks.0.mlp.norm.weight": "an MLP norm (mlp.norm)",
+}
+
+
+def default_num_heads(embed_dim: int) -> int:
+    """The head count assumed for a width when the weights do not say: the standard sizes'
+    count, else one head per 64 channels."""
+    if embed_dim in STANDARD_HEADS:
+        return STANDARD_HEADS[embed_dim]
+    heads = max(1, embed_dim // 64)
+    return heads if embed_dim % heads == 0 else 1
+
+
+# -- config inference -----------------------------------------------------------------------
+
+
+def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfig:
+    """The `ViTConfig` of a state dict in vitkit / timm layout; `overrides` win.
+
+    Besides `ViTConfig` fields, `overrides` may hold `num_heads=None` (use the default).
+    """
+    sd = state_dict
+    if "patch_embed.proj.weight" not in sd:
+        raise CheckpointError(
+            "no 'patch_embed.proj.weight' in the state dict; it is not a ViT in timm / vitkit "
+            f"layout (first keys: {', '.join(list(sd)[:5])})"
+        )
+    unsupported = [what for key, what in _UNSUPPORTED.items() if key in sd]
+    if unsupported:
+        raise CheckpointError(
+            f"the weights have {', '.join(unsupported)}, which vitkit's ViT does not support"
+        )
+    proj = sd["patch_embed.proj.weight"]
+    embed_dim = proj.shape[0]
+    cfg: dict[str, Any] = {"embed_dim": embed_dim}
+    if proj.ndim == 4:  # (D, C, ph, pw)
+        cfg["in_chans"] = proj.shape[1]
+        cfg["patch_size"] = _int_if_square(tuple(proj.shape[2:]))
+    elif proj.ndim == 2:  # (D, C*ph*pw): patch_embed='unfold'
+        cfg["patch_embed"] = "unfold"
+        in_chans = overrides.get("in_chans", 3)
+        patch = overrides.get("patch_size") or math.isqrt(proj.shape[1] // in_chans)
+        ph, pw = (patch, patch) if isinstance(patch, int) else patch
+        if in_chans * ph * pw != proj.shape[1]:
+            raise CheckpointError(
+                f"cannot tell the patch size of a linear patch embedding of width "
+                f"{proj.shape[1]}; pass in_chans= and patch_size="
+            )
+        cfg["in_chans"], cfg["patch_size"] = in_chans, _int_if_square((ph, pw))
+    else:
+        raise CheckpointError(f"patch_embed.proj.weight has unexpected shape {tuple(proj.shape)}")
+
+    block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
+    if not block_ids:
+        raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
+    cfg["depth"] = max(block_ids) + 1
+    cfg["mlp_ratio"] = sd["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim
+    cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    cfg["init_values"] = _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None
+    cfg["embed_norm"] = "patch_embed.norm.weight" in sd
+    cfg["class_token"] = "cls_token" in sd
+    cfg["distilled"] = "dist_token" in sd
+    cfg["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    has_fc_norm = "fc_norm.weight" in sd
+    cfg["global_pool"] = "token" if cfg["class_token"] and not has_fc_norm else "avg"
+    cfg["pos_embed"] = "learn" if "pos_embed" in sd else "none"
+
+    num_heads = overrides.pop("num_heads", None)
+    cfg["num_heads"] = num_heads or default_num_heads(embed_dim)
+    cfg.update(overrides)
+    if "img_size" not in overrides:
+        cfg["img_size"] = _img_size_from_pos_embed(sd, cfg)
+    if cfg["global_pool"] == "token" and not cfg["class_token"]:
+        cfg["global_pool"] = "avg"
+    if "fc_norm" not in overrides:  # None: the default rule (fc_norm exactly for 'avg') holds
+        default_rule = has_fc_norm == (cfg["global_pool"] == "avg")
+        cfg["fc_norm"] = None if default_rule else has_fc_norm
+    return ViTConfig.from_dict(cfg)
+
+
+def _img_size_from_pos_embed(
+    sd: Mapping[str, Tensor], cfg: dict[str, Any]
+) -> int | tuple[int, int]:
+    """The resolution whose patch grid the position embedding covers (the inverse of
+    `ViTConfig.grid_size`, for a square grid); 224 rounded down to whole patches without one."""
+    patch = cfg["patch_size"]
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    if "pos_embed" not in sd:
+        return _int_if_square((224 // ph * ph, 224 // pw * pw))
+    prefix = int(cfg["class_token"]) + int(cfg["distilled"])
+    num_grid = sd["pos_embed"].shape[1] - prefix
+    side = math.isqrt(num_grid)
+    if side * side != num_grid:
+        raise CheckpointError(
+            f"the position embedding has {num_grid} patch positions, not a square grid; pass "
+            "img_size=(h, w), the resolution the weights were trained at"
+        )
+    return _int_if_square((side * ph, side * pw))
+
+
+def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
+    return pair[0] if pair[0] == pair[1] else pair
+
+
+# -- the shape check ------------------------------------------------------------------------
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
+    """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe model
+    whose block keys are repeated `depth` times (cheap even for ViT-H)."""
+    probe = VisionTransformer(config.replace(depth=1, drop_path_rate=0.0))
+    shapes = {}
+    for key, value in probe.state_dict().items():
+        match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
+        if match is None:
+            shapes[key] = value.shape
+            continue
+        for i in range(config.depth):
+            shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
+    return shapes
+
+
+def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source: str) -> None:
+    """Raise a CheckpointError unless `state_dict` has exactly the keys and shapes of
+    `VisionTransformer(config)`."""
+    report = mismatch_report(expected_shapes(config), dict(state_dict))
+    if report:
+        raise CheckpointError(
+            f"{source} weights do not fit the inferred config ({report}); pass the options "
+            "that differ (e.g. num_heads=, img_size=) or report the unsupported layers"
+        )
+
+
+# -- helpers shared by the converters -------------------------------------------------------
+
+
+def strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The state dict without `prefix` when every key has it (e.g. DDP's `module.`)."""
+    if state_dict and all(k.startswith(prefix) for k in state_dict):
+        return {k[len(prefix) :]: v for k, v in state_dict.items()}
+    return dict(state_dict)
+
+
+def native_state_dict(
+    model_or_state_dict: nn.Module | Mapping[str, Tensor], config: ViTConfig | None
+) -> tuple[dict[str, Tensor], ViTConfig]:
+    """(state dict in the native layout, config) of a model, or of a state dict with its config:
+    detached copies, `encoder='torch'` keys renamed to the native blocks', an unfold patch
+    embedding reshaped to the convolution's (D, C, ph, pw). The exporters start from this."""
+    if isinstance(model_or_state_dict, nn.Module):
+        config = config or model_or_state_dict.config
+        sd = dict(model_or_state_dict.state_dict())
+    elif config is None:
+        raise ValueError("pass the model, or the state dict together with its ViTConfig")
+    else:
+        sd = dict(model_or_state_dict)
+    sd = {k: v.detach().clone() for k, v in sd.items()}
+    if config.encoder == "torch":
+        sd = torch_to_native_state_dict(sd)
+    if config.patch_embed == "unfold":
+        weight = sd["patch_embed.proj.weight"]  # (D, C*ph*pw) -> (D, C, ph, pw)
+        ph, pw = to_2tuple(config.patch_size, "patch_size")
+        sd["patch_embed.proj.weight"] = weight.reshape(weight.shape[0], config.in_chans, ph, pw)
+    return sd, config

@@ -1,0 +1,110 @@
+"""Hugging Face converter: parity with transformers' ViT, round trips in both key layouts, and
+what Hugging Face cannot express."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _parity import TOL, images, randomize
+
+import vitkit
+from vitkit import CheckpointError, VisionTransformer, convert
+
+
+def hf_config(**kw):
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    base = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+    )
+    return transformers.ViTConfig(**{**base, **kw})
+
+
+def test_hf_parity_with_config():
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    cfg = hf_config()
+    source = randomize(transformers.ViTForImageClassification(cfg))
+    sd, config = convert.from_hf(source.state_dict(), config=cfg)
+    assert (config.embed_dim, config.depth, config.num_heads, config.num_classes) == (64, 2, 4, 5)
+    assert config.norm_eps == 1e-12 and config.mlp_ratio == 2.0
+    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
+
+
+def test_hf_parity_without_config_uses_hf_defaults():
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    cfg = hf_config(hidden_size=192, num_attention_heads=3, intermediate_size=768, image_size=48)
+    source = randomize(transformers.ViTForImageClassification(cfg))
+    sd, config = convert.from_hf(source.state_dict())
+    assert config.num_heads == 3 and config.norm_eps == 1e-12 and config.img_size == 48
+    model = vitkit.load_pretrained(source.state_dict())
+    x = images(48, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
+
+
+def test_hf_vitmodel_with_pooler_and_saved_folder(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    cfg = hf_config(num_attention_heads=2, layer_norm_eps=1e-6)
+    source = randomize(transformers.ViTModel(cfg))  # with the pooler: dropped on conversion
+    sd, config = convert.from_hf(source.state_dict(), config=cfg)
+    assert config.num_classes == 0 and config.num_heads == 2 and config.norm_eps == 1e-6
+    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        expected = source(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(model.forward_features(x), expected, **TOL)
+
+    # A save_pretrained folder: Hub file names, config.json found beside the weights.
+    classifier = randomize(transformers.ViTForImageClassification(cfg))
+    classifier.save_pretrained(tmp_path)
+    model = vitkit.load_pretrained(tmp_path)
+    assert model.config.num_heads == 2
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), classifier(pixel_values=x).logits, **TOL)
+
+
+@pytest.mark.parametrize("layout", ["legacy", "v5"])
+def test_round_trip_vitkit_hf_vitkit(layout):
+    model = randomize(
+        VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5
+        )
+    )
+    exported = convert.to_hf(model, layout=layout)
+    hf = convert.to_hf_config(model.config)
+    back, config = convert.from_hf(exported, config=hf)
+    assert config == model.config
+    for key, value in model.state_dict().items():
+        assert torch.equal(back[key], value), key
+
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    if layout == "v5" and int(transformers.__version__.split(".")[0]) >= 5:
+        source = transformers.ViTForImageClassification(transformers.ViTConfig(**hf)).eval()
+        source.load_state_dict(exported, strict=True)
+        x = images(32, batch=2)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
+
+
+def test_to_hf_refuses_what_hf_cannot_express():
+    model = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, global_pool="avg"
+    )
+    with pytest.raises(ValueError, match=r"needs a class token with global_pool='token'"):
+        convert.to_hf(model)
+
+
+def test_hf_other_activation_is_refused():
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    cfg = hf_config(hidden_act="gelu_new")
+    source = transformers.ViTForImageClassification(cfg)
+    with pytest.raises(CheckpointError, match=r"hidden_act='gelu_new'"):
+        convert.from_hf(source.state_dict(), config=cfg)

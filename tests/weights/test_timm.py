@@ -1,0 +1,145 @@
+"""timm converter: parity with timm's models, config inference, round trips through timm's
+layout, and `vitkit convert --from timm`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _parity import TOL, images, randomize
+
+import vitkit
+from vitkit import CheckpointError, VisionTransformer, convert
+from vitkit.cli import main
+
+TIMM_CASES = [
+    pytest.param("vit_tiny_patch16_224", {}, id="tiny"),
+    pytest.param("vit_small_patch16_224", {}, id="small", marks=pytest.mark.slow),
+    pytest.param("vit_base_patch16_224", {}, id="base", marks=pytest.mark.slow),
+    pytest.param(
+        "vit_tiny_patch16_224",
+        {"class_token": False, "global_pool": "avg", "patch_size": 32},
+        id="tiny-avg-nocls-patch32",
+    ),
+    pytest.param("deit_tiny_distilled_patch16_224", {}, id="deit-distilled"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs", TIMM_CASES)
+def test_timm_parity(name, kwargs):
+    timm = pytest.importorskip("timm", reason="timm not installed (pip install -e '.[interop]')")
+    source = randomize(timm.create_model(name, pretrained=False, **kwargs))
+    state_dict, config = convert.from_timm(source.state_dict())
+    assert (config.embed_dim, config.depth, config.num_heads) == (
+        source.embed_dim,
+        len(source.blocks),
+        source.blocks[0].attn.num_heads,
+    )
+    assert config.patch_size == source.patch_embed.patch_size[0]
+    assert config.class_token == (source.cls_token is not None)
+    assert config.global_pool == source.global_pool
+    assert config.num_classes == 1000
+    model = vitkit.load_pretrained(source.state_dict())
+    assert not model.training
+    x = images(224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **TOL)
+
+
+def test_timm_heads_override_and_default():
+    sd = VisionTransformer(embed_dim=64, depth=1, num_heads=2, img_size=32, patch_size=8)
+    assert convert.from_timm(sd.state_dict())[1].num_heads == 1  # 64 // 64
+    assert convert.from_timm(sd.state_dict(), num_heads=2)[1].num_heads == 2
+    assert convert.default_num_heads(1024) == 16
+    assert convert.default_num_heads(1280) == 16
+    assert convert.default_num_heads(320) == 5
+
+
+def test_timm_unsupported_layer_is_reported():
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    source = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, reg_tokens=2
+    )
+    with pytest.raises(CheckpointError, match=r"register tokens \(reg_token\), which vitkit"):
+        convert.from_timm(source.state_dict())
+
+
+# (model options, what the weights cannot show and the caller states)
+ROUND_TRIP_CONFIGS = [
+    pytest.param(dict(), {}, id="default"),
+    pytest.param(dict(class_token=False, global_pool="avg"), {}, id="avg"),
+    pytest.param(dict(distilled=True), {}, id="distilled"),
+    # LayerScale's init value is not in the weights: converters record 1e-5.
+    pytest.param(dict(init_values=1e-5, embed_norm=True, qkv_bias=False), {}, id="layerscale"),
+    # Mean pooling after the final norm looks like token pooling in the weights.
+    pytest.param(
+        dict(global_pool="avg", fc_norm=False, mlp_ratio=2.0),
+        dict(global_pool="avg", fc_norm=False),
+        id="avg-final-norm",
+    ),
+    pytest.param(
+        dict(in_chans=1, patch_size=4, img_size=(16, 32)), dict(img_size=(16, 32)), id="non-square"
+    ),
+]
+
+
+@pytest.mark.parametrize("options, hints", ROUND_TRIP_CONFIGS)
+def test_round_trip_vitkit_timm_vitkit(options, hints):
+    base = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5)
+    model = randomize(VisionTransformer(**{**base, **options}))
+    exported = convert.to_timm(model)
+    back, config = convert.from_timm(exported, num_heads=4, **hints)
+    assert config == model.config
+    assert back.keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        assert torch.equal(back[key], value), key
+
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    source = convert.source_model("timm", model.config, exported)
+    assert isinstance(source, timm.models.vision_transformer.VisionTransformer)
+    x = images(model.config.img_size, batch=2, chans=model.config.in_chans)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **TOL)
+
+
+def test_to_timm_writes_fixed_tables_and_unfold_weights():
+    model = randomize(
+        VisionTransformer(
+            img_size=32,
+            patch_size=8,
+            embed_dim=64,
+            depth=1,
+            num_heads=4,
+            pos_embed="sincos2d",
+            patch_embed="unfold",
+        )
+    )
+    exported = convert.to_timm(model)
+    assert exported["patch_embed.proj.weight"].shape == (64, 3, 8, 8)
+    assert exported["pos_embed"].shape == (1, 17, 64)
+    back, config = convert.from_timm(exported, num_heads=4)
+    assert config.pos_embed == "learn" and config.patch_embed == "conv"
+    twin = vitkit.load_pretrained(back, num_heads=4)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x), **TOL)
+
+
+def test_cli_convert_timm_with_parity(tmp_path, capsys):
+    pytest.importorskip("timm", reason="timm not installed")
+    source = randomize(
+        VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
+    )
+    torch.save({"model": convert.to_timm(source)}, tmp_path / "in.pth")
+    out = tmp_path / "out.safetensors"
+    code = main(
+        ["convert", "--from", "timm", str(tmp_path / "in.pth"), str(out), "--num-heads", "4"]
+    )
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "converted 32 tensors: embed_dim 64, depth 2, heads 4" in text
+    assert "parity vs timm: max |difference|" in text and "(ok, tolerance 1e-04)" in text
+    loaded = vitkit.load(out)
+    assert loaded.meta == {"converted_from": "timm"}
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), source(x), **TOL)
