@@ -74,3 +74,82 @@ def test_load_into_wrong_model_gives_readable_report():
     target = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4)
     with pytest.raises(CheckpointError, match=r"missing: blocks\.2\.attn\.proj\.bias"):
         vitkit.load_pretrained(source.state_dict(), model=target)
+
+
+# -- `vitkit train --pretrained PATH`: load_pretrained(path, model=model) --------------------
+
+ARCH = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
+
+
+def write_source(kind: str, num_classes: int, path) -> dict[str, torch.Tensor]:
+    """Write pretrained weights of ARCH with `num_classes` classes to `path`, in vitkit's format
+    (safetensors with the config), in timm's layout exported by vitkit, or from timm's own
+    model; return the source's state dict."""
+    if kind == "timm":
+        timm = pytest.importorskip("timm", reason="timm not installed")
+        source = timm.models.vision_transformer.VisionTransformer(**ARCH, num_classes=num_classes)
+    else:
+        source = VisionTransformer(**ARCH, num_classes=num_classes)
+    randomize(source)
+    if kind == "vitkit":
+        vitkit.save(source, path)
+    elif kind == "timm-export":
+        torch.save(vitkit.convert.to_timm(source), path)
+    else:
+        torch.save(source.state_dict(), path)
+    return source.state_dict()
+
+
+@pytest.mark.parametrize("source_classes", [5, 10])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("vitkit", "pretrained.safetensors"),
+        ("timm-export", "pretrained.pth"),
+        ("timm", "timm.pth"),
+    ],
+)
+def test_load_pretrained_file_into_fresh_model(tmp_path, kind, name, source_classes):
+    path = tmp_path / name
+    source = write_source(kind, source_classes, path)
+    model = VisionTransformer(**ARCH, num_classes=10)
+    own_head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("head.")}
+
+    loaded = vitkit.load_pretrained(path, model=model)
+
+    assert loaded is model
+    state = model.state_dict()
+    assert state.keys() == source.keys()
+    for key, value in source.items():
+        if not key.startswith("head."):
+            assert torch.equal(state[key], value), key
+    assert model.head.weight.shape == (10, 64) and model.head.bias.shape == (10,)
+    assert model.config.num_classes == 10
+    for key in ("head.weight", "head.bias"):
+        expected = source[key] if source_classes == 10 else own_head[key]
+        assert torch.equal(state[key], expected), key
+    x = images(32, batch=2)
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()
+
+
+def test_load_pretrained_across_encoder_layouts(tmp_path):
+    source = randomize(VisionTransformer(**ARCH, num_classes=5))
+    vitkit.save(source, tmp_path / "native.safetensors")
+    torch_model = VisionTransformer(**ARCH, num_classes=5, encoder="torch")
+    vitkit.load_pretrained(tmp_path / "native.safetensors", model=torch_model)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(torch_model(x), source(x), **TOL)
+
+    vitkit.save(torch_model, tmp_path / "torch.safetensors")  # its keys: blocks.layers.N...
+    native = vitkit.load_pretrained(
+        tmp_path / "torch.safetensors", model=VisionTransformer(**ARCH, num_classes=3)
+    )
+    for key, value in source.state_dict().items():
+        if not key.startswith("head."):
+            assert torch.equal(native.state_dict()[key], value), key
+
+    scaled = randomize(VisionTransformer(**ARCH, init_values=1e-5))
+    with pytest.raises(CheckpointError, match=r"ls1\.gamma'?, which the model's encoder='torch'"):
+        vitkit.load_pretrained(scaled.state_dict(), model=torch_model)

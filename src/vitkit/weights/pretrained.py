@@ -18,6 +18,7 @@ from torch import Tensor
 from ..model import VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from ..model.pos_embed import resample_pos_embed
+from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
 from .checkpoint import (
     CheckpointError,
     is_npz_file,
@@ -46,7 +47,9 @@ def load_pretrained(
     Args:
         source: a file (`.safetensors`, `.pth`, `.bin`, `.npz`), a Hugging Face model folder
             (`config.json` + weights) or an in-memory state dict.
-        model: load into this model; None builds one from the config inferred from the weights.
+        model: load into this model (e.g. one just built for fine-tuning); None builds one
+            from the config inferred from the weights. A checkpoint head of another class
+            count is dropped and the model keeps its own; `encoder='torch'` keys are matched.
         format: 'auto' (detected from the file and key names) or one of 'vitkit', 'timm',
             'hf', 'torchvision', 'jax'.
         num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
@@ -69,6 +72,8 @@ def load_pretrained(
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
     if source_config is None:
         state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
+    elif source_config.encoder == "torch":  # a vitkit file of an encoder='torch' model
+        state_dict = torch_to_native_state_dict(state_dict)
     target = model.config if model is not None else source_config
     if num_classes is not None:
         target = target.replace(num_classes=num_classes)
@@ -77,15 +82,18 @@ def load_pretrained(
     state_dict = adapt_state_dict(state_dict, source_config, target)
     if model is None:
         model = VisionTransformer(target)
+    elif model.config.num_classes != target.num_classes:
+        model.reset_classifier(target.num_classes)
     if target.num_classes != source_config.num_classes:
         log.info(
             "new %d-class head (the checkpoint has %d classes): fine-tune it",
             target.num_classes,
             source_config.num_classes,
         )
-        model.reset_classifier(target.num_classes)
-        own = model.state_dict()
+        own = model.state_dict()  # the model's freshly initialised head
         state_dict.update({k: own[k] for k in _HEAD_KEYS if k in own})
+    if model.config.encoder == "torch":
+        state_dict = _torch_layout(state_dict)
     load_into(model, state_dict, source=f"{format} checkpoint")
     return model.eval()
 
@@ -93,7 +101,8 @@ def load_pretrained(
 def adapt_state_dict(
     state_dict: dict[str, Tensor], source: ViTConfig, target: ViTConfig
 ) -> dict[str, Tensor]:
-    """Drop a head of another size and resample the position grid to `target`'s resolution."""
+    """Drop a head of another size and resample the position grid to `target`'s resolution
+    (native-layout keys)."""
     state_dict = dict(state_dict)
     if target.num_classes != source.num_classes:
         for key in _HEAD_KEYS:
@@ -131,6 +140,17 @@ def _read(
     if config is not None:
         return weights, "vitkit", config
     return weights, _detect(weights) if format == "auto" else format, None
+
+
+def _torch_layout(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Native block keys renamed for an `encoder='torch'` model."""
+    try:
+        return native_to_torch_state_dict(state_dict)
+    except KeyError as err:
+        raise CheckpointError(
+            f"the checkpoint has {err.args[0].split()[-1]}, which the model's encoder='torch' "
+            "(nn.TransformerEncoderLayer) cannot hold; load it into an encoder='native' model"
+        ) from None
 
 
 def _detect(weights: Mapping[str, Any]) -> str:
