@@ -24,12 +24,10 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from vitkit import cli
-    from vitkit.train import engine
+    from vitkit.train import make_loader, resolve_config, training_setup
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from vitkit import cli
-    from vitkit.train import engine
+    from vitkit.train import make_loader, resolve_config, training_setup
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,10 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     # The same settings, data, model and transforms as `vitkit train --data DATA`.
-    setup = cli.training_setup(["--data", args.data])
-    settings, model = setup.settings, setup.model
-    batch = settings["batch_size"]
-    loader = engine.make_loader(setup.train_set, batch, train=True)
+    setup = training_setup(resolve_config({"data": args.data}))
+    model, batch = setup.model, setup.config.batch_size
+    loader = make_loader(setup.train_set, batch, train=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     images, labels = next(iter(loader))
 
@@ -80,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         model_rates.append(time_model())
     result = {
         "data": args.data,
-        "model": settings["model"],
+        "model": setup.config.model,
         "batch_size": batch,
         "threads": torch.get_num_threads(),
         "loader_images_per_s": statistics.median(loader_rates),
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["ratio"] = result["loader_images_per_s"] / result["model_train_images_per_s"]
     print(
-        f"{args.data}, {settings['model']}, batch {batch}, {result['threads']} threads: "
+        f"{args.data}, {setup.config.model}, batch {batch}, {result['threads']} threads: "
         f"loader {result['loader_images_per_s']:.0f} images/s, model training "
         f"{result['model_train_images_per_s']:.0f} images/s; the loader is "
         f"{result['ratio']:.1f}x the model"

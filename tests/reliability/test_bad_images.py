@@ -23,7 +23,7 @@ from PIL import Image
 
 import vitkit
 from vitkit.data import CorruptImageError, DataError, ImageFiles, collate, load_data, read_image
-from vitkit.train.engine import TrainConfig, fit
+from vitkit.train import TrainConfig, fit
 
 LIMIT = 100  # PIL.Image.MAX_IMAGE_PIXELS in these tests: a 12x12 image is already "huge"
 

@@ -28,15 +28,15 @@ def finished(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--device", "bogus"], "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
-        (["--threads", "-1"], "--threads must be >= 1, got -1"),
+        (["--device", "bogus"], "device 'bogus' is not a device; use cpu, cuda or cuda:N"),
+        (["--threads", "-1"], "threads must be >= 1, got -1"),
         (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
         (["--epochs", "0"], "epochs must be >= 1, got 0"),
         (["--lr", "-1"], "lr must be > 0, got -1.0"),
         (["--lr", "0"], "lr must be > 0, got 0.0"),
         (["--mixup", "-0.5"], "mixup must be >= 0 (0: off), got -0.5"),
         (["--mix-prob", "1.5"], "mix_prob is a probability in [0, 1], got 1.5"),
-        (["--smoothing", "1"], "label_smoothing must be in [0, 1), got 1.0"),
+        (["--smoothing", "1"], "smoothing must be in [0, 1), got 1.0"),
         (["--crop-scale", "1", "0.5"], "crop_scale (MIN, MAX) needs 0 < MIN <= MAX <= 1, got"),
         (["--hflip", "2"], "hflip is a probability in [0, 1], got 2.0"),
         (["--val-fraction", "0.9"], "split fractions [0.9, 0.2] add up to more than 1"),
@@ -54,7 +54,7 @@ def test_train_mistakes(tmp_path, run_cli, argv, message):
 def test_cuda_device_without_cuda(tmp_path, run_cli):
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY, "--device", "cuda:1")
     assert code == 2
-    assert err == "error: --device cuda:1: this machine has 0 CUDA device(s); use --device cpu\n"
+    assert err == "error: device cuda:1: this machine has 0 CUDA device(s); use --device cpu\n"
 
 
 def test_resume_of_a_run_that_never_began(tmp_path, run_cli, finished):

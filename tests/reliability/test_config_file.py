@@ -10,7 +10,8 @@ import pytest
 from _run import TINY
 
 from vitkit import cli
-from vitkit.train.settings import TYPES
+from vitkit.train import TrainConfig
+from vitkit.train.config import FIELDS
 
 RUN = (*TINY, "--epochs", "1")
 
@@ -131,7 +132,12 @@ def test_an_older_runs_config_json_resumes(tmp_path, run_cli, first):
     assert code == 0 and stdout.splitlines()[-1].startswith("test accuracy: ")
 
 
-def test_every_setting_has_a_type():
-    """A new train setting needs its JSON type in vitkit.train.settings.TYPES."""
-    args = cli.build_parser().parse_args(["train"])
-    assert set(cli._train_settings(args)) | {"save_every"} == set(TYPES)
+def test_every_option_is_a_flag_and_a_setting(first):
+    """TrainConfig is the one declaration: each field is a `vitkit train` flag, a key of the
+    settings a run records, and a value the settings reader checks."""
+    parser = cli.build_parser()
+    train = next(a for a in parser._actions if a.dest == "command").choices["train"]
+    dests = {action.dest for action in train._actions}
+    assert set(FIELDS) <= dests
+    assert set(settings(first)) == set(FIELDS) - {"device"}
+    assert TrainConfig.from_dict(settings(first)).to_dict() == {**settings(first), "device": None}

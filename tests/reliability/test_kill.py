@@ -16,7 +16,7 @@ import torch
 from _run import spawn, wait_for
 from safetensors.torch import load_file
 
-from vitkit.train.engine import BEST_FILE, LAST_FILE, STATE_FILE, load_state
+from vitkit.train import BEST_FILE, LAST_FILE, STATE_FILE, load_state
 
 # 79 steps an epoch, a state saved every 10 steps: most kills land in the middle of an epoch.
 RUN = (

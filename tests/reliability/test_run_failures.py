@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 import vitkit
 from vitkit.files import DiskFullError, atomic_write
-from vitkit.train.engine import (
+from vitkit.train import (
     BEST_FILE,
     LAST_FILE,
     METRICS_FILE,
@@ -82,7 +82,7 @@ def temp_files(folder: Path) -> list[str]:
 def reference(tmp_path_factory, digits) -> Path:
     """An uninterrupted run of `config()` (EMA on, to check that it resumes too)."""
     out = tmp_path_factory.mktemp("reference")
-    fit(tiny_model(drop_path_rate=0.1), *digits, config(ema_decay=0.9), out_dir=out)
+    fit(tiny_model(drop_path_rate=0.1), *digits, config(ema=0.9), out_dir=out)
     return out
 
 
@@ -198,7 +198,7 @@ def test_a_full_disk_during_training_then_resume(tmp_path, monkeypatch, digits, 
         fit(
             tiny_model(drop_path_rate=0.1),
             *digits,
-            config(ema_decay=0.9),
+            config(ema=0.9),
             out_dir=tmp_path,
             on_epoch_end=on_epoch_end,
         )
@@ -211,7 +211,7 @@ def test_a_full_disk_during_training_then_resume(tmp_path, monkeypatch, digits, 
     fit(
         tiny_model(drop_path_rate=0.1),
         *digits,
-        config(ema_decay=0.9),
+        config(ema=0.9),
         out_dir=tmp_path,
         resume=True,
     )
@@ -257,7 +257,7 @@ def test_a_crash_loses_at_most_save_every_steps(tmp_path, digits, reference):
     """save_every=2 over 5 steps an epoch: a crash in step 10 (epoch 2, batch 5) resumes from
     step 8 (epoch 2 after batch 3) and ends with the weights of the uninterrupted run."""
     train, val = digits
-    run = config(ema_decay=0.9, save_every=2)
+    run = config(ema=0.9, save_every=2)
     with pytest.raises(RuntimeError, match="the machine went away"):
         fit(
             tiny_model(drop_path_rate=0.1),

@@ -9,7 +9,7 @@ import signal
 import pytest
 from _run import TINY, spawn, wait_for
 
-from vitkit.train.engine import STATE_FILE, load_state
+from vitkit.train import STATE_FILE, load_state
 
 
 @pytest.mark.slow

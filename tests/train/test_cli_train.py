@@ -76,7 +76,7 @@ def test_train_writes_the_run_and_prints_test_accuracy(trained, tmp_path, capsys
     )
     config = json.loads((trained / "config.json").read_text())
     assert config["settings"]["model"] == "vit_digits" and config["model"]["embed_dim"] == 16
-    assert config["train"]["lr"] == 5e-3 and config["settings"]["epochs"] == 2
+    assert config["settings"]["lr"] == 5e-3 and config["settings"]["epochs"] == 2
     model = load(trained / "model.safetensors")
     assert model.meta["class_names"] == [str(d) for d in range(10)]
     assert (trained / "curves.png").read_bytes()[:8] == PNG
@@ -318,10 +318,11 @@ def test_default_train_meets_the_acceptance_bar(tmp_path):
 
 
 def test_training_setup_builds_what_train_would_train():
-    from vitkit.cli import training_setup
+    from vitkit.train import resolve_config, training_setup
 
-    setup = training_setup(["--data", "digits", "--model-opt", "depth=1"])
-    assert setup.settings["model"] == "vit_digits" and setup.settings["epochs"] == 120
+    setup = training_setup(resolve_config({"data": "digits", "model_opts": {"depth": 1}}))
+    assert setup.config.model == "vit_digits" and setup.config.epochs == 120
+    assert setup.config.recipe == "small"
     assert (len(setup.train_set), len(setup.val_set), len(setup.test_set)) == (1259, 179, 359)
     assert setup.model.config.depth == 1 and tuple(setup.model.patch_embed.img_size) == (8, 8)
     image, label = setup.train_set[0]

@@ -14,7 +14,7 @@ import torch
 
 from vitkit import load
 from vitkit.data import Transformed, load_data
-from vitkit.train.engine import evaluate, make_loader
+from vitkit.train import evaluate, make_loader
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from vitkit import create_model
     from vitkit.data import Transformed, load_data
-    from vitkit.train.engine import TrainConfig, fit
+    from vitkit.train import TrainConfig, fit
 
     out = sys.argv[1]
     dist.init_process_group("gloo")

@@ -11,7 +11,7 @@ from torch import nn
 
 from vitkit import create_model, load
 from vitkit.data import Subset, TensorImages, Transformed, load_data
-from vitkit.train.engine import (
+from vitkit.train import (
     LAST_FILE,
     STATE_FILE,
     ModelEma,
@@ -177,7 +177,7 @@ def _weights(path):
 @pytest.mark.parametrize("stop_at", ["epoch", "batch"])
 def test_resume_gives_the_same_weights(tmp_path, digits, stop_at):
     train, val = digits
-    config = cfg(epochs=3, mixup=0.8, cutmix=1.0, ema_decay=0.9, accum_steps=2, clip_grad=1.0)
+    config = cfg(epochs=3, mixup=0.8, cutmix=1.0, ema=0.9, accum_steps=2, clip_grad=1.0)
     fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=tmp_path / "full")
 
     stop = StopFlag()

@@ -1,0 +1,67 @@
+"""The training job: one `TrainConfig`, recipe presets, set-up, the loop and `fit`.
+
+Imports flow one way: `cli` -> `train` -> `weights`, `explain` -> `model`, `data`.
+"""
+
+from .config import TrainConfig, read_settings
+from .distributed import ShardSampler, make_loader
+from .fit import (
+    BEST_FILE,
+    EMA_FILE,
+    LAST_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    FitResult,
+    fit,
+    load_state,
+    save_state,
+)
+from .loop import (
+    EpochState,
+    NonFiniteLossError,
+    RunState,
+    Schedule,
+    StopFlag,
+    evaluate,
+    predict,
+    train_one_epoch,
+)
+from .losses import distill_loss, soft_cross_entropy
+from .optim import ModelEma, lr_at, param_groups
+from .recipes import PRESETS, RECIPES, resolve_config
+from .setup import TrainingSetup, run_training, training_setup
+
+__all__ = [
+    "BEST_FILE",
+    "EMA_FILE",
+    "LAST_FILE",
+    "METRICS_FILE",
+    "PRESETS",
+    "RECIPES",
+    "STATE_FILE",
+    "EpochState",
+    "FitResult",
+    "ModelEma",
+    "NonFiniteLossError",
+    "RunState",
+    "Schedule",
+    "ShardSampler",
+    "StopFlag",
+    "TrainConfig",
+    "TrainingSetup",
+    "distill_loss",
+    "evaluate",
+    "fit",
+    "load_state",
+    "lr_at",
+    "make_loader",
+    "param_groups",
+    "predict",
+    "read_settings",
+    "resolve_config",
+    "run_training",
+    "save_state",
+    "soft_cross_entropy",
+    "train_one_epoch",
+    "training_setup",
+]

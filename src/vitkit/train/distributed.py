@@ -1,0 +1,132 @@
+"""Several processes (torchrun): joining the group, sharding the data, reducing metrics.
+
+Each rank trains on its share of a per-epoch shuffled order (`ShardSampler`, as PyTorch's
+DistributedSampler), DistributedDataParallel averages the gradients, metrics are summed across
+ranks, and rank 0 alone writes files. Outside torchrun every function is the one-process case.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..data import collate
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size); (0, 1) outside torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    return world()[0] == 0
+
+
+def all_reduce(values: list[float], device: torch.device) -> list[float]:
+    if world()[1] == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+class ShardSampler(Sampler[int]):
+    """This rank's share of a (per-epoch shuffled) index order, DistributedSampler-style.
+
+    `pad=True` repeats indices so every rank gets the same count (training: equal steps);
+    `start` skips that many of this rank's indices (resuming in the middle of an epoch).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        pad: bool = True,
+    ) -> None:
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def indices(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            order = list(range(self.size))
+        if self.pad and self.size % self.world_size:
+            extra = self.world_size - self.size % self.world_size
+            order += (order * math.ceil(extra / max(self.size, 1)))[:extra]
+        return order[self.rank :: self.world_size][self.start :]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        per_rank = (
+            math.ceil(self.size / self.world_size)
+            if self.pad
+            else len(range(self.rank, self.size, self.world_size))
+        )
+        return max(per_rank - self.start, 0)
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int = 0,
+    num_workers: int = 0,
+) -> DataLoader:
+    """A loader over this rank's shard: shuffled and padded for training, in order for eval."""
+    rank, size = world()
+    sampler = ShardSampler(
+        len(dataset), shuffle=train, seed=seed, rank=rank, world_size=size, pad=train
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate,
+        drop_last=False,
+        # its own generator: creating an iterator then draws no number from the global one,
+        # so a run resumed in mid-epoch sees the same random stream
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def init_distributed(device: str) -> str:
+    """Join the torchrun group when launched by it; returns this process's device."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return device
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if dist.get_rank() != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    return device
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing to wait for in one process)."""
+    if world()[1] > 1:
+        dist.barrier()

@@ -1,0 +1,309 @@
+"""One epoch of training, evaluation and prediction: plain functions over a `RunState`.
+
+As in DeiT's `engine.py`: `train_one_epoch(state, loader)` mixes each batch, computes the loss
+(with the distillation term when a teacher is given), steps the optimiser on the schedule,
+updates the EMA and counts; `evaluate` gives loss, top-1 and top-5 (and a confusion matrix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import Mixup
+from .config import TrainConfig
+from .distributed import all_reduce, world
+from .losses import distill_loss, soft_cross_entropy
+from .optim import ModelEma, lr_at
+
+
+class StopFlag:
+    """Set by a signal handler (or a test); the loop stops after the current optimiser step."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+
+    def set(self, name: str = "stop") -> None:
+        self.signal_name = name
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite (the run cannot continue as it is)."""
+
+    def __init__(self, message: str, *, step: int, batch: int, loss: float) -> None:
+        super().__init__(message)
+        self.step, self.batch, self.loss = step, batch, loss
+
+
+@dataclass
+class EpochState:
+    """Running sums of the current epoch (saved with a mid-epoch stop)."""
+
+    batches: int = 0
+    samples: float = 0.0
+    loss_sum: float = 0.0
+    correct: float = 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate per optimiser step: linear warmup, then half a cosine (`lr_at`)."""
+
+    lr: float
+    total_steps: int
+    warmup_steps: int
+    min_lr: float = 0.0
+    warmup_lr: float = 0.0
+
+    def __call__(self, step: int) -> float:
+        return lr_at(
+            step,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            lr=self.lr,
+            min_lr=self.min_lr,
+            warmup_lr=self.warmup_lr,
+        )
+
+
+@dataclass
+class RunState:
+    """A run in progress: the live objects, and the counters that `state.pt` saves.
+
+    `model` is the unwrapped network (what is saved); `trained` is what the loop calls (the
+    model wrapped for distillation, DistributedDataParallel or torch.compile).
+    """
+
+    config: TrainConfig
+    model: nn.Module
+    trained: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    mixup: Mixup
+    device: torch.device
+    amp: str
+    scaler: torch.amp.GradScaler | None = None
+    ema: ModelEma | None = None
+    teacher: nn.Module | None = None
+    out: Path | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    stop: StopFlag = field(default_factory=StopFlag)
+    epoch: int = 0  # epochs finished
+    step: int = 0  # optimiser steps taken
+    running: EpochState | None = None  # the sums of an unfinished epoch
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_acc1: float = -1.0
+    best_epoch: int = 0
+    saved_at: tuple[int, int] = (0, 0)  # (epoch, batches) that state.pt holds
+
+
+class DistillForward(nn.Module):
+    """Wraps a distilled ViT so that `forward` returns (class logits, distillation logits):
+    DistributedDataParallel and torch.compile only see `forward`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.forward_distill(x)
+
+
+def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed precision for 'bf16' / 'fp16'; nothing for 'none'."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_one_epoch(
+    state: RunState,
+    loader: Iterable,
+    *,
+    on_step: Callable[[EpochState, float], None] | None = None,
+    on_save: Callable[[RunState], None] | None = None,
+) -> EpochState:
+    """Train over `loader` once, continuing `state.running` (a resumed epoch); returns the
+    epoch's running sums. `state.step` counts optimiser steps; after every `save_every` of
+    them (with no gradient accumulation pending) `on_save(state)` writes the state.
+
+    Args:
+        state: the run; its `trained` module, optimiser, schedule, mixing, EMA and teacher.
+        loader: yields (images, labels) batches.
+        on_step: called with the running sums and images/second (progress bars).
+        on_save: writes the mid-epoch state.
+    """
+    config, device = state.config, state.device
+    model = state.trained
+    model.train()
+    sums = state.running = state.running or EpochState()
+    state.optimizer.zero_grad(set_to_none=True)
+    pending = 0
+    start = time.perf_counter()
+    seen = 0
+    for images, labels in loader:
+        if len(labels) == 0:  # every file of the batch was unreadable
+            sums.batches += 1
+            continue
+        images, labels = images.to(device), labels.to(device)
+        mixed, targets = state.mixup(images, labels)
+        sync = pending + 1 == config.accum_steps
+        no_sync = getattr(model, "no_sync", None)
+        context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+        with context:
+            with autocast(state.amp, device):
+                loss, logits = _loss(state, mixed, targets)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"training loss is {loss.item()} at step {state.step} (batch "
+                    f"{sums.batches + 1} of the epoch); lower the learning rate or clip "
+                    "gradients (clip_grad)",
+                    step=state.step,
+                    batch=sums.batches + 1,
+                    loss=loss.item(),
+                )
+            scaled = loss / config.accum_steps
+            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+        pending += 1
+        batch = len(labels)
+        sums.batches += 1
+        sums.samples += batch
+        sums.loss_sum += loss.item() * batch
+        sums.correct += (logits.argmax(-1) == targets.argmax(-1)).sum().item()
+        seen += batch
+        if sync:
+            _optimizer_step(state)
+            pending = 0
+            if on_save is not None and config.save_every and state.step % config.save_every == 0:
+                on_save(state)
+        if on_step is not None:
+            on_step(sums, seen / max(time.perf_counter() - start, 1e-9))
+        if state.stop and pending == 0:
+            break
+    if pending:  # a last, partial accumulation
+        _optimizer_step(state)
+    return sums
+
+
+def _loss(state: RunState, images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(loss, logits) of a mixed batch; with a teacher, DeiT's mix of the class loss and the
+    distillation term, and the mean of both heads as the logits."""
+    if state.teacher is None:
+        logits = state.trained(images)
+        return soft_cross_entropy(logits, targets), logits
+    config = state.config
+    cls_logits, dist_logits = state.trained(images)
+    with torch.no_grad():
+        teacher_in = images
+        size = getattr(getattr(state.teacher, "patch_embed", None), "img_size", None)
+        if size is not None and tuple(images.shape[-2:]) != tuple(size):
+            teacher_in = F.interpolate(images, size=size, mode="bilinear")
+        teacher_logits = state.teacher(teacher_in)
+    base = soft_cross_entropy(cls_logits, targets)
+    extra = distill_loss(dist_logits, teacher_logits, config.distill, config.distill_tau)
+    loss = base * (1 - config.distill_alpha) + extra * config.distill_alpha
+    return loss, (cls_logits + dist_logits) / 2
+
+
+def _optimizer_step(state: RunState) -> None:
+    """One optimiser step at the schedule's rate (unscaled, clipped), then the EMA."""
+    optimizer, scaler = state.optimizer, state.scaler
+    for group in optimizer.param_groups:
+        group["lr"] = state.schedule(state.step)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if state.config.clip_grad:
+        nn.utils.clip_grad_norm_(state.trained.parameters(), state.config.clip_grad)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    if state.ema is not None:
+        state.ema.update(state.model)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    device: torch.device | str = "cpu",
+    amp: str = "none",
+    num_classes: int | None = None,
+) -> dict[str, Any]:
+    """Mean cross-entropy, top-1 and top-5 accuracy over `loader` (reduced across ranks).
+
+    With `num_classes` also the confusion matrix, rows = true class, columns = predicted.
+    """
+    device = torch.device(device)
+    model.eval()
+    loss_sum = correct1 = correct5 = count = 0.0
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long) if num_classes else None
+    for images, labels in loader:
+        if len(labels) == 0:
+            continue
+        images, labels = images.to(device), labels.to(device)
+        with autocast(amp, device):
+            logits = model(images)
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        k = min(5, logits.shape[-1])
+        top = logits.topk(k, dim=-1).indices  # (B, k)
+        hits = top == labels[:, None]
+        correct1 += hits[:, 0].sum().item()
+        correct5 += hits.any(dim=-1).sum().item()
+        count += len(labels)
+        if confusion is not None:
+            pairs = labels.cpu() * num_classes + top[:, 0].cpu()
+            confusion += torch.bincount(pairs, minlength=num_classes**2).view_as(confusion)
+    loss_sum, correct1, correct5, count = all_reduce([loss_sum, correct1, correct5, count], device)
+    if confusion is not None and world()[1] > 1:
+        confusion = confusion.to(device)
+        dist.all_reduce(confusion)
+        confusion = confusion.cpu()
+    if count == 0:
+        raise ValueError("nothing to evaluate: the evaluation data is empty")
+    result: dict[str, Any] = {
+        "loss": loss_sum / count,
+        "acc1": correct1 / count,
+        "acc5": correct5 / count,
+        "count": int(count),
+    }
+    if confusion is not None:
+        result["confusion"] = confusion
+    return result
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
+    """Top-k class probabilities and indices for a batch (B, C, H, W) of normalised images."""
+    model.eval()
+    probs = F.softmax(model(images).float(), dim=-1)
+    k = min(topk, probs.shape[-1])
+    values, indices = probs.topk(k, dim=-1)  # (B, k)
+    return values, indices
+
+
+def steps_per_epoch(batches: int, accum_steps: int) -> int:
+    """Optimiser steps in an epoch of `batches` batches (a partial accumulation steps too)."""
+    return math.ceil(batches / accum_steps)

@@ -1,0 +1,264 @@
+"""What a run builds before it trains, and the whole run: `training_setup` and `run_training`.
+
+`training_setup(config)` loads and splits the data, builds the model (seeded; pretrained
+weights through `load_pretrained`, the same code as the API) and the transforms.
+`run_training` adds the run folder (`prepare_out`), the record of the run (`config.json`),
+`fit`, and the test of the best weights (`test.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from .. import __version__
+from ..data import Splits, Transformed, build_transform, load_data
+from ..files import atomic_write, remove_stale_temp_files
+from ..model import VisionTransformer, create_model, get_config, to_2tuple
+from ..weights import load, load_pretrained, load_state_dict
+from .config import TrainConfig
+from .distributed import barrier, init_distributed, make_loader, world
+from .fit import BEST_FILE, RUN_FILES, STATE_FILE, FitResult, Progress, fit
+from .loop import evaluate
+
+log = logging.getLogger(__name__)
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked (exists, missing, not writable)."""
+
+
+@dataclass
+class TrainingSetup:
+    """What `vitkit train` builds before it trains: the config, the data splits, the model
+    (seeded, on the CPU) and the transformed train / val / test datasets."""
+
+    config: TrainConfig
+    splits: Splits
+    model: VisionTransformer
+    train_set: Dataset
+    val_set: Dataset
+    test_set: Dataset
+
+
+def training_setup(config: TrainConfig) -> TrainingSetup:
+    """The data, model and datasets of a run (benchmarks and notebooks call it too; resolve a
+    config with the recipes first: `recipes.resolve_config({"data": "fashion-mnist"})`)."""
+    if config.model is None:
+        raise ValueError("training_setup needs a model name; build the config with resolve_config")
+    torch.manual_seed(config.seed)
+    base = get_config(config.model)
+    in_chans = config.in_chans or config.model_opts.get("in_chans", base.in_chans)
+    splits = load_data(
+        config.data_spec(),
+        val_fraction=config.val_fraction,
+        test_fraction=config.test_fraction,
+        seed=config.seed,
+        in_chans=in_chans,
+        img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
+    )
+    model = build_model(config, splits)
+    train_tf, eval_tf = transforms(config, splits, model.patch_embed.img_size)
+    return TrainingSetup(
+        config=config,
+        splits=splits,
+        model=model,
+        train_set=Transformed(splits.train, train_tf),
+        val_set=Transformed(splits.val, eval_tf),
+        test_set=Transformed(splits.test, eval_tf),
+    )
+
+
+def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
+    """The registered model with the config's options, sized to the data; fine-tuned from
+    `config.pretrained` by `load_pretrained` (a head of another size is replaced)."""
+    options = dict(config.model_opts)
+    options.setdefault("num_classes", splits.num_classes)
+    options.setdefault("in_chans", splits.in_chans)
+    if config.img_size:
+        options.setdefault("img_size", tuple(config.img_size))
+    elif splits.img_size is not None:
+        options.setdefault("img_size", tuple(splits.img_size))
+    if config.drop_path:
+        options.setdefault("drop_path_rate", config.drop_path)
+    if config.distill != "none":
+        options.setdefault("distilled", True)
+    model = create_model(config.model, **options)
+    if config.pretrained:
+        load_pretrained(config.pretrained, model=model)
+        model.train()
+    return model
+
+
+def transforms(config: TrainConfig, splits: Splits, img_size: tuple[int, int]) -> tuple[Any, Any]:
+    """The training and evaluation pipelines of the config, for the model's input size."""
+    common = {"img_size": tuple(img_size), "mean": splits.mean, "std": splits.std}
+    train = build_transform(
+        True,
+        crop_scale=config.crop_scale,
+        hflip=config.hflip,
+        rand_augment=config.aa,
+        reprob=config.reprob,
+        **common,
+    )
+    return train, build_transform(False, **common)
+
+
+def default_out(data: str, model: str, name: str | None = None) -> Path:
+    """`runs/<name>`, by default `runs/<data>-<model>`."""
+    return Path("runs") / (name or f"{Path(data).name}-{model}")
+
+
+def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to overwrite a run silently; check that `out` is writable."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    held = [name for name in RUN_FILES if (out / name).exists()]
+    if resume:
+        if not (out / STATE_FILE).is_file():
+            raise RunFolderError(
+                f"--resume: {out} holds no training state ({STATE_FILE}), the run stopped "
+                "before it began; start it again with --overwrite"
+            )
+        remove_stale_temp_files(out)
+        return
+    if held and not overwrite:
+        raise RunFolderError(
+            f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or "
+            "--overwrite to replace it"
+        )
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".vitkit-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
+    if overwrite:
+        for name in held:
+            (out / name).unlink(missing_ok=True)
+        remove_stale_temp_files(out)
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended: its `fit` result and, when it finished, the test metrics."""
+
+    result: FitResult
+    test: dict[str, Any] | None
+    out: Path
+
+
+def run_training(
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RunOutcome:
+    """A whole run: the folder, the set-up, `fit`, then the best weights on the test split.
+
+    Args:
+        config: the resolved config (`recipes.resolve_config`, or a run's saved one).
+        out: the run folder.
+        resume: continue the run in `out`.
+        overwrite: replace the run in `out`.
+        progress: a progress-bar factory for `fit`.
+    """
+    device = init_distributed(config.resolved_device())
+    config = config.replace(device=device)
+    rank, world_size = world()
+    prepare_out(out, resume=resume, overwrite=overwrite)
+    barrier()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    setup = training_setup(config)
+    splits = setup.splits
+    model = setup.model.to(device)
+    torch.manual_seed(config.seed + rank)
+    teacher = load(config.teacher).to(device) if config.teacher else None
+    meta = {
+        "class_names": splits.class_names,
+        "mean": list(splits.mean),
+        "std": list(splits.std),
+        "data": config.data_spec(),
+        "model_name": config.model,
+        "split_seed": config.seed,
+        "val_fraction": config.val_fraction,
+        "test_fraction": config.test_fraction,
+    }
+    if rank == 0 and not resume:
+        write_record(out, config, model, meta, world_size)
+    log.info(
+        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
+        "%d epochs -> %s",
+        config.model,
+        splits.name,
+        len(splits.train),
+        len(splits.val),
+        len(splits.test),
+        splits.num_classes,
+        device,
+        config.peak_lr(world_size),
+        config.epochs,
+        out,
+    )
+    result = fit(
+        model,
+        setup.train_set,
+        setup.val_set,
+        config,
+        out_dir=out,
+        meta=meta,
+        resume=resume,
+        teacher=teacher,
+        progress=progress,
+    )
+    if result.corrupt_images:
+        log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
+    if result.interrupted:
+        return RunOutcome(result=result, test=None, out=out)
+    barrier()
+    if (out / BEST_FILE).is_file():
+        model.load_state_dict(load_state_dict(out / BEST_FILE))
+    loader = make_loader(setup.test_set, config.batch_size, train=False)
+    test = evaluate(model, loader, device=device, amp=config.resolved_amp())
+    if rank == 0:
+        row = {
+            "test_loss": test["loss"],
+            "test_acc1": test["acc1"],
+            "test_acc5": test["acc5"],
+            "best_epoch": result.best_epoch,
+        }
+        text = json.dumps(row) + "\n"
+        atomic_write(out / "test.json", lambda f: f.write(text), mode="w")
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+    return RunOutcome(result=result, test=test, out=out)
+
+
+def write_record(
+    out: Path, config: TrainConfig, model: VisionTransformer, meta: dict, world_size: int
+) -> None:
+    """`config.json`: the settings (what `--config` and `--resume` read back), the model's
+    config, the metadata and the versions."""
+    record = {
+        "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
+        "model": model.config.to_dict(),
+        "meta": meta,
+        "world_size": world_size,
+        "vitkit_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    text = json.dumps(record, indent=2) + "\n"
+    atomic_write(out / "config.json", lambda f: f.write(text), mode="w")
