@@ -269,7 +269,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     import torch
 
     from . import convert
-    from .weights import CheckpointError, load_pretrained, load_state_dict, save
+    from .weights import CheckpointError, load_pretrained, load_state_dict, save, weights_file
 
     options = {}
     if args.num_heads is not None:
@@ -299,7 +299,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if args.source == "jax":
             weights = args.input
         else:
-            weights = load_state_dict(_weights_file(args.input))
+            weights = load_state_dict(weights_file(args.input))
         reference = convert.source_model(args.source, cfg, weights)
     except ImportError:
         print(f"parity check skipped: {library} is not installed")
@@ -315,18 +315,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         f"({verdict}, tolerance {PARITY_TOLERANCE:.0e})"
     )
     return 0 if verdict == "ok" else 1
-
-
-def _weights_file(path: str) -> str:
-    """The weights file of a path that may be a Hugging Face model folder."""
-    from pathlib import Path
-
-    folder = Path(path)
-    if folder.is_dir():
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            if (folder / name).is_file():
-                return str(folder / name)
-    return path
 
 
 # -- export handlers ------------------------------------------------------------------------
