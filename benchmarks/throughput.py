@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scaling-sizes", default="224,384,512", help="input sizes for scaling")
     p.add_argument("--scaling-batch", type=int, default=8)
     p.add_argument("--channels-last", action="store_true", help="channels-last input and conv")
-    p.add_argument("--no-fast-path", action="store_true", help="vitkit.set_fast_path(False)")
+    p.add_argument("--no-fast-path", action="store_true", help="model.set_fast_path(False)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory steps")
     p.add_argument("--no-timm", action="store_true", help="run vitkit alone")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")

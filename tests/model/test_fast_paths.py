@@ -7,14 +7,25 @@ same kernels, so its gradients match within 1e-6.
 
 from __future__ import annotations
 
+import copy
+import logging
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.model.layers import Attention, Block, Linear
+from vitkit.model import onednn
+from vitkit.model.layers import Attention, Block
+from vitkit.model.onednn import OneDNNBlock, OneDNNLinear
 from vitkit.summary import flop_counter
+
+requires_onednn = pytest.mark.skipif(
+    bool(onednn.unsupported_reason()), reason="this torch build cannot run the oneDNN fast path"
+)
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 
@@ -26,15 +37,17 @@ def tiny(**overrides) -> vitkit.VisionTransformer:
 
 @pytest.fixture
 def fused_calls(monkeypatch) -> list[int]:
-    """Counts calls of Block.forward_fused, the fused inference path."""
+    """Counts calls of OneDNNBlock.forward_fused, the fused inference path."""
+    if onednn.unsupported_reason():
+        pytest.skip(onednn.unsupported_reason())
     calls: list[int] = []
-    original = Block.forward_fused
+    original = OneDNNBlock.forward_fused
 
     def spy(self, x):
         calls.append(1)
         return original(self, x)
 
-    monkeypatch.setattr(Block, "forward_fused", spy)
+    monkeypatch.setattr(OneDNNBlock, "forward_fused", spy)
     return calls
 
 
@@ -95,44 +108,47 @@ def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrid
 
 
 @pytest.mark.parametrize("in_epilogue", [True, False])
-def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(monkeypatch, in_epilogue):
-    from vitkit.model import layers
-
-    monkeypatch.setattr(layers, "GELU_IN_EPILOGUE", in_epilogue)
+def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(fused_calls, in_epilogue):
     torch.manual_seed(0)
-    fc1, x = Linear(64, 256), torch.randn(3, 17, 64)
+    fc1, x = nn.Linear(64, 256), torch.randn(3, 17, 64)
     with torch.inference_mode():
-        torch.testing.assert_close(layers._linear_gelu(x, fc1), F.gelu(fc1(x)), atol=1e-5, rtol=0)
+        fused_gelu = onednn._linear_gelu(x, fc1, in_epilogue)
+        torch.testing.assert_close(fused_gelu, F.gelu(fc1(x)), atol=1e-5, rtol=0)
     model = tiny()
+    assert onednn.enable_fast_path(model, gelu_in_epilogue=in_epilogue)
+    assert [block.gelu_in_epilogue for block in model.blocks] == [in_epilogue] * 2
     with torch.inference_mode():
         fast = model(images())
+    assert len(fused_calls) == 2
     torch.testing.assert_close(fast, plain_output(model, images()), atol=1e-5, rtol=0)
 
 
-def test_fused_slices_keep_each_slice_under_the_byte_budget(monkeypatch):
-    from vitkit.model import layers
-
+def test_fused_slices_keep_each_slice_under_the_byte_budget():
+    budget = onednn.SLICE_BYTES
+    assert budget == 24 * 2**20
     # ViT-B/16 and ViT-S/16 at batch 32, fp32: 197 tokens, MLP hidden 3072 / 1536.
-    assert layers.fused_slices(32, 197, 3072, 4) == 4
-    assert layers.fused_slices(32, 197, 1536, 4) == 2
-    assert layers.fused_slices(32, 197, 768, 4) == 1
-    assert layers.fused_slices(32, 197, 3072, 2) == 2  # bfloat16 halves the bytes
-    assert layers.fused_slices(1, 4097, 5120, 4) == 1  # never less than one image
-    monkeypatch.setattr(layers, "FUSED_SLICE_BYTES", 17 * 256 * 4)  # one image's hidden layer
-    assert layers.fused_slices(3, 17, 256, 4) == 3
+    assert onednn.fused_slices(32, 197, 3072, 4, budget) == 4
+    assert onednn.fused_slices(32, 197, 1536, 4, budget) == 2
+    assert onednn.fused_slices(32, 197, 768, 4, budget) == 1
+    assert onednn.fused_slices(32, 197, 3072, 2, budget) == 2  # bfloat16 halves the bytes
+    assert onednn.fused_slices(1, 4097, 5120, 4, budget) == 1  # never less than one image
+    assert onednn.fused_slices(3, 17, 256, 4, 17 * 256 * 4) == 3  # one image's hidden layer
 
 
+@requires_onednn
 def test_sliced_batches_match_the_plain_path(monkeypatch):
-    from vitkit.model import layers
-
     model, x = tiny(), images(5)
     whole = plain_output(model, x)
-    monkeypatch.setattr(layers, "FUSED_SLICE_BYTES", 2 * 17 * 256 * 4)  # two images a slice
-    assert layers.fused_slices(5, 17, 256, 4) == 3
+    budget = 2 * 17 * 256 * 4  # two images a slice
+    assert onednn.enable_fast_path(model, slice_bytes=budget)
+    assert [block.slice_bytes for block in model.blocks] == [budget] * 2
+    assert onednn.fused_slices(5, 17, 256, 4, budget) == 3
     sizes: list[int] = []
-    original = Block._fused_slice
+    original = OneDNNBlock._fused_slice
     monkeypatch.setattr(
-        Block, "_fused_slice", lambda self, part: sizes.append(len(part)) or original(self, part)
+        OneDNNBlock,
+        "_fused_slice",
+        lambda self, part: sizes.append(len(part)) or original(self, part),
     )
     with torch.inference_mode():
         sliced = model(x)
@@ -155,15 +171,17 @@ def test_layer_scale_falls_back_to_plain_path(fused_calls):
     torch.testing.assert_close(out, plain_output(model, x), atol=1e-5, rtol=0)
 
 
+@requires_onednn
 def test_blockers_name_the_reason():
     model = tiny()
     block = model.blocks[0]
     x = torch.randn(2, 17, 64)
     with torch.inference_mode():
         assert block.fast_path_blocker(x) == ""
-        model.set_fast_path(False)
-        assert block.fast_path_blocker(x) == "the fast path is switched off (fast_path = False)"
+        model.set_fast_path(False)  # the plain Block: no fused path to block
+        assert type(block) is Block and not hasattr(block, "fast_path_blocker")
         model.set_fast_path(True)
+        assert type(block) is OneDNNBlock and block is model.blocks[0]
         block.attn.fused_attn = False
         assert block.fast_path_blocker(x) == (
             "attn.fused_attn is False (explicit attention requested)"
@@ -227,7 +245,8 @@ def test_flop_counts_and_summary_are_unchanged_by_the_fast_path():
 
 
 @pytest.mark.skipif(
-    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no bf16 oneDNN kernels on this CPU"
+    bool(onednn.unsupported_reason()) or not onednn._bf16_supported(),
+    reason="no bf16 oneDNN kernels on this CPU",
 )
 def test_fused_inference_in_bfloat16(fused_calls):
     model = tiny().to(torch.bfloat16)
@@ -247,7 +266,7 @@ def fused(model: vitkit.VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
-    from vitkit.model.layers import _PACKED
+    from vitkit.model.onednn import _PACKED
 
     model, x = tiny(), images()
     fused(model, x)
@@ -265,10 +284,9 @@ def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
     assert len(fused_calls) == 4 * 2  # four fused forwards of two blocks
 
 
+@requires_onednn
 def test_packed_weights_leave_copies_alone_and_are_freed_with_the_fast_path():
-    import copy
-
-    from vitkit.model.layers import _PACKED
+    from vitkit.model.onednn import _PACKED
 
     model, x = tiny(), images()
     expected = fused(model, x)
@@ -285,22 +303,21 @@ def test_packed_weights_leave_copies_alone_and_are_freed_with_the_fast_path():
 
 
 def onednn_everywhere(model: vitkit.VisionTransformer) -> vitkit.VisionTransformer:
-    """The tiny model's layers are narrower than Linear.min_features: lift the limit."""
-    for layer in model.modules():
-        if isinstance(layer, Linear):
-            layer.min_features = 0
+    """The tiny model's layers are narrower than onednn.MIN_FEATURES: lift the limit."""
+    onednn.enable_fast_path(model, min_features=0)
     return model
 
 
 def onednn_used(out: torch.Tensor) -> bool:
-    return type(out.grad_fn).__name__ == "_OneDNNLinearBackward"
+    return type(out.grad_fn).__name__ == "_InnerProductBackward"
 
 
+@requires_onednn
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(7, 12), (3, 5, 12), "strided"])
 def test_onednn_linear_matches_f_linear_and_its_gradients(bias, shape):
     torch.manual_seed(0)
-    layer = Linear(12, 9, bias=bias)
+    layer = OneDNNLinear(12, 9, bias=bias)
     layer.min_features = 0  # small enough to check exactly
     if shape == "strided":  # a transposed view, as a permuted activation would be
         x = torch.randn(5, 3, 12).transpose(0, 1).requires_grad_()
@@ -317,9 +334,10 @@ def test_onednn_linear_matches_f_linear_and_its_gradients(bias, shape):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
 
 
+@requires_onednn
 def test_onednn_linear_under_no_grad_and_with_frozen_weights():
     torch.manual_seed(0)
-    layer, x = Linear(256, 192), torch.randn(4, 256)
+    layer, x = OneDNNLinear(256, 192), torch.randn(4, 256)
     expected = F.linear(x, layer.weight, layer.bias)
     for grad_off in (torch.inference_mode, torch.no_grad):
         with grad_off():
@@ -332,9 +350,10 @@ def test_onednn_linear_under_no_grad_and_with_frozen_weights():
     torch.testing.assert_close(grad_x, layer.weight.sum(0).expand(4, -1), atol=1e-5, rtol=0)
 
 
+@requires_onednn
 def test_onednn_linear_is_deterministic():
     torch.manual_seed(0)
-    layer, x = Linear(256, 320), torch.randn(3, 50, 256, requires_grad=True)
+    layer, x = OneDNNLinear(256, 320), torch.randn(3, 50, 256, requires_grad=True)
     grad = torch.randn(3, 50, 320)
     runs = [torch.autograd.grad(layer(x), [x, layer.weight], grad) for _ in range(2)]
     assert onednn_used(layer(x))
@@ -342,21 +361,27 @@ def test_onednn_linear_is_deterministic():
         assert torch.equal(first, second)
 
 
+@requires_onednn
 def test_onednn_linear_supports_a_second_derivative():
     torch.manual_seed(0)
-    layer = Linear(6, 4)
+    layer = OneDNNLinear(6, 4)
     layer.min_features = 0
     x = torch.randn(3, 6, requires_grad=True)
     penalties = []
     for fast in (True, False):  # a gradient penalty: d/dW of |d out / d x|^2
-        layer.fast_path = fast
-        (grad_x,) = torch.autograd.grad(layer(x).tanh().sum(), x, create_graph=True)
+        if not fast:
+            onednn.disable_fast_path(layer)
+            assert type(layer) is nn.Linear
+        out = layer(x)
+        assert onednn_used(out) == fast
+        (grad_x,) = torch.autograd.grad(out.tanh().sum(), x, create_graph=True)
         penalties.append(torch.autograd.grad(grad_x.pow(2).sum(), layer.weight)[0])
     torch.testing.assert_close(penalties[0], penalties[1], atol=1e-5, rtol=0)
 
 
+@requires_onednn
 def test_onednn_linear_steps_aside_for_what_must_see_or_trace_the_product():
-    layer, x = Linear(8, 4), torch.randn(2, 8, requires_grad=True)
+    layer, x = OneDNNLinear(8, 4), torch.randn(2, 8, requires_grad=True)
     assert not onednn_used(layer(x))  # narrower than min_features
     layer.min_features = 4
     assert onednn_used(layer(x))
@@ -366,12 +391,13 @@ def test_onednn_linear_steps_aside_for_what_must_see_or_trace_the_product():
         layer(x)
     assert counter.get_total_flops() == 2 * 2 * 8 * 4
     assert not onednn_used(layer.double()(x.double()))
-    layer.float().fast_path = False
-    assert not onednn_used(layer(x))
+    onednn.disable_fast_path(layer.float())
+    assert type(layer) is nn.Linear and not onednn_used(layer(x))
 
 
+@requires_onednn
 def test_training_gradients_match_the_plain_path():
-    model, x, y = onednn_everywhere(tiny().train()), images(4), torch.tensor([0, 1, 2, 3])
+    model, x, y = tiny().train(), images(4), torch.tensor([0, 1, 2, 3])
     kernels: list[bool] = []
     for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
         model.blocks[1].get_submodule(name).register_forward_hook(
@@ -379,7 +405,7 @@ def test_training_gradients_match_the_plain_path():
         )
     grads = []
     for fast in (True, False):
-        model.set_fast_path(fast)
+        onednn.enable_fast_path(model, fast, min_features=0)
         model.zero_grad()
         torch.manual_seed(0)
         F.cross_entropy(model(x), y).backward()
@@ -388,6 +414,176 @@ def test_training_gradients_match_the_plain_path():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=0, msg=name)
+
+
+# -- the switch: enable_fast_path / disable_fast_path ------------------------------------------
+
+
+PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+
+
+def fast_path_log(caplog) -> list[logging.LogRecord]:
+    return [record for record in caplog.records if record.name == onednn.__name__]
+
+
+@requires_onednn
+def test_a_new_model_has_the_fast_path_with_todays_defaults():
+    model = tiny()
+    blocks = list(model.blocks)
+    assert [type(block) for block in blocks] == [OneDNNBlock] * 2
+    linears = [block.get_submodule(name) for block in blocks for name in PROJECTIONS]
+    assert [type(layer) for layer in linears] == [OneDNNLinear] * 8
+    assert all(layer.min_features == 192 for layer in linears)
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert [block.gelu_in_epilogue for block in blocks] == [avx512] * 2
+    assert [block.slice_bytes for block in blocks] == [24 * 2**20] * 2
+    assert type(model.head) is nn.Linear and type(model.patch_embed.proj) is nn.Conv2d
+    assert isinstance(blocks[0], Block) and isinstance(linears[0], nn.Linear)
+
+
+@requires_onednn
+def test_enable_and_disable_log_one_line_each(caplog):
+    caplog.set_level(logging.DEBUG, logger=onednn.__name__)
+    model = tiny()
+    (record,) = fast_path_log(caplog)
+    assert record.levelno == logging.DEBUG
+    assert record.getMessage().startswith("oneDNN fast path in 2 blocks and 8 Linear layers")
+    caplog.clear()
+    assert model.set_fast_path(False) is False
+    (record,) = fast_path_log(caplog)
+    assert record.getMessage() == "plain path (no oneDNN fast path): the fast path was switched off"
+    caplog.clear()
+    assert model.set_fast_path(True) is True
+    assert len(fast_path_log(caplog)) == 1
+
+
+def test_enable_disable_round_trips_keep_the_same_modules_parameters_and_state(fused_calls):
+    model = tiny()
+    modules, params = list(model.modules()), list(model.parameters())
+    state = {name: (t.data_ptr(), t.clone()) for name, t in model.state_dict().items()}
+    seen: list[int] = []
+    model.blocks[0].mlp.fc1.register_forward_hook(lambda module, args, out: seen.append(1))
+    x = images()
+    with torch.inference_mode():
+        expected = model(x)
+    options = ("gelu_in_epilogue", "slice_bytes", "min_features")
+    for enable in (False, True, True, False, True):
+        assert onednn.enable_fast_path(model, enable) is enable
+        # The same objects, classes swapped in place: parameters shared, not copied.
+        assert all(a is b for a, b in zip(model.modules(), modules, strict=True))
+        assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
+        after = model.state_dict()
+        assert list(after) == list(state)
+        for name, (pointer, value) in state.items():
+            assert after[name].data_ptr() == pointer and torch.equal(after[name], value), name
+        left = {name for module in model.modules() for name in options if name in vars(module)}
+        assert left == (set(options) if enable else set())  # a plain model keeps no options
+        with torch.inference_mode():
+            torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+    assert seen == [1] * 6  # the hook survived every swap
+    assert len(fused_calls) == 4  # block 0 has a hook; block 1 fused in the 4 fast runs
+
+
+def test_a_fast_model_pickles_and_copies_with_its_fast_path(fused_calls):
+    model, x = tiny(), images()
+    expected = fused(model, x)  # packs weights first: the copies must not need them
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert [type(block) for block in twin.blocks] == [OneDNNBlock] * 2
+        assert list(twin.state_dict()) == list(model.state_dict())
+        torch.testing.assert_close(fused(twin, x), expected, atol=0, rtol=0)
+    assert len(fused_calls) == 3 * 2
+
+
+def force_plain(monkeypatch, how: str) -> str:
+    """Make the capability check fail as a torch without one of the APIs would."""
+    if how == "missing op":
+        monkeypatch.setattr(onednn, "_REQUIRED_OPS", onednn._REQUIRED_OPS + ("_no_such_op",))
+        return "torch.ops.mkldnn._no_such_op"
+    if how == "missing internal":
+        monkeypatch.setattr(onednn, "_get_current_dispatch_mode", None)
+        return "torch.utils._python_dispatch._get_current_dispatch_mode"
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    return "no oneDNN"
+
+
+@pytest.fixture
+def fresh_support_check():
+    """unsupported_reason() is cached: recompute it under the test's patches, and after them."""
+    onednn.unsupported_reason.cache_clear()
+    yield
+    onednn.unsupported_reason.cache_clear()
+
+
+def train_step(model: vitkit.VisionTransformer) -> dict[str, torch.Tensor]:
+    """Logits and gradients of one training batch, then an SGD step on them."""
+    x, y = images(4), torch.tensor([0, 1, 2, 3])
+    model.train().zero_grad()
+    torch.manual_seed(0)  # the same dropout and drop-path masks for every model
+    logits = model(x)
+    F.cross_entropy(logits, y).backward()
+    results = {"logits": logits.detach()}
+    results |= {name: p.grad.clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    return results
+
+
+def infer(model: vitkit.VisionTransformer) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.eval()(images(4))
+
+
+@pytest.mark.parametrize("how", ["missing op", "missing internal", "no mkldnn"])
+def test_without_the_private_apis_the_model_keeps_the_plain_path(
+    monkeypatch, caplog, fresh_support_check, how
+):
+    supported = not onednn.unsupported_reason()
+    if not supported and how != "no mkldnn":
+        pytest.skip(f"{onednn.unsupported_reason()}: no other reason can be named")
+    fused_runs: list[int] = []
+    original = OneDNNBlock.forward_fused
+    monkeypatch.setattr(
+        OneDNNBlock, "forward_fused", lambda self, x: fused_runs.append(1) or original(self, x)
+    )
+    overrides = dict(drop_path_rate=0.2, drop_rate=0.1)
+    fast = onednn_everywhere(tiny(**overrides))
+    kernels: list[bool] = []
+    handle = fast.blocks[1].mlp.fc2.register_forward_hook(
+        lambda module, args, out: kernels.append(onednn_used(out))
+    )
+    fast_results = train_step(fast)
+    handle.remove()
+    fast_out = infer(fast)  # after the step: packed from the updated weights
+    assert kernels == [supported] and len(fused_runs) == 2 * supported
+
+    caplog.set_level(logging.DEBUG, logger=onednn.__name__)
+    missing = force_plain(monkeypatch, how)
+    onednn.unsupported_reason.cache_clear()
+    assert missing in onednn.unsupported_reason()
+    plain = tiny(**overrides)  # the same seed: the same weights
+    (record,) = fast_path_log(caplog)
+    assert record.levelno == logging.INFO
+    assert record.getMessage().startswith("plain path (no oneDNN fast path): ")
+    assert missing in record.getMessage()
+    assert onednn.enable_fast_path(plain, min_features=0) is False
+    assert len(fast_path_log(caplog)) == 2
+    assert not {type(m) for m in plain.modules()} & {OneDNNBlock, OneDNNLinear}
+    plain_results = train_step(plain)
+    plain_out = infer(plain)
+    assert len(fused_runs) == 2 * supported  # the plain model never fused
+
+    assert plain_results.keys() == fast_results.keys()
+    for name in fast_results:
+        torch.testing.assert_close(
+            plain_results[name], fast_results[name], atol=1e-5, rtol=0, msg=name
+        )
+    torch.testing.assert_close(plain_out, fast_out, atol=1e-5, rtol=0)
+    # A model swapped before (e.g. unpickled from elsewhere) checks at run time and runs plain.
+    torch.testing.assert_close(infer(fast), plain_out, atol=1e-5, rtol=0)
+    assert len(fused_runs) == 2 * supported
+    assert onednn.enable_fast_path(fast) is False  # and enable_fast_path swaps it back
+    assert [type(block) for block in fast.blocks] == [Block] * 2
 
 
 # -- gradient checkpointing ------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Patch embedding, attention, MLP and block: each against its definition."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from vitkit.model import layers
 from vitkit.model.layers import (
     Attention,
     Block,
@@ -171,3 +173,14 @@ def test_gelu_is_the_exact_erf_form():
     x = torch.linspace(-3, 3, 13)
     expected = torch.tensor([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.tolist()])
     torch.testing.assert_close(Block(8, num_heads=2).mlp.act(x), expected, atol=1e-6, rtol=0)
+
+
+def test_layers_are_plain_pytorch():
+    """The CPU fast path and its private torch APIs live in onednn.py, never in the paper's
+    layers: a torch upgrade cannot break these."""
+    source = Path(layers.__file__).read_text()
+    for name in ("mkldnn", "onednn", "torch.ops", "_c.", "torch._", "_python_dispatch"):
+        assert name not in source.lower(), name
+    block = Block(16, num_heads=2)
+    projections = [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
+    assert [type(layer) for layer in projections] == [nn.Linear] * 4

@@ -24,8 +24,9 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from . import onednn
 from .config import ViTConfig
-from .layers import Block, LayerScale, Linear, PatchEmbed, drop_packed_weights
+from .layers import Block, LayerScale, PatchEmbed
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
@@ -137,6 +138,7 @@ class VisionTransformer(nn.Module):
                 nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
             )
         self.init_weights()
+        self.set_fast_path(True)
 
     # -- initialisation ---------------------------------------------------------------------
 
@@ -182,17 +184,15 @@ class VisionTransformer(nn.Module):
         """Recompute each block in the backward pass: less activation memory, same gradients."""
         self.grad_checkpointing = enable
 
-    def set_fast_path(self, enable: bool = True) -> None:
-        """Allow (default) or forbid the fast paths of every native block: the fused inference
-        path (see `Block.fast_path_blocker` for when it runs; switching it off also frees the
-        packed weight copies it keeps) and the oneDNN products of its `Linear` layers (training
-        too). `encoder='torch'` layers follow `torch.backends.mha.set_fastpath_enabled`
+    def set_fast_path(self, enable: bool = True) -> bool:
+        """Swap the CPU fast path into every native block (the default for a new model) or
+        back out; returns whether it is in use. It is `onednn.enable_fast_path`: oneDNN
+        products in the blocks' Linear layers (training too) and a fused inference path (see
+        `OneDNNBlock.fast_path_blocker` for when it runs); switching it off also frees the
+        packed weight copies it keeps. Where torch lacks the kernels it needs, the plain
+        modules stay. `encoder='torch'` layers follow `torch.backends.mha.set_fastpath_enabled`
         instead."""
-        for module in self.modules():
-            if isinstance(module, (Block, Linear)):
-                module.fast_path = enable
-        if not enable:
-            drop_packed_weights(self)
+        return onednn.enable_fast_path(self, enable)
 
     def reset_classifier(self, num_classes: int) -> None:
         """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning."""
