@@ -1,0 +1,83 @@
+"""The layout's promise: imports flow one way (cli -> train -> weights / explain / export ->
+model, data; files below all), so there is no import cycle and each layer reads on its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import vitkit
+
+SRC = Path(vitkit.__file__).resolve().parent
+
+# What each part of the package may import from the rest of vitkit.
+ALLOWED: dict[str, set[str]] = {
+    "files": set(),
+    "model": set(),
+    "data": set(),
+    "weights": {"model", "files"},
+    "summary": set(),
+    "explain": {"files"},
+    "export": {"model"},
+    "convert": {"weights"},
+    "train": {"model", "data", "weights", "explain", "files"},
+    "cli": {
+        "model",
+        "data",
+        "weights",
+        "convert",
+        "train",
+        "explain",
+        "export",
+        "summary",
+        "files",
+    },
+}
+
+
+def part_of(module: Path) -> str:
+    return module.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def vitkit_imports(path: Path) -> set[str]:
+    """The top-level vitkit parts that `path` imports (absolute or relative imports)."""
+    package = path.relative_to(SRC).parent.parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - node.level + 1])
+                target = base + (node.module.split(".") if node.module else [])
+                names = [target] if target else [[alias.name] for alias in node.names]
+            elif node.module and node.module.split(".")[0] == "vitkit":
+                names = [node.module.split(".")[1:]]
+            else:
+                continue
+            for name in names:
+                if name:
+                    found.add(name[0])
+                elif node.level:  # `from .. import x`
+                    found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        part = part_of(path)
+        if part in ("__init__", "__main__"):
+            continue
+        for target in vitkit_imports(path) - {part, "__version__"}:
+            if target not in ALLOWED[part]:
+                wrong.append(f"{path.relative_to(SRC)} imports {target}")
+    assert not wrong, wrong
+
+
+def test_every_part_is_listed():
+    parts = {part_of(p) for p in SRC.rglob("*.py")} - {"__init__", "__main__"}
+    assert parts == set(ALLOWED)
+
+
+def test_the_plain_layers_know_nothing_of_the_fast_path():
+    text = (SRC / "model" / "layers.py").read_text().lower()
+    assert "onednn" not in text and "mkldnn" not in text
