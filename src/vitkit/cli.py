@@ -22,7 +22,6 @@ from .model import VisionTransformer, registry
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
 from .train.config import RUNTIME, TrainConfig, add_arguments, given_options, resolve_device
-from .train.distributed import world
 from .train.fit import Progress
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
 from .train.setup import default_out
@@ -107,12 +106,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=_progress(not args.no_progress),
     )
-    rank = world()[0]
     if outcome.test is None:
-        if rank == 0:
+        if outcome.rank == 0:
             print(f"interrupted; continue with: vitkit train --out {out} --resume", file=sys.stderr)
         return 130
-    if rank == 0:
+    if outcome.rank == 0:
         result = outcome.result
         print(f"best val top-1 {result.best_acc1:.4f} at epoch {result.best_epoch}; files in {out}")
         print(f"test accuracy: {outcome.test['acc1']:.4f}")

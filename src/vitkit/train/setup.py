@@ -151,11 +151,13 @@ def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
 
 @dataclass
 class RunOutcome:
-    """How a run ended: its `fit` result and, when it finished, the test metrics."""
+    """How a run ended: its `fit` result and, when it finished, the test metrics; `rank` is
+    this process's (only rank 0 reports)."""
 
     result: FitResult
     test: dict[str, Any] | None
     out: Path
+    rank: int = 0
 
 
 def run_training(
@@ -227,7 +229,7 @@ def run_training(
     if result.corrupt_images:
         log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
     if result.interrupted:
-        return RunOutcome(result=result, test=None, out=out)
+        return RunOutcome(result=result, test=None, out=out, rank=rank)
     barrier()
     if (out / BEST_FILE).is_file():
         model.load_state_dict(load_state_dict(out / BEST_FILE))
@@ -244,7 +246,7 @@ def run_training(
         atomic_write(out / "test.json", lambda f: f.write(text), mode="w")
     if world_size > 1:
         torch.distributed.destroy_process_group()
-    return RunOutcome(result=result, test=test, out=out)
+    return RunOutcome(result=result, test=test, out=out, rank=rank)
 
 
 def write_record(
