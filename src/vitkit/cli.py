@@ -264,8 +264,6 @@ PARITY_TOLERANCE = 1e-4
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    import torch
-
     from . import convert
     from .weights import CheckpointError, load_pretrained, load_state_dict, save, weights_file
 
@@ -319,10 +317,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
     from .export import export_onnx, export_program
-    from .weights import load
 
     if args.verify and args.format != "onnx":
         raise UserError("--verify checks ONNX files; drop it for --format pt2")

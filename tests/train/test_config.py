@@ -108,6 +108,7 @@ def test_every_range_is_checked_with_a_message_naming_the_option(item):
         ({"aa": "rand-x3"}, "unknown RandAugment field 'x3' in 'rand-x3'"),
         ({"data": "cifar.tar", "data_dir": "/x"}, "data_dir names the folder of a built-in"),
         ({"device": "gpu7"}, "device 'gpu7' is not a device; use cpu, cuda or cuda:N"),
+        ({"lr": 1e-4, "min_lr": 1e-3}, "min_lr 0.001 is above lr 0.0001; the cosine decays"),
     ],
 )
 def test_cross_checks(options, message):

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..data import SOURCES, parse_rand_augment
+
 AMP_MODES = ("none", "bf16", "fp16")
 DISTILL_MODES = ("none", "hard", "soft")
 
@@ -274,12 +278,15 @@ class TrainConfig:
             raise ValueError(
                 f"crop_scale (MIN, MAX) needs 0 < MIN <= MAX <= 1, got {self.crop_scale}"
             )
+        if self.lr is not None and self.min_lr > self.lr:
+            raise ValueError(
+                f"min_lr {self.min_lr:g} is above lr {self.lr:g}; the cosine decays from lr down "
+                "to min_lr, so choose min_lr <= lr"
+            )
         if self.val_fraction + self.test_fraction > 1:
             raise ValueError(
                 f"split fractions {[self.val_fraction, self.test_fraction]} add up to more than 1"
             )
-        from ..data import SOURCES, parse_rand_augment
-
         if self.data_dir and self.data not in SOURCES:
             raise ValueError(
                 f"data_dir names the folder of a built-in source ({', '.join(SOURCES)}); "
@@ -337,8 +344,6 @@ class TrainConfig:
 def resolve_device(name: str | None) -> str:
     """`name` checked (a ValueError with the fix for a device torch does not know or this
     machine lacks), or cuda when available and cpu otherwise."""
-    import torch
-
     if not name:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:

@@ -53,7 +53,10 @@ LAST_FILE = "last.safetensors"
 EMA_FILE = "ema.safetensors"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
-RUN_FILES = (STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, "config.json", CURVES_FILE)
+TEST_FILE = "test.json"
+RUN_FILES = (
+    STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, "config.json", CURVES_FILE, TEST_FILE,
+)  # fmt: skip
 
 Progress = Callable[[Iterable, int, str], Any]
 

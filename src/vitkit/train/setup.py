@@ -2,12 +2,14 @@
 
 `training_setup(config)` loads and splits the data, builds the model (seeded; pretrained
 weights through `load_pretrained`, the same code as the API) and the transforms.
-`run_training` adds the run folder (`prepare_out`), the record of the run (`config.json`),
-`fit`, and the test of the best weights (`test.json`).
+`run_training` adds the run folder (`prepare_out`, then `clear_out` under the folder's run
+lock: one writer per folder), the record of the run (`config.json`), `fit`, and the test of
+the best weights (`test.json`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +27,8 @@ from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load, load_pretrained, load_state_dict
 from .config import TrainConfig
 from .distributed import barrier, init_distributed, make_loader, world
-from .fit import BEST_FILE, RUN_FILES, STATE_FILE, FitResult, Progress, fit
+from .fit import BEST_FILE, RUN_FILES, STATE_FILE, TEST_FILE, FitResult, Progress, fit
+from .lock import run_lock
 from .loop import evaluate
 
 log = logging.getLogger(__name__)
@@ -117,7 +120,8 @@ def default_out(data: str, model: str, name: str | None = None) -> Path:
 
 
 def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to overwrite a run silently; check that `out` is writable."""
+    """Refuse to overwrite a run silently; check that `out` is writable and create it. Nothing
+    is removed here: `clear_out` does that under the run lock."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
     held = [name for name in RUN_FILES if (out / name).exists()]
@@ -127,7 +131,6 @@ def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
                 f"--resume: {out} holds no training state ({STATE_FILE}), the run stopped "
                 "before it began; start it again with --overwrite"
             )
-        remove_stale_temp_files(out)
         return
     if held and not overwrite:
         raise RunFolderError(
@@ -143,10 +146,15 @@ def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
         probe.unlink()
     except OSError as err:
         raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
+
+
+def clear_out(out: Path, *, overwrite: bool) -> None:
+    """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
+    run's files (`RUN_FILES`, nothing else of the folder's). Call it holding the run lock."""
     if overwrite:
-        for name in held:
+        for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
-        remove_stale_temp_files(out)
+    remove_stale_temp_files(out)
 
 
 @dataclass
@@ -179,9 +187,20 @@ def run_training(
     """
     device = init_distributed(config.resolved_device())
     config = config.replace(device=device)
-    rank, world_size = world()
     prepare_out(out, resume=resume, overwrite=overwrite)
-    barrier()
+    main = world()[0] == 0
+    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
+        if main:
+            clear_out(out, overwrite=overwrite)
+        barrier()
+        return _train_and_test(config, out, resume=resume, progress=progress)
+
+
+def _train_and_test(
+    config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
+) -> RunOutcome:
+    device = config.device
+    rank, world_size = world()
     if config.threads:
         torch.set_num_threads(config.threads)
     setup = training_setup(config)
@@ -243,7 +262,7 @@ def run_training(
             "best_epoch": result.best_epoch,
         }
         text = json.dumps(row) + "\n"
-        atomic_write(out / "test.json", lambda f: f.write(text), mode="w")
+        atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return RunOutcome(result=result, test=test, out=out, rank=rank)

@@ -1,0 +1,74 @@
+"""One writer per run folder: an OS lock that a second run, or a `--resume` of a live one, meets.
+
+The lock is `fcntl.flock` on `.vitkit.lock` in the folder, which holds the owner's PID, host and
+start time for the message. The operating system releases it when the process ends, however it
+ends (kill -9 included), so a killed run's folder is taken over by the next run without any
+clean-up. Reading commands (eval, predict, explain) take no lock: every file a run writes
+appears whole (`files.atomic_write`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_FILE = ".vitkit.lock"
+
+try:  # POSIX; elsewhere runs are not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+
+class RunLockedError(ValueError):
+    """The run folder is being written by another live process."""
+
+
+@contextlib.contextmanager
+def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold the folder's run lock for the block; `RunLockedError` naming the live process when
+    another one holds it. The folder must exist."""
+    path = Path(folder) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise
+                raise RunLockedError(_held_message(Path(folder), _read_owner(fd))) from None
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_owner(fd: int) -> dict:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _held_message(folder: Path, owner: dict) -> str:
+    pid = owner.get("pid", "?")
+    where = f" on {owner['host']}" if owner.get("host") else ""
+    since = f", started {owner['started']}" if owner.get("started") else ""
+    return (
+        f"{folder} is in use by a live vitkit run (process {pid}{where}{since}); wait for it "
+        f"to finish, or stop it (kill {pid}) and continue with --resume, or choose another --out"
+    )

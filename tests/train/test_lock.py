@@ -1,0 +1,95 @@
+"""One writer per run folder: a second run or a `--resume` of a live run is refused with one
+line naming the live process; a killed run's lock is taken over; reading commands still work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vitkit
+from vitkit import cli
+from vitkit.train.lock import LOCK_FILE, RunLockedError, run_lock
+
+TINY = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2"]
+SRC = Path(vitkit.__file__).resolve().parents[1]
+
+
+def train(out: Path, *extra: str) -> list[str]:
+    return ["train", "--out", str(out), "--epochs", "1", *TINY, "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert cli.main(train(out)) == 0
+    return out
+
+
+def test_a_live_run_refuses_a_second_writer(finished, tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    with run_lock(finished):
+        for extra in (["--overwrite"], ["--resume"]):
+            argv = train(finished, *extra) if extra == ["--overwrite"] else [
+                "train", "--out", str(finished), "--resume", "--no-progress"]  # fmt: skip
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1
+            assert err.startswith(
+                f"error: {finished} is in use by a live vitkit run (process {os.getpid()} on "
+            )
+            assert f"stop it (kill {os.getpid()}) and continue with --resume" in err
+        # reading commands work beside the live run
+        checkpoint = str(finished / "model.safetensors")
+        picture = str(tmp_path / "confusion.png")
+        code = cli.main(["eval", "--checkpoint", checkpoint, "--confusion", picture, "--json"])
+        assert code == 0 and json.loads(capsys.readouterr().out)["count"] == 359
+    after = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    assert {k: v for k, v in after.items() if k != LOCK_FILE} == {
+        k: v for k, v in before.items() if k != LOCK_FILE
+    }  # nothing of the live run was touched
+
+
+def test_the_lock_is_exclusive_and_released(tmp_path):
+    with run_lock(tmp_path):
+        with pytest.raises(RunLockedError, match="is in use by a live vitkit run"):
+            with run_lock(tmp_path):
+                pass
+    with run_lock(tmp_path):  # released on leaving the block
+        owner = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert owner["pid"] == os.getpid() and owner["started"]
+
+
+def test_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from vitkit.train.lock import run_lock\n"
+         f"with run_lock({str(out)!r}):\n    print('locked', flush=True); time.sleep(120)"],
+        env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert cli.main(train(out)) == 2
+        assert f"(process {holder.pid} on " in capsys.readouterr().err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert cli.main(train(out)) == 0  # the OS released the dead process's lock
+    assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_overwrite_removes_the_run_files_and_nothing_else(finished, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("config.json", "state.pt", "test.json", "notes.txt", "my.tmp"):
+        (out / name).write_text("old")
+    assert cli.main(train(out, "--overwrite")) == 0
+    assert (out / "notes.txt").read_text() == "old" and (out / "my.tmp").read_text() == "old"
+    assert json.loads((out / "test.json").read_text())["best_epoch"] == 1
