@@ -330,3 +330,22 @@ def test_torch_compile_matches_eager():
     compiled = torch.compile(model)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"norm_eps": -1.0}, "norm_eps must be a finite number > 0, got -1.0"),
+        ({"qk_scale": float("nan")}, "qk_scale must be a finite number > 0, got nan"),
+        ({"mlp_ratio": float("inf")}, "mlp_ratio must be a finite number > 0, got inf"),
+        ({"mlp_ratio": 0.001}, "mlp_ratio 0.001 gives an MLP of width 0 for embed_dim 64"),
+        ({"init_values": float("nan")}, "init_values must be a finite number >= 0 (0 or None"),
+        ({"drop_rate": float("nan")}, "drop_rate must be in [0, 1), got nan"),
+    ],
+)
+def test_numbers_that_would_give_a_broken_model_are_refused(options, message):
+    from vitkit import create_model
+
+    with pytest.raises(ValueError) as err:
+        create_model("vit_digits", **options)
+    assert str(err.value).startswith(message)

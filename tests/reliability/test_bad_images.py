@@ -188,3 +188,13 @@ def test_an_unreadable_data_folder(tmp_path, monkeypatch, run_cli):
     assert str(err.value) == message
     code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
     assert (code, stderr) == (2, f"error: {message}\n")
+
+
+def test_a_folder_with_one_class(tmp_path, run_cli):
+    root = _class_folders(tmp_path / "pets", {"cat": 3})
+    message = (
+        f"data folder {root} has one class (cat); a classifier needs at least two: put each "
+        f"class's images in a folder of its own under {root}"
+    )
+    code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
+    assert (code, stderr) == (2, f"error: {message}\n")

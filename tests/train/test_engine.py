@@ -276,6 +276,8 @@ def test_fit_with_a_teacher(digits, mode):
         fit(tiny_model(), train, val, cfg(epochs=1, distill=mode), teacher=teacher)
     with pytest.raises(ValueError, match="needs a teacher model"):
         fit(student, train, val, cfg(epochs=1, distill=mode))
+    with pytest.raises(ValueError, match="the teacher predicts 7 classes, the student 10; "):
+        fit(student, train, val, cfg(epochs=1, distill=mode), teacher=tiny_model(num_classes=7))
 
 
 def test_bf16_autocast_on_cpu(digits):

@@ -188,6 +188,11 @@ def _check_folder(root: Path, classes: list[str], samples: list[tuple[str, int]]
             f"class folder(s) {', '.join(str(root / c) for c in empty[:5])} hold no images "
             "(or cannot be read); add images or remove the folder, as every folder is a class"
         )
+    if len(classes) == 1:
+        raise DataError(
+            f"data folder {root} has one class ({classes[0]}); a classifier needs at least two: "
+            f"put each class's images in a folder of its own under {root}"
+        )
 
 
 class _ArrayUnpickler(pickle.Unpickler):

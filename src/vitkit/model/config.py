@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +195,22 @@ class ViTConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        for name in ("mlp_ratio", "qk_scale", "norm_eps"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if self.init_values is not None and not (
+            math.isfinite(self.init_values) and self.init_values >= 0
+        ):
+            raise ValueError(
+                f"init_values must be a finite number >= 0 (0 or None: no LayerScale), got "
+                f"{self.init_values}"
+            )
+        if int(self.embed_dim * self.mlp_ratio) < 1:
+            raise ValueError(
+                f"mlp_ratio {self.mlp_ratio} gives an MLP of width 0 for embed_dim "
+                f"{self.embed_dim}; choose mlp_ratio >= {1 / self.embed_dim:.3g}"
+            )
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

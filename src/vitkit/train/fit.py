@@ -356,6 +356,12 @@ def _check_distillation(model: nn.Module, teacher: nn.Module | None, config: Tra
         raise ValueError("a teacher was given but distill='none'; choose 'hard' or 'soft'")
     if teacher is not None and getattr(model, "head_dist", None) is None:
         raise ValueError("distillation needs a student built with distilled=True")
+    classes = getattr(teacher, "num_classes", None)
+    if teacher is not None and classes is not None and classes != model.num_classes:
+        raise ValueError(
+            f"the teacher predicts {classes} classes, the student {model.num_classes}; "
+            "distil from a teacher trained on the same classes"
+        )
 
 
 def _device_of(model: nn.Module) -> torch.device:
