@@ -8,6 +8,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vitkit import cli
 from vitkit.train import RECIPES, TrainConfig, resolve_config
@@ -182,3 +184,24 @@ def test_command_line_mistakes_are_one_line(tmp_path, capsys, argv, message):
     code = cli.main(["train", "--out", str(tmp_path / "run"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and err == message + "\n"
+
+
+NUMERIC = [
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if f.metadata["range"] is not None and "float" in str(f.type)
+]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(name=st.sampled_from(NUMERIC), value=st.floats(allow_nan=True, allow_infinity=True))
+def test_any_number_is_taken_only_inside_its_range(name, value):
+    bounds = next(f for f in dataclasses.fields(TrainConfig) if f.name == name).metadata["range"]
+    other = {"min_lr": 0.0} if name == "lr" else {}
+    try:
+        config = TrainConfig(**{name: value}, **other)
+    except ValueError as err:
+        assert str(err).startswith(name) and "\n" not in str(err)
+        assert not (math.isfinite(value) and bounds.holds(value))
+    else:
+        assert math.isfinite(value) and bounds.holds(getattr(config, name))
