@@ -26,10 +26,6 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def is_main() -> bool:
-    return world()[0] == 0
-
-
 def all_reduce(values: list[float], device: torch.device) -> list[float]:
     if world()[1] == 1:
         return values
