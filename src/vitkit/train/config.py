@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -293,9 +294,7 @@ class TrainConfig:
                 f"{self.data!r} is not one: pass the path as data instead"
             )
         parse_rand_augment(self.aa)  # a bad spec fails here, before any work
-        resolve_device(self.device)
-        if self.amp == "fp16" and not self.resolved_device().startswith("cuda"):
-            raise ValueError("amp='fp16' needs a CUDA device; use amp='bf16' on CPU")
+        self.amp_on(self.resolved_device())  # fp16 without CUDA fails here
 
     # -- derived values
 
@@ -303,11 +302,14 @@ class TrainConfig:
         """`device`, or cuda when available and cpu otherwise."""
         return resolve_device(self.device)
 
-    def resolved_amp(self) -> str:
-        """`amp`, or bf16 on a GPU and none on the CPU."""
+    def amp_on(self, device: str | torch.device) -> str:
+        """`amp` on `device`: by default bf16 on a GPU and none on the CPU; fp16 needs CUDA."""
+        on_cuda = torch.device(device).type == "cuda"
+        if self.amp == "fp16" and not on_cuda:
+            raise ValueError("amp='fp16' needs a CUDA device; use amp='bf16' on CPU")
         if self.amp is not None:
             return self.amp
-        return "bf16" if self.resolved_device().startswith("cuda") else "none"
+        return "bf16" if on_cuda else "none"
 
     def peak_lr(self, world_size: int = 1) -> float:
         """The peak learning rate: `lr`, else `blr` scaled by the effective batch / 512."""
@@ -317,7 +319,7 @@ class TrainConfig:
 
     def data_spec(self) -> str:
         """The data as `load_data` takes it ('fashion-mnist:FOLDER' with `data_dir`)."""
-        return f"{self.data}:{self.data_dir}" if self.data_dir else self.data
+        return data_spec(self.data, self.data_dir)
 
     # -- conversions
 
@@ -339,6 +341,11 @@ class TrainConfig:
         """A copy with some options changed (unknown names are reported)."""
         check_settings(changes, "TrainConfig.replace")
         return dataclasses.replace(self, **changes)
+
+
+def data_spec(data: str, data_dir: str | None) -> str:
+    """'fashion-mnist' with a folder -> 'fashion-mnist:FOLDER', as `load_data` takes it."""
+    return f"{data}:{data_dir}" if data_dir else data
 
 
 def resolve_device(name: str | None) -> str:
@@ -413,14 +420,11 @@ def _kind(hint: Any) -> _Kind:
     return _Kind(hint)
 
 
-_HINTS: dict[str, _Kind] = {}
-
-
+@functools.cache
 def _hints() -> dict[str, _Kind]:
-    if not _HINTS:
-        resolved = typing.get_type_hints(TrainConfig)
-        _HINTS.update({f.name: _kind(resolved[f.name]) for f in dataclasses.fields(TrainConfig)})
-    return _HINTS
+    """Each field's decoded type (the annotations are strings until resolved)."""
+    resolved = typing.get_type_hints(TrainConfig)
+    return {f.name: _kind(resolved[f.name]) for f in dataclasses.fields(TrainConfig)}
 
 
 def _check_value(item: dataclasses.Field, value: Any) -> None:

@@ -174,9 +174,7 @@ def new_run_state(
 ) -> RunState:
     """A run at its start: optimiser, schedule, mixing, scaler and EMA for `model`."""
     device = torch.device(config.device) if config.device else _device_of(model)
-    amp = config.amp or ("bf16" if device.type == "cuda" else "none")
-    if amp == "fp16" and device.type != "cuda":
-        raise ValueError("amp='fp16' needs a CUDA device; use amp='bf16' on CPU")
+    amp = config.amp_on(device)
     lr = config.peak_lr(world()[1])
     steps = steps_per_epoch(batches_per_epoch, config.accum_steps)
     if teacher is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..data import detect_source
 from ..model import get_config, to_2tuple
-from .config import TrainConfig
+from .config import TrainConfig, data_spec
 
 # Tiny images (<= 16 px, e.g. the 8x8 digits): crops, flips and RandAugment destroy the few
 # pixels there are (measured on digits, 40 epochs: no augmentation 0.967 test top-1,
@@ -101,7 +101,7 @@ def resolve_config(given: dict[str, Any], file: dict[str, Any] | None = None) ->
     the recipe over the defaults. The model and the recipe are resolved to names."""
     values = {**(file or {}), **given}
     data = values.get("data", TrainConfig.data)
-    spec = f"{data}:{values['data_dir']}" if values.get("data_dir") else data
+    spec = data_spec(data, values.get("data_dir"))
     model = values.get("model") or default_model(data)
     get_config(model)  # an unknown name fails here, with the close ones
     recipe = values.get("recipe") or recipe_for(spec, model, values.get("img_size"))

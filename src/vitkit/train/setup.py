@@ -253,7 +253,7 @@ def _train_and_test(
     if (out / BEST_FILE).is_file():
         model.load_state_dict(load_state_dict(out / BEST_FILE))
     loader = make_loader(setup.test_set, config.batch_size, train=False)
-    test = evaluate(model, loader, device=device, amp=config.resolved_amp())
+    test = evaluate(model, loader, device=device, amp=config.amp_on(device))
     if rank == 0:
         row = {
             "test_loss": test["loss"],
