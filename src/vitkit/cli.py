@@ -21,8 +21,9 @@ from .files import DiskFullError
 from .model import VisionTransformer, registry
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
-from .train.config import RUNTIME, TrainConfig, add_arguments, given_options, resolve_device
+from .train.config import RUNTIME, TrainConfig, resolve_device
 from .train.fit import Progress
+from .train.flags import add_arguments, given_options
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
 from .train.setup import default_out
 from .weights import load

@@ -45,7 +45,7 @@ def test_the_command_line_sets_only_what_it_names():
     args = cli.build_parser().parse_args(
         ["train", "--epochs", "3", "--img-size", "8", "--model-opt", "depth=2", "--no-crop"]
     )
-    from vitkit.train.config import given_options
+    from vitkit.train.flags import given_options
 
     given = given_options(args)
     assert given == {
