@@ -3,6 +3,7 @@ broken files, atomic writes, and the file formats `load_pretrained` detects."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import zipfile
@@ -246,3 +247,85 @@ def test_npz_is_a_zip_but_not_a_torch_checkpoint(tmp_path):
 
     assert is_npz_file(path)
     assert not is_npz_file(_pth(tmp_path))
+
+
+def _rewrite_metadata(path, edit) -> None:
+    """The same tensors, with the metadata changed by `edit(metadata)`."""
+    from safetensors.torch import load_file, safe_open, save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata())
+    edit(metadata)
+    save_file(load_file(str(path)), str(path), metadata=metadata)
+
+
+def _edit_config(**changes):
+    def edit(metadata):
+        config = json.loads(metadata["vitkit_config"])
+        config.update(changes)
+        metadata["vitkit_config"] = json.dumps(config)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "changes, pattern",
+    [
+        (dict(depth=1_000_000), r"config says depth 1000000 but the file holds 2 blocks"),
+        (dict(img_size=16384), r"does not match its tensors \(wrong shape: pos_embed"),
+        (dict(embed_dim=1 << 20, num_heads=2), r"does not match its tensors"),
+        (dict(num_classes=7), r"head\.weight: checkpoint \(3, 32\) vs model \(7, 32\)"),
+    ],
+    ids=["depth", "img-size", "width", "classes"],
+)
+def test_config_is_checked_against_the_header_before_building(
+    tmp_path, monkeypatch, changes, pattern
+):
+    """A config edited to claim a huge model is refused from the header's shapes alone: no
+    model is built on a real device (built ones are recorded)."""
+    path = tmp_path / "m.safetensors"
+    vitkit.save(small(), path)
+    _rewrite_metadata(path, _edit_config(**changes))
+    from vitkit.weights import checkpoint
+
+    built = []
+
+    class Recording(VisionTransformer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.cls_token.device.type)
+
+    monkeypatch.setattr(checkpoint, "VisionTransformer", Recording)
+    with pytest.raises(CheckpointError, match=pattern) as err:
+        vitkit.load(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    assert set(built) <= {"meta"}
+
+
+@pytest.mark.parametrize(
+    "meta, pattern",
+    [
+        ("{not json", r"invalid vitkit metadata"),
+        ("[1, 2]", r"invalid vitkit metadata: expected a JSON object"),
+        (json.dumps({"class_names": ["a", 3, "c"]}), r"invalid class_names"),
+        (json.dumps({"class_names": ["a", "b"]}), r"names 2 classes but its model has 3 outputs"),
+    ],
+)
+def test_bad_metadata_is_one_line(tmp_path, meta, pattern):
+    path = tmp_path / "m.safetensors"
+    vitkit.save(small(), path, meta={"class_names": ["a", "b", "c"]})
+
+    def edit(metadata):
+        metadata["vitkit_meta"] = meta
+
+    _rewrite_metadata(path, edit)
+    with pytest.raises(CheckpointError, match=pattern):
+        vitkit.load(path)
+
+
+def test_load_pretrained_checks_the_saved_config_too(tmp_path):
+    path = tmp_path / "m.safetensors"
+    vitkit.save(small(), path)
+    _rewrite_metadata(path, _edit_config(img_size=4096))
+    with pytest.raises(CheckpointError, match=r"config does not match its tensors"):
+        vitkit.load_pretrained(path, num_classes=5)

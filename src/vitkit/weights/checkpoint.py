@@ -12,7 +12,9 @@ import json
 import logging
 import os
 import pickle
+import re
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +70,82 @@ def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
         config = ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
     except (json.JSONDecodeError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
-    meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
+    try:
+        meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} has invalid vitkit metadata: {err}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} has invalid vitkit metadata: expected a JSON object")
+    _check_class_names(meta, config, path)
     return config, meta
 
 
+def _check_class_names(meta: dict[str, Any], config: ViTConfig, path: Path) -> None:
+    names = meta.get("class_names")
+    if names is None:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{path} has invalid class_names: expected a list of strings")
+    if config.num_classes and len(names) != config.num_classes:
+        raise CheckpointError(
+            f"{path} names {len(names)} classes but its model has {config.num_classes} outputs; "
+            "the metadata does not belong to these weights"
+        )
+
+
+def header_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of every tensor in a safetensors file, read from its header alone."""
+    path = _existing(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except Exception as err:  # safetensors raises several types for bad files
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({_first_line(err)}); it may be "
+            "truncated or of another format"
+        ) from None
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
+    """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe built on
+    the meta device (no memory allocated), its block keys repeated `depth` times."""
+    with torch.device("meta"):
+        probe = VisionTransformer(config.replace(depth=1, drop_path_rate=0.0))
+    shapes = {}
+    for key, value in probe.state_dict().items():
+        match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
+        if match is None:
+            shapes[key] = value.shape
+            continue
+        for i in range(config.depth):
+            shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
+    return shapes
+
+
+def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: Path) -> None:
+    """Refuse a config that its file's tensors do not bear out, before any model is built: a
+    config is metadata anyone can edit, and a claimed depth or image size allocates memory."""
+    blocks = {int(m[1]) for k in shapes if (m := re.match(r"blocks\.(?:layers\.)?(\d+)\.", k))}
+    if len(blocks) != config.depth:
+        raise CheckpointError(
+            f"{path}: its config says depth {config.depth} but the file holds {len(blocks)} "
+            "blocks; the file is damaged or its metadata was edited"
+        )
+    report = mismatch_report(expected_shapes(config), shapes)
+    if report:
+        raise CheckpointError(
+            f"{path}: its config does not match its tensors ({report}); the file is damaged "
+            "or its metadata was edited"
+        )
+
+
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
-    """Rebuild a model saved by `save`, in eval mode; its extra metadata is `model.meta`."""
+    """Rebuild a model saved by `save`, in eval mode; its extra metadata is `model.meta`.
+
+    The config in the metadata is checked against the tensor shapes in the file's header
+    before the model is built."""
     config, meta = read_metadata(path)
+    check_header(config, header_shapes(path), Path(path))
     model = VisionTransformer(config)
     load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
     model.meta = meta
@@ -198,7 +269,11 @@ def saved_config(path: str | os.PathLike) -> ViTConfig | None:
             metadata = f.metadata() or {}
     except Exception:  # a broken file: let load_state_dict report it
         return None
-    return read_metadata(path)[0] if CONFIG_KEY in metadata else None
+    if CONFIG_KEY not in metadata:
+        return None
+    config = read_metadata(path)[0]
+    check_header(config, header_shapes(path), path)
+    return config
 
 
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
@@ -211,15 +286,18 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     return obj
 
 
-def mismatch_report(expected: dict[str, torch.Size], state_dict: dict[str, Tensor]) -> str | None:
-    """Missing, unexpected and mis-shaped keys of `state_dict` against `expected` shapes, as
-    one readable line; None when they match."""
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
+def mismatch_report(
+    expected: Mapping[str, Sequence[int]], state_dict: Mapping[str, Tensor | Sequence[int]]
+) -> str | None:
+    """Missing, unexpected and mis-shaped keys of `state_dict` (tensors, or their shapes)
+    against `expected` shapes, as one readable line; None when they match."""
+    found = {k: tuple(v.shape if isinstance(v, Tensor) else v) for k, v in state_dict.items()}
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     mismatched = sorted(
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k])}"
-        for k in set(expected) & set(state_dict)
-        if tuple(expected[k]) != tuple(state_dict[k].shape)
+        f"{k}: checkpoint {found[k]} vs model {tuple(expected[k])}"
+        for k in set(expected) & set(found)
+        if tuple(expected[k]) != found[k]
     )
     parts = []
     for label, keys in (

@@ -23,13 +23,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from ..model import VisionTransformer, ViTConfig
+from ..model import ViTConfig
 from ..model.config import to_2tuple
 from ..model.torch_encoder import torch_to_native_state_dict
-from .checkpoint import CheckpointError, mismatch_report
+from .checkpoint import CheckpointError, expected_shapes, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -149,21 +148,6 @@ def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
 
 
 # -- the shape check ------------------------------------------------------------------------
-
-
-def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
-    """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe model
-    whose block keys are repeated `depth` times (cheap even for ViT-H)."""
-    probe = VisionTransformer(config.replace(depth=1, drop_path_rate=0.0))
-    shapes = {}
-    for key, value in probe.state_dict().items():
-        match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
-        if match is None:
-            shapes[key] = value.shape
-            continue
-        for i in range(config.depth):
-            shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
-    return shapes
 
 
 def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source: str) -> None:
