@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -118,6 +122,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json(value: Any) -> str:
+    """Strict JSON: a NaN or infinity is an error, never an invalid document."""
+    return json.dumps(value, allow_nan=False)
+
+
 def _checkpoint_model(path: str, device: str) -> VisionTransformer:
     model = load(path, map_location=device)
     if not model.meta.get("class_names"):
@@ -166,6 +175,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         data_lib.Transformed(dataset, _eval_transform(model)), args.batch_size, train=False
     )
     result = evaluate(model, loader, device=device, num_classes=model.num_classes)
+    if not math.isfinite(result["loss"]):
+        raise FloatingPointError(
+            f"the loss of {args.checkpoint} on {args.split} is {result['loss']}: its outputs are "
+            "not finite, so the checkpoint's weights are broken"
+        )
     confusion_path = (
         Path(args.confusion)
         if args.confusion
@@ -189,7 +203,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "confusion_png": str(confusion_path),
     }
     if args.json:
-        print(json.dumps(row))
+        print(_json(row))
     else:
         print(
             f"{args.split}: {result['count']} images  loss {result['loss']:.4f}  "
@@ -228,7 +242,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                 }
             )
     if args.json:
-        print(json.dumps(rows))
+        print(_json(rows))
         return 0
     for row in rows:
         best = row["predictions"][0]
@@ -329,10 +343,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     dynamic_img_size = True if args.dynamic_img_size else None
     if args.format == "onnx":
         if args.verify:
-            try:
-                import onnxruntime  # noqa: F401
-            except ImportError as err:
-                raise UserError("--verify needs onnxruntime: pip install onnxruntime") from err
+            import onnxruntime  # noqa: F401  (missing: the one-line hint of `main`)
         export_onnx(
             model,
             args.output,
@@ -500,27 +511,87 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Optional packages -> the extra that installs them (pyproject.toml).
+_EXTRAS = {
+    "onnx": "onnx",
+    "onnxscript": "onnx",
+    "onnx_ir": "onnx",
+    "onnxruntime": "onnx",
+    "timm": "interop",
+    "transformers": "interop",
+    "torchvision": "interop",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _describe(err: BaseException) -> tuple[int, str]:
+    """(exit code, message) of an error: 2 for a mistake in the command or its inputs, 1 for a
+    run that failed."""
+    if isinstance(err, ImportError):
+        name = (err.name or "").split(".")[0]
+        if name in _EXTRAS:
+            return 2, (
+                f"this needs the optional package {name}, which is not installed: "
+                f"pip install 'vitkit[{_EXTRAS[name]}]'"
+            )
+        return 1, f"{_one_line(str(err))}; reinstall vitkit (pip install -e .)"
+    if isinstance(err, (FloatingPointError, DiskFullError)):  # names the files kept
+        return 1, _one_line(str(err))
+    if isinstance(err, PermissionError):
+        return 1, (
+            f"permission denied: {err.filename}; check the permissions of that path or "
+            "choose another location"
+        )
+    if isinstance(err, (UserError, ValueError, TypeError, OSError)):
+        return 2, _one_line(str(err))
+    if isinstance(err, MemoryError):
+        return 1, "out of memory; use a smaller --batch-size or model"
+    first = _one_line(str(err).strip().splitlines()[0]) if str(err).strip() else ""
+    return 1, (
+        f"unexpected {type(err).__name__}: {first[:300]}; rerun with --debug for the "
+        "traceback and report it"
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends the command as Ctrl-C does (exit 130 with a message), in every phase;
+    training installs its own handler, which saves the state first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 1 the run failed, 2 user error,
-    130 interrupted)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (FloatingPointError, DiskFullError) as err:  # the message names the files kept
-        if args.debug:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except (UserError, ValueError, TypeError, OSError) as err:
-        if args.debug:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    """Run the command line; returns the exit code (0 ok, 1 the run failed, 2 a mistake in the
+    command or its inputs, 130 interrupted). Every error is one line `vitkit: error: ...`;
+    `--debug` shows the traceback instead."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in arguments
+    with _sigterm_interrupts():
+        try:
+            args = build_parser().parse_args(arguments)
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+            return args.func(args)
+        except KeyboardInterrupt as err:
+            how = f" ({err.args[0]})" if err.args else ""
+            print(f"vitkit: interrupted{how}", file=sys.stderr)
+            return 130
+        except Exception as err:
+            if debug:
+                raise
+            code, message = _describe(err)
+            print(f"vitkit: error: {message}", file=sys.stderr)
+            return code

@@ -226,7 +226,9 @@ def check_onnx(
     try:
         import onnxruntime
     except ImportError as err:
-        raise ImportError("check_onnx needs onnxruntime: pip install onnxruntime") from err
+        raise ImportError(
+            "check_onnx needs onnxruntime: pip install 'vitkit[onnx]'", name="onnxruntime"
+        ) from err
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     vit = _vit(module)
     sizes = [vit.patch_embed.img_size]

@@ -94,7 +94,7 @@ def test_predict_names_the_bad_file(tmp_path, run_cli, kind):
     path = bad_file(tmp_path, kind)
     code, stdout, err = run_cli("predict", "--checkpoint", checkpoint, good, path)
     assert (code, stdout) == (2, "")
-    assert err.startswith(f"error: cannot read image {path}: ") and err.count("\n") == 1
+    assert err.startswith(f"vitkit: error: cannot read image {path}: ") and err.count("\n") == 1
 
 
 # -- modes ----------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_a_class_folder_without_images(tmp_path, run_cli):
         load_data(str(root))
     assert str(err.value) == message
     code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
-    assert (code, stderr) == (2, f"error: {message}\n")
+    assert (code, stderr) == (2, f"vitkit: error: {message}\n")
 
 
 def test_an_unreadable_data_folder(tmp_path, monkeypatch, run_cli):
@@ -187,7 +187,7 @@ def test_an_unreadable_data_folder(tmp_path, monkeypatch, run_cli):
         load_data(str(root))
     assert str(err.value) == message
     code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
-    assert (code, stderr) == (2, f"error: {message}\n")
+    assert (code, stderr) == (2, f"vitkit: error: {message}\n")
 
 
 def test_a_folder_with_one_class(tmp_path, run_cli):
@@ -197,4 +197,4 @@ def test_a_folder_with_one_class(tmp_path, run_cli):
         f"class's images in a folder of its own under {root}"
     )
     code, _, stderr = run_cli("train", "--data", root, "--out", tmp_path / "run")
-    assert (code, stderr) == (2, f"error: {message}\n")
+    assert (code, stderr) == (2, f"vitkit: error: {message}\n")

@@ -1,5 +1,5 @@
 """Command-line mistakes not covered by the other CLI tests: each is exit code 2 and one
-`error: ...` line that says what to do, never a traceback (the `run_cli` fixture checks that).
+`vitkit: error: ...` line that says what to do, never a traceback (the `run_cli` fixture checks that).
 
 Elsewhere: unknown data, model and model options, --resume without a run, an existing run,
 an unwritable --out (`test_cli_train.py`); settings files (`test_config_file.py`); bad images
@@ -9,12 +9,18 @@ and data folders (`test_bad_images.py`); exit code 1 for a failed run
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _run import TINY
+from PIL import Image
 
+import vitkit
 from vitkit import cli
 
 
@@ -47,14 +53,16 @@ def finished(tmp_path_factory) -> Path:
 def test_train_mistakes(tmp_path, run_cli, argv, message):
     code, stdout, err = run_cli("train", "--out", tmp_path / "run", *TINY, "--epochs", "1", *argv)
     assert (code, stdout) == (2, "")
-    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+    assert err.startswith(f"vitkit: error: {message}") and err.count("\n") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_device_without_cuda(tmp_path, run_cli):
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY, "--device", "cuda:1")
     assert code == 2
-    assert err == "error: device cuda:1: this machine has 0 CUDA device(s); use --device cpu\n"
+    assert (
+        err == "vitkit: error: device cuda:1: this machine has 0 CUDA device(s); use --device cpu\n"
+    )
 
 
 def test_resume_of_a_run_that_never_began(tmp_path, run_cli, finished):
@@ -63,7 +71,7 @@ def test_resume_of_a_run_that_never_began(tmp_path, run_cli, finished):
     (out / "config.json").write_bytes((finished / "config.json").read_bytes())
     code, _, err = run_cli("train", "--out", out, "--resume")
     assert code == 2 and err == (
-        f"error: --resume: {out} holds no training state (state.pt), the run stopped before "
+        f"vitkit: error: --resume: {out} holds no training state (state.pt), the run stopped before "
         "it began; start it again with --overwrite\n"
     )
 
@@ -76,18 +84,93 @@ def test_resume_from_a_damaged_state_file(tmp_path, run_cli, finished):
     (out / "state.pt").write_bytes(data[: len(data) // 2])
     code, _, err = run_cli("train", "--out", out, "--resume")
     assert code == 2 and err.count("\n") == 1
-    assert err.startswith(f"error: cannot read the training state {out / 'state.pt'} (")
+    assert err.startswith(f"vitkit: error: cannot read the training state {out / 'state.pt'} (")
     assert err.endswith("); start again with --overwrite\n")
 
 
 def test_eval_and_predict_mistakes(tmp_path, run_cli, finished):
     model = finished / "model.safetensors"
     code, _, err = run_cli("predict", "--checkpoint", model, "--topk", "0", "x.png")
-    assert (code, err) == (2, "error: --topk must be >= 1, got 0\n")
+    assert (code, err) == (2, "vitkit: error: --topk must be >= 1, got 0\n")
     code, _, err = run_cli("eval", "--checkpoint", tmp_path / "nope.safetensors")
-    assert code == 2 and err.startswith("error: checkpoint ") and "does not exist" in err
+    assert code == 2 and err.startswith("vitkit: error: checkpoint ") and "does not exist" in err
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(model.read_bytes()[:100])
     code, _, err = run_cli("eval", "--checkpoint", broken)
-    assert code == 2 and err.startswith(f"error: {broken} is not a readable safetensors file")
+    assert code == 2 and err.startswith(
+        f"vitkit: error: {broken} is not a readable safetensors file"
+    )
     assert err.count("\n") == 1
+
+
+def _nan_checkpoint(finished: Path, tmp_path: Path) -> Path:
+    model = vitkit.load(finished / "model.safetensors")
+    with torch.no_grad():
+        model.head.bias.fill_(float("nan"))
+    path = tmp_path / "nan.safetensors"
+    vitkit.save(model, path, meta=model.meta)
+    return path
+
+
+def test_nan_outputs_fail_and_never_print_invalid_json(tmp_path, run_cli, finished):
+    """Predictions and an evaluation that are NaN exit 1 with one line; stdout stays empty,
+    so a `--json` reader never gets a document with NaN in it."""
+    path = _nan_checkpoint(finished, tmp_path)
+    image = tmp_path / "digit.png"
+    Image.fromarray(np.full((8, 8), 128, np.uint8)).save(image)
+    code, out, err = run_cli("predict", "--checkpoint", path, "--json", image)
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith("vitkit: error: the model's outputs are not finite (NaN or inf)")
+    code, out, err = run_cli("eval", "--checkpoint", path, "--json")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert "its outputs are not finite" in err
+
+
+def test_sigterm_during_set_up_ends_with_a_message(tmp_path, run_cli, monkeypatch):
+    """SIGTERM before training has installed its own handler (here: while the settings are
+    resolved) ends with exit 130 and a message, not a silent -15."""
+    real = cli.resolve_config
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "resolve_config", terminated)
+    code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
+    assert (code, err) == (130, "vitkit: interrupted (SIGTERM)\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_missing_optional_package_names_the_extra(tmp_path, run_cli, finished, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript -> ImportError
+    code, _, err = run_cli(
+        "export", "--checkpoint", finished / "model.safetensors", tmp_path / "m.onnx"
+    )
+    assert code == 2 and err == (
+        "vitkit: error: this needs the optional package onnxscript, which is not installed: "
+        "pip install 'vitkit[onnx]'\n"
+    )
+
+
+def test_an_unexpected_error_is_one_line_unless_debug(tmp_path, run_cli, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("deep inside\n  a second line")
+
+    monkeypatch.setattr(cli, "resolve_config", broken)
+    code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
+    assert (code, err) == (
+        1,
+        "vitkit: error: unexpected RuntimeError: deep inside; rerun with --debug for the "
+        "traceback and report it\n",
+    )
+    with pytest.raises(RuntimeError, match="deep inside"):
+        cli.main(["--debug", "train", "--out", str(tmp_path / "run"), *TINY])
+
+
+@pytest.mark.parametrize(
+    "command", ["train", "eval", "predict", "explain", "convert", "export", "models", "summary"]
+)
+def test_usage_errors_of_every_subcommand_are_one_line(run_cli, command):
+    code, out, err = run_cli(command, "--no-such-flag")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("vitkit: error: ") and "--help" in err

@@ -84,16 +84,16 @@ def test_a_wrong_config_file_is_one_line(tmp_path, run_cli, text, message):
     path.write_text(text)
     code, stdout, err = run_cli("train", "--config", path, "--out", tmp_path / "run", *RUN)
     assert (code, stdout) == (2, "")
-    assert err.startswith(f"error: --config {path}: {message}") and err.count("\n") == 1
+    assert err.startswith(f"vitkit: error: --config {path}: {message}") and err.count("\n") == 1
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 def test_config_file_that_is_missing_or_combined_with_resume(tmp_path, run_cli):
     path = tmp_path / "nope.json"
     code, _, err = run_cli("train", "--config", path, "--out", tmp_path / "run")
-    assert (code, err) == (2, f"error: --config {path}: no such file\n")
+    assert (code, err) == (2, f"vitkit: error: --config {path}: no such file\n")
     code, _, err = run_cli("train", "--config", path, "--resume", "--out", tmp_path / "run")
-    assert code == 2 and err.startswith("error: --config starts a new run from a settings file")
+    assert code == 2 and err.startswith("vitkit: error: --config starts a new run from a settings file")
 
 
 @pytest.mark.parametrize(
@@ -113,10 +113,10 @@ def test_a_hand_edited_config_json_on_resume(tmp_path, run_cli, first, edit, mes
     edit(record["settings"])
     (out / "config.json").write_text(json.dumps(record))
     code, _, err = run_cli("train", "--out", out, "--resume")
-    assert code == 2 and err.startswith(f"error: {out / 'config.json'}: {message}")
+    assert code == 2 and err.startswith(f"vitkit: error: {out / 'config.json'}: {message}")
     (out / "config.json").write_text('{"settings": {"epochs": 3,}}')
     code, _, err = run_cli("train", "--out", out, "--resume")
-    assert err.startswith(f"error: {out / 'config.json'}: invalid JSON at line 1, column 27: ")
+    assert err.startswith(f"vitkit: error: {out / 'config.json'}: invalid JSON at line 1, column 27: ")
 
 
 def test_an_older_runs_config_json_resumes(tmp_path, run_cli, first):

@@ -127,7 +127,7 @@ def test_nan_loss_from_the_command_line(tmp_path, run_cli):
     )
     assert code == 1 and stdout == ""
     assert len(err.splitlines()) == 1
-    assert err.startswith("error: training loss is nan at step ")
+    assert err.startswith("vitkit: error: training loss is nan at step ")
     assert f"kept its last good files: {out / STATE_FILE} (" in err
     assert "(e.g. --lr 1e+09, a tenth of this run's 1e+10) or clip gradients (--clip-grad" in err
     assert load_state(out / STATE_FILE)["epoch"] == 0
@@ -241,7 +241,7 @@ def test_a_full_disk_from_the_command_line(tmp_path, monkeypatch, run_cli):
     code, stdout, err = run_cli("train", "--out", out, "--epochs", "2", *TINY)
     assert (code, stdout) == (1, "")
     assert err == (
-        f"error: no space left on device while writing {out / LAST_FILE}; free space and "
+        f"vitkit: error: no space left on device while writing {out / LAST_FILE}; free space and "
         "continue with --resume; nothing was written\n"
     )
     assert temp_files(out) == [] and load_state(out / STATE_FILE)["epoch"] == 0
@@ -278,7 +278,7 @@ def test_save_every_must_not_be_negative(tmp_path, run_cli):
     with pytest.raises(ValueError, match=r"save_every must be >= 0 \(0: at epoch ends only\)"):
         TrainConfig(save_every=-1)
     code, _, err = run_cli("train", "--out", tmp_path / "run", "--save-every", "-1", *TINY)
-    assert code == 2 and err == "error: save_every must be >= 0 (0: at epoch ends only), got -1\n"
+    assert code == 2 and err == "vitkit: error: save_every must be >= 0 (0: at epoch ends only), got -1\n"
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--overwrite"])

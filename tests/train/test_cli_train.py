@@ -93,7 +93,7 @@ def test_train_writes_the_run_and_prints_test_accuracy(trained, tmp_path, capsys
 def test_existing_run_is_never_overwritten_silently(trained, capsys):
     code, _, err = run(capsys, "train", "--out", trained, "--epochs", "1", *TINY)
     assert code == 2
-    assert err.startswith(f"error: {trained} already holds a run (")
+    assert err.startswith(f"vitkit: error: {trained} already holds a run (")
     assert "pass --resume to continue it or --overwrite to replace it" in err
     before = (trained / "model.safetensors").read_bytes()
     assert before == (trained / "model.safetensors").read_bytes()
@@ -164,11 +164,11 @@ def test_predict_corrupt_and_missing_images(trained, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
     code, _, err = run(capsys, "predict", "--checkpoint", trained / "model.safetensors", bad)
-    assert code == 2 and err.startswith(f"error: cannot read image {bad}")
+    assert code == 2 and err.startswith(f"vitkit: error: cannot read image {bad}")
     code, _, err = run(
         capsys, "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
     )
-    assert code == 2 and err.strip() == f"error: image {tmp_path / 'nope.png'} does not exist"
+    assert code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
 
 
 def test_explain_draws_png(trained, tmp_path, capsys):
@@ -204,7 +204,7 @@ def test_mismatched_checkpoint_and_data(trained, tmp_path, capsys):
         capsys, "eval", "--checkpoint", trained / "model.safetensors", "--data", folder
     )
     assert code == 2
-    assert re.match(r"error: .*two has 2 classes .* but .* was trained on 10", err)
+    assert re.match(r"vitkit: error: .*two has 2 classes .* but .* was trained on 10", err)
     other = tmp_path / "other"
     code = cli.main(
         [
@@ -261,11 +261,11 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, capsys, caplog):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--data", "/nonexistent/data"], "error: data '/nonexistent/data' is neither a built-in"),
-        (["--resume"], "error: --resume: {out}/config.json does not exist"),
-        (["--model", "vit_nope"], "error: unknown model"),
-        (["--model-opt", "depth"], "error: --model-opt takes KEY=VALUE"),
-        (["--resume", "--overwrite"], "error: --resume: {out}/config.json does not exist"),
+        (["--data", "/nonexistent/data"], "vitkit: error: data '/nonexistent/data' is neither a built-in"),
+        (["--resume"], "vitkit: error: --resume: {out}/config.json does not exist"),
+        (["--model", "vit_nope"], "vitkit: error: unknown model"),
+        (["--model-opt", "depth"], "vitkit: error: --model-opt takes KEY=VALUE"),
+        (["--resume", "--overwrite"], "vitkit: error: --resume: {out}/config.json does not exist"),
     ],
 )
 def test_user_errors(tmp_path, capsys, argv, message):
@@ -286,7 +286,7 @@ def test_out_not_writable(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     code, _, err = run(capsys, "train", "--out", blocker / "run", "--epochs", "1", *TINY)
-    assert code == 2 and err.startswith(f"error: --out {blocker / 'run'} is not writable")
+    assert code == 2 and err.startswith(f"vitkit: error: --out {blocker / 'run'} is not writable")
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)

@@ -160,7 +160,7 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(
-        f"error: --resume continues {finished} with its saved settings; it cannot change "
+        f"vitkit: error: --resume continues {finished} with its saved settings; it cannot change "
         "--epochs (saved 1): drop them, or start a new run with --config"
     )
     code = cli.main(
@@ -174,10 +174,10 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
     [
         (
             ["--epochs", "two"],
-            "error: --epochs invalid int value: 'two'; see `vitkit train --help`",
+            "vitkit: error: --epochs invalid int value: 'two'; see `vitkit train --help`",
         ),
-        (["--amp", "fp32"], "error: unknown amp 'fp32'; expected one of 'none', 'bf16', 'fp16'"),
-        (["--bogus"], "error: unrecognized arguments: --bogus; see `vitkit --help`"),
+        (["--amp", "fp32"], "vitkit: error: unknown amp 'fp32'; expected one of 'none', 'bf16', 'fp16'"),
+        (["--bogus"], "vitkit: error: unrecognized arguments: --bogus; see `vitkit --help`"),
     ],
 )
 def test_command_line_mistakes_are_one_line(tmp_path, capsys, argv, message):

@@ -298,7 +298,14 @@ def evaluate(
 def predict(model: nn.Module, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
     """Top-k class probabilities and indices for a batch (B, C, H, W) of normalised images."""
     model.eval()
-    probs = F.softmax(model(images).float(), dim=-1)
+    logits = model(images).float()
+    bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
+    if bad:
+        raise FloatingPointError(
+            f"the model's outputs are not finite (NaN or inf) for image(s) {bad[:10]} of the "
+            "batch; the checkpoint's weights or the images are broken"
+        )
+    probs = F.softmax(logits, dim=-1)
     k = min(topk, probs.shape[-1])
     values, indices = probs.topk(k, dim=-1)  # (B, k)
     return values, indices
