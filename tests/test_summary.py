@@ -130,7 +130,9 @@ def test_python_dash_m_summary_and_unknown_name():
         env=env,
     )
     assert bad.returncode == 2
-    assert bad.stderr.strip().startswith("vitkit: error: unknown model name 'vit_tiny'; did you mean")
+    assert bad.stderr.strip().startswith(
+        "vitkit: error: unknown model name 'vit_tiny'; did you mean"
+    )
     assert "Traceback" not in bad.stderr
 
 

@@ -1,5 +1,5 @@
 """Command-line mistakes not covered by the other CLI tests: each is exit code 2 and one
-`vitkit: error: ...` line that says what to do, never a traceback (the `run_cli` fixture checks that).
+`vitkit: error: ...` line that says what to do, never a traceback (`run_cli` checks that).
 
 Elsewhere: unknown data, model and model options, --resume without a run, an existing run,
 an unwritable --out (`test_cli_train.py`); settings files (`test_config_file.py`); bad images
@@ -71,8 +71,8 @@ def test_resume_of_a_run_that_never_began(tmp_path, run_cli, finished):
     (out / "config.json").write_bytes((finished / "config.json").read_bytes())
     code, _, err = run_cli("train", "--out", out, "--resume")
     assert code == 2 and err == (
-        f"vitkit: error: --resume: {out} holds no training state (state.pt), the run stopped before "
-        "it began; start it again with --overwrite\n"
+        f"vitkit: error: --resume: {out} holds no training state (state.pt), the run stopped "
+        "before it began; start it again with --overwrite\n"
     )
 
 

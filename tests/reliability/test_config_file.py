@@ -93,7 +93,9 @@ def test_config_file_that_is_missing_or_combined_with_resume(tmp_path, run_cli):
     code, _, err = run_cli("train", "--config", path, "--out", tmp_path / "run")
     assert (code, err) == (2, f"vitkit: error: --config {path}: no such file\n")
     code, _, err = run_cli("train", "--config", path, "--resume", "--out", tmp_path / "run")
-    assert code == 2 and err.startswith("vitkit: error: --config starts a new run from a settings file")
+    assert code == 2 and err.startswith(
+        "vitkit: error: --config starts a new run from a settings file"
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,7 +118,9 @@ def test_a_hand_edited_config_json_on_resume(tmp_path, run_cli, first, edit, mes
     assert code == 2 and err.startswith(f"vitkit: error: {out / 'config.json'}: {message}")
     (out / "config.json").write_text('{"settings": {"epochs": 3,}}')
     code, _, err = run_cli("train", "--out", out, "--resume")
-    assert err.startswith(f"vitkit: error: {out / 'config.json'}: invalid JSON at line 1, column 27: ")
+    assert err.startswith(
+        f"vitkit: error: {out / 'config.json'}: invalid JSON at line 1, column 27: "
+    )
 
 
 def test_an_older_runs_config_json_resumes(tmp_path, run_cli, first):

@@ -278,7 +278,10 @@ def test_save_every_must_not_be_negative(tmp_path, run_cli):
     with pytest.raises(ValueError, match=r"save_every must be >= 0 \(0: at epoch ends only\)"):
         TrainConfig(save_every=-1)
     code, _, err = run_cli("train", "--out", tmp_path / "run", "--save-every", "-1", *TINY)
-    assert code == 2 and err == "vitkit: error: save_every must be >= 0 (0: at epoch ends only), got -1\n"
+    assert (
+        code == 2
+        and err == "vitkit: error: save_every must be >= 0 (0: at epoch ends only), got -1\n"
+    )
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--overwrite"])

@@ -168,7 +168,9 @@ def test_predict_corrupt_and_missing_images(trained, tmp_path, capsys):
     code, _, err = run(
         capsys, "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
     )
-    assert code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
+    assert (
+        code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
+    )
 
 
 def test_explain_draws_png(trained, tmp_path, capsys):
@@ -261,7 +263,10 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, capsys, caplog):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--data", "/nonexistent/data"], "vitkit: error: data '/nonexistent/data' is neither a built-in"),
+        (
+            ["--data", "/nonexistent/data"],
+            "vitkit: error: data '/nonexistent/data' is neither a built-in",
+        ),
         (["--resume"], "vitkit: error: --resume: {out}/config.json does not exist"),
         (["--model", "vit_nope"], "vitkit: error: unknown model"),
         (["--model-opt", "depth"], "vitkit: error: --model-opt takes KEY=VALUE"),

@@ -176,7 +176,10 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
             ["--epochs", "two"],
             "vitkit: error: --epochs invalid int value: 'two'; see `vitkit train --help`",
         ),
-        (["--amp", "fp32"], "vitkit: error: unknown amp 'fp32'; expected one of 'none', 'bf16', 'fp16'"),
+        (
+            ["--amp", "fp32"],
+            "vitkit: error: unknown amp 'fp32'; expected one of 'none', 'bf16', 'fp16'",
+        ),
         (["--bogus"], "vitkit: error: unrecognized arguments: --bogus; see `vitkit --help`"),
     ],
 )

@@ -41,7 +41,8 @@ def test_a_live_run_refuses_a_second_writer(finished, tmp_path, capsys):
             err = capsys.readouterr().err
             assert err.count("\n") == 1
             assert err.startswith(
-                f"vitkit: error: {finished} is in use by a live vitkit run (process {os.getpid()} on "
+                f"vitkit: error: {finished} is in use by a live vitkit run "
+                f"(process {os.getpid()} on "
             )
             assert f"stop it (kill {os.getpid()}) and continue with --resume" in err
         # reading commands work beside the live run
