@@ -18,6 +18,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# Marks vitkit's temporary files, so that a clean-up never removes a file of the user's.
+_TEMP_MARK = "vitkit-"
+
 
 class DiskFullError(OSError):
     """A write that ran out of disk space; the file it replaces (if any) is untouched."""
@@ -35,16 +38,20 @@ class DiskFullError(OSError):
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write a file through `write(file)` so that readers see the old or the new file, whole.
 
-    The data goes to a temporary file beside `path` (`.<name>.<random>.tmp`), is flushed to
-    disk, then renamed over it. On any failure the temporary file is removed; a full disk
-    raises `DiskFullError`.
+    The data goes to a temporary file beside `path` (`.<name>.vitkit-<random>.tmp`), is
+    flushed to disk, then renamed over it. On any failure the temporary file is removed; a full
+    disk raises `DiskFullError`. The file gets the permissions `open` would give it (0666 less
+    the umask), not the 0600 of a temporary file.
     """
     path = Path(path)
     existed = path.exists()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.{_TEMP_MARK}", suffix=".tmp"
+        )
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
@@ -63,14 +70,28 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
         os.close(dir_fd)
 
 
+def current_umask() -> int:
+    """The process's file-mode creation mask (read without changing it where Linux allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore at once
+    os.umask(mask)
+    return mask
+
+
 def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Delete the `.<name>.*.tmp` files that a write killed before its rename left behind.
+    """Delete the `.<name>.vitkit-<random>.tmp` files that a write killed before its rename
+    left behind (only those: a user's own `.tmp` files stay).
 
     Only call it when no other process writes into `folder` (e.g. before a run resumes).
     """
     removed = []
-    for tmp in sorted(Path(folder).glob(".*.*.tmp")):
-        if re.fullmatch(r"\..+\.[a-z0-9_]{8}\.tmp", tmp.name) and tmp.is_file():
+    for tmp in sorted(Path(folder).glob(f".*.{_TEMP_MARK}*.tmp")):
+        if re.fullmatch(rf"\..+\.{_TEMP_MARK}[a-z0-9_]{{8}}\.tmp", tmp.name) and tmp.is_file():
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     if removed:

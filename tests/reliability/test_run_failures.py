@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -289,17 +290,34 @@ def test_stale_temporary_files_are_removed(tmp_path, run_cli, caplog, flag):
     caplog.set_level(logging.INFO, logger="vitkit")
     out = tmp_path / "run"
     assert run_cli("train", "--out", out, "--epochs", "1", *TINY)[0] == 0
-    stale = [out / ".state.pt.k2j4_x7q.tmp", out / ".last.safetensors.abc123de.tmp"]
+    stale = [out / ".state.pt.vitkit-k2j4_x7q.tmp", out / ".last.safetensors.vitkit-abc123de.tmp"]
     for path in stale:
         path.write_bytes(b"half a file")
-    for name in ("notes.tmp", ".notes.tmp", ".my.notes.tmp"):  # not written by vitkit
+    mine = ("notes.tmp", ".notes.tmp", ".my.notes.tmp", ".my.abcdefgh.tmp")  # not vitkit's
+    for name in mine:
         (out / name).write_text("keep me")
     argv = ["--resume", "--no-progress"] if flag == "--resume" else ["--overwrite", *TINY]
     code, _, _ = run_cli("train", "--out", out, "--epochs", "1", *argv)
     assert code == 0
     assert not any(path.exists() for path in stale)
-    assert all((out / name).exists() for name in ("notes.tmp", ".notes.tmp", ".my.notes.tmp"))
+    assert all((out / name).read_text() == "keep me" for name in mine)
     assert (
         "removed 2 stale temporary file(s) of an interrupted write: "
-        ".last.safetensors.abc123de.tmp, .state.pt.k2j4_x7q.tmp" in caplog.messages
+        ".last.safetensors.vitkit-abc123de.tmp, .state.pt.vitkit-k2j4_x7q.tmp" in caplog.messages
     )
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_run_files_follow_the_umask(tmp_path, run_cli, umask):
+    """Files a run writes get 0666 less the umask, as `open` gives, not a temp file's 0600."""
+    previous = os.umask(umask)
+    try:
+        out = tmp_path / "run"
+        assert run_cli("train", "--out", out, "--epochs", "1", *TINY)[0] == 0
+    finally:
+        os.umask(previous)
+    written = [p for p in out.iterdir() if p.is_file()]
+    assert {p.name for p in written} >= {"config.json", "model.safetensors", "state.pt"}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in written} == {
+        p.name: 0o666 & ~umask for p in written
+    }

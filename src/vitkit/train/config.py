@@ -171,6 +171,12 @@ class TrainConfig:
     test_fraction: float = option(
         0.2, "share held out for testing (data without a test set)", group="data", range=FRACTION
     )
+    strict: bool = option(
+        False,
+        "stop at the first unreadable image file instead of skipping it (skipped files are "
+        "counted and reported)",
+        group="data",
+    )
     pretrained: str | None = option(
         None,
         "fine-tune from these weights (a head of another size is replaced)",

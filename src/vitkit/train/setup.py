@@ -66,6 +66,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         seed=config.seed,
         in_chans=in_chans,
         img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
+        skip_corrupt=not config.strict,
     )
     model = build_model(config, splits)
     train_tf, eval_tf = transforms(config, splits, model.patch_embed.img_size)

@@ -1,0 +1,48 @@
+"""Data folders as users make them: `--strict` refuses an unreadable image instead of skipping
+it, and symbolic links (a loop, a dangling link, a link to an image) neither hang nor break the
+scan."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from _run import TINY
+from PIL import Image
+
+from vitkit.data import load_data
+
+
+def _folder(root: Path, counts: dict[str, int]) -> Path:
+    rng = np.random.default_rng(0)
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+def test_strict_refuses_an_unreadable_image_that_is_otherwise_skipped(tmp_path, run_cli, caplog):
+    root = _folder(tmp_path / "pets", {"cat": 12, "dog": 12})
+    broken = root / "dog" / "broken.png"
+    broken.write_bytes(b"not a png")
+    argv = ["train", "--data", root, "--img-size", "8", "--epochs", "1", *TINY]
+    code, _, err = run_cli(*argv, "--strict", "--out", tmp_path / "strict")
+    assert code == 2 and err.startswith(f"vitkit: error: cannot read image {broken}: ")
+    assert err.count("\n") == 1
+    caplog.set_level(logging.WARNING, logger="vitkit")
+    code, _, err = run_cli(*argv, "--out", tmp_path / "lenient")
+    assert code == 0, err
+    assert any("broken.png" in m and m.startswith("skipping") for m in caplog.messages)
+
+
+def test_symbolic_links_in_a_data_folder(tmp_path):
+    root = _folder(tmp_path / "pets", {"cat": 3, "dog": 3})
+    (root / "cat" / "loop").symlink_to(root)  # a folder that contains itself
+    (root / "dog" / "gone.png").symlink_to(tmp_path / "nowhere.png")  # dangling
+    (root / "dog" / "borrowed.png").symlink_to(root / "cat" / "0.png")  # a real image
+    splits = load_data(str(root), val_fraction=0, test_fraction=0, img_size=(8, 8), in_chans=3)
+    assert splits.class_names == ["cat", "dog"]
+    assert len(splits.train) == 7  # 6 images and the linked one; no loop, no dangling link
