@@ -290,7 +290,7 @@ def test_dynamic_size_not_divisible_by_patch():
             ValueError,
             "global_pool='token' needs class_token=True; use global_pool='avg'",
         ),
-        (dict(depth=0), ValueError, "depth must be >= 1, got 0"),
+        (dict(depth=0), ValueError, r"depth must be in \[1, 1,024\], got 0"),
         (dict(drop_rate=1.5), ValueError, r"drop_rate must be in \[0, 1\), got 1.5"),
         (dict(embed_dim="768"), TypeError, "embed_dim must be int, got str '768'"),
         (dict(qkv_bias=1), TypeError, "qkv_bias must be bool, got int 1"),

@@ -6,7 +6,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vitkit import VisionTransformer
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.model.config import SIZE_LIMITS
 from vitkit.model.layers import conv_to_unfold_weight
 
 SETTINGS = settings(
@@ -138,3 +139,37 @@ def test_same_seed_gives_the_same_weights_after_training_steps():
 
     first, second = train(), train()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+@SETTINGS
+@given(
+    name=st.sampled_from(sorted(SIZE_LIMITS)),
+    value=st.integers(-(10**30), 10**30) | st.integers(-2, 70000),
+)
+def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, value):
+    """Each size has a declared range (`SIZE_LIMITS`); a value outside it is one error naming
+    the range, raised by the config alone (no model, nothing allocated)."""
+    low, most = (0 if name == "num_classes" else 1), SIZE_LIMITS[name]
+    # (a size below 1 meets `to_2tuple`'s check first, with its own wording)
+    message = rf"^{name} must be (in \[{low}, {most:,}\]|a positive int).*, got \(?{value}"
+    if low <= value <= most:
+        try:
+            ViTConfig(**{name: value})
+        except ValueError as err:  # another rule (patch count, divisibility), not the range
+            assert "must be in [" not in str(err)
+    else:
+        with pytest.raises(ValueError, match=message):
+            ViTConfig(**{name: value})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(img_size=20000, patch_size=2), "makes 100,000,000 patches; the most is 1,048,576"),
+        (dict(mlp_ratio=1e9), "gives an MLP of width 768,000,000,000 for embed_dim 768"),
+        (dict(conv_stem=(32, 100000)), r"conv_stem channels must be <= 65,536"),
+    ],
+)
+def test_sizes_that_multiply_beyond_the_limits_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        ViTConfig(**options)

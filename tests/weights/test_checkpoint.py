@@ -271,12 +271,13 @@ def _edit_config(**changes):
 @pytest.mark.parametrize(
     "changes, pattern",
     [
-        (dict(depth=1_000_000), r"config says depth 1000000 but the file holds 2 blocks"),
-        (dict(img_size=16384), r"does not match its tensors \(wrong shape: pos_embed"),
-        (dict(embed_dim=1 << 20, num_heads=2), r"does not match its tensors"),
+        (dict(depth=1_000_000), r"invalid vitkit config: depth must be in \[1, 1,024\]"),
+        (dict(depth=1000), r"config says depth 1000 but the file holds 2 blocks"),
+        (dict(img_size=4096), r"does not match its tensors \(wrong shape: pos_embed"),
+        (dict(embed_dim=65536, num_heads=2), r"does not match its tensors"),
         (dict(num_classes=7), r"head\.weight: checkpoint \(3, 32\) vs model \(7, 32\)"),
     ],
-    ids=["depth", "img-size", "width", "classes"],
+    ids=["huge-depth", "depth", "img-size", "width", "classes"],
 )
 def test_config_is_checked_against_the_header_before_building(
     tmp_path, monkeypatch, changes, pattern

@@ -109,6 +109,21 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# Upper bounds of the sizes, far above any published ViT (ViT-22B: width 6144, depth 48), so
+# that a typo or a doctored file is refused at once instead of allocating for hours.
+SIZE_LIMITS = {
+    "img_size": 65536,
+    "patch_size": 65536,
+    "in_chans": 4096,
+    "num_classes": 10_000_000,
+    "embed_dim": 65536,
+    "depth": 1024,
+    "num_heads": 65536,
+}
+MAX_MLP_WIDTH = 1 << 20
+MAX_PATCHES = 1 << 20
+
+
 @dataclass(frozen=True, kw_only=True)
 class ViTConfig:
     """The architecture of a `VisionTransformer`; defaults are ViT-B/16 at 224 (paper Table 1).
@@ -190,11 +205,12 @@ class ViTConfig:
         if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in stem):
             raise ValueError(f"conv_stem must be positive channel counts, got {self.conv_stem!r}")
         object.__setattr__(self, "conv_stem", stem)
-        for name in ("in_chans", "embed_dim", "depth", "num_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        for name, most in SIZE_LIMITS.items():
+            value = getattr(self, name)
+            sides = value if isinstance(value, tuple) else (value,)
+            low = 0 if name == "num_classes" else 1
+            if not all(low <= side <= most for side in sides):
+                raise ValueError(f"{name} must be in [{low}, {most:,}], got {value}")
         for name in ("mlp_ratio", "qk_scale", "norm_eps"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
@@ -210,6 +226,26 @@ class ViTConfig:
             raise ValueError(
                 f"mlp_ratio {self.mlp_ratio} gives an MLP of width 0 for embed_dim "
                 f"{self.embed_dim}; choose mlp_ratio >= {1 / self.embed_dim:.3g}"
+            )
+        if self.embed_dim * self.mlp_ratio > MAX_MLP_WIDTH:
+            raise ValueError(
+                f"mlp_ratio {self.mlp_ratio} gives an MLP of width "
+                f"{self.embed_dim * self.mlp_ratio:,.0f} for embed_dim {self.embed_dim}; the "
+                f"most is {MAX_MLP_WIDTH:,}"
+            )
+        height, width = to_2tuple(self.img_size, "img_size")
+        patch_h, patch_w = to_2tuple(self.patch_size, "patch_size")
+        patches = (stem_output_size(height, len(stem)) // patch_h) * (
+            stem_output_size(width, len(stem)) // patch_w
+        )
+        if patches > MAX_PATCHES:
+            raise ValueError(
+                f"img_size {self.img_size} in patches of {self.patch_size} makes {patches:,} "
+                f"patches; the most is {MAX_PATCHES:,}: use larger patches or a smaller image"
+            )
+        if any(channels > SIZE_LIMITS["embed_dim"] for channels in stem):
+            raise ValueError(
+                f"conv_stem channels must be <= {SIZE_LIMITS['embed_dim']:,}, got {stem}"
             )
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
