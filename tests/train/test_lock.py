@@ -94,3 +94,35 @@ def test_overwrite_removes_the_run_files_and_nothing_else(finished, tmp_path):
     assert cli.main(train(out, "--overwrite")) == 0
     assert (out / "notes.txt").read_text() == "old" and (out / "my.tmp").read_text() == "old"
     assert json.loads((out / "test.json").read_text())["best_epoch"] == 1
+
+
+def test_two_trainings_started_together_never_share_a_folder(tmp_path):
+    """Two real processes on one --out: one trains, the other is refused (the live run's lock,
+    or the finished run's files); the folder holds exactly the winner's run."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vitkit", *train(out, "--seed", str(seed), "--epochs", "2")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for seed in (1, 2)
+    ]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    winner = 1 + [code for code, _ in results].index(0)
+    refusal = next(err for code, err in results if code == 2).strip().splitlines()[-1]
+    assert refusal.startswith(f"vitkit: error: {out} ")
+    assert "in use by a live vitkit run" in refusal or "already holds a run" in refusal
+    settings = json.loads((out / "config.json").read_text())["settings"]
+    assert settings["seed"] == winner
+    epochs = [
+        json.loads(line)["epoch"]
+        for line in (out / "metrics.jsonl").read_text().split("\n")
+        if line
+    ]
+    assert epochs == [1, 2]
