@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 
 import pytest
@@ -13,7 +14,15 @@ from hypothesis import strategies as st
 
 from vitkit import cli
 from vitkit.train import RECIPES, TrainConfig, resolve_config
-from vitkit.train.config import FIELDS, OPTIONAL, RUNTIME, Range, SettingsError, read_settings
+from vitkit.train.config import (
+    FIELDS,
+    GROWS,
+    OPTIONAL,
+    RUNTIME,
+    Range,
+    SettingsError,
+    read_settings,
+)
 from vitkit.train.recipes import RECIPE_OPTIONS
 
 
@@ -33,7 +42,7 @@ def test_help_shows_every_option_with_its_help_and_default():
     for item in dataclasses.fields(TrainConfig):
         flag = "--" + (item.metadata["flag"] or item.name.replace("_", "-"))
         assert flag in text, flag
-    assert "--epochs EPOCHS       passes over the training data (default: 100; recipes" in text
+    assert "--epochs EPOCHS       passes over the training data (--resume may raise it)" in text
     assert (
         "--weight-decay WEIGHT_DECAY\n                        AdamW weight decay (default: 0.05)"
         in text
@@ -145,6 +154,7 @@ def test_settings_round_trip_and_old_runs_lack_only_later_options(tmp_path):
     with pytest.raises(SettingsError, match="missing setting.s. epochs; add them"):
         read_settings(path, complete=True)
     assert set(RUNTIME) == {"threads", "save_every", "device", "workers"}
+    assert set(GROWS) == {"epochs"}
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +166,12 @@ def finished(tmp_path_factory):
 
 
 def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys):
-    code = cli.main(["train", "--out", str(finished), "--resume", "--epochs", "5"])
+    code = cli.main(["train", "--out", str(finished), "--resume", "--lr", "0.1", "--seed", "3"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(
         f"vitkit: error: --resume continues {finished} with its saved settings; it cannot change "
-        "--epochs (saved 1): drop them, or start a new run with --config"
+        "--seed (saved 0), --lr (saved None): drop them, or start a new run with --config"
     )
     code = cli.main(
         ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
@@ -208,3 +218,23 @@ def test_any_number_is_taken_only_inside_its_range(name, value):
         assert not (math.isfinite(value) and bounds.holds(value))
     else:
         assert math.isfinite(value) and bounds.holds(getattr(config, name))
+
+
+def test_resume_may_raise_the_epochs_never_lower_them(tmp_path, capsys, caplog):
+    """A finished 1-epoch run resumed with --epochs 2 trains one more epoch, records the new
+    count in config.json and says what it took; fewer epochs than saved are refused."""
+    out = tmp_path / "run"
+    tiny = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2"]
+    assert cli.main(["train", "--out", str(out), "--epochs", "2", *tiny, "--no-progress"]) == 0
+    capsys.readouterr()
+    code = cli.main(["train", "--out", str(out), "--resume", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--epochs (saved 2); --epochs may only grow: drop them" in err
+    caplog.set_level(logging.INFO, logger="vitkit")
+    resume = ["train", "--out", str(out), "--resume", "--epochs", "3", "--no-progress"]
+    assert cli.main(resume) == 0
+    assert "--resume: taking --epochs 3 (saved 2)" in caplog.messages
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert json.loads((out / "config.json").read_text())["settings"]["epochs"] == 3
+    assert json.loads((out / "test.json").read_text())["best_epoch"] in (1, 2, 3)

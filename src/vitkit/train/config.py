@@ -91,6 +91,7 @@ def option(
     flag: str | None = None,
     metavar: str | tuple[str, ...] | None = None,
     runtime: bool = False,
+    grows: bool = False,
     since: bool = False,
     none_flag: tuple[str, str] | None = None,
 ) -> Any:
@@ -105,6 +106,7 @@ def option(
         flag: the command-line name without dashes (default: the field name with - for _).
         metavar: argparse's metavar.
         runtime: how the run executes, not what it computes: `--resume` may change it.
+        grows: `--resume` may raise it (e.g. more epochs), never lower it.
         since: added after the first release: a run's config.json may lack it (the default).
         none_flag: (flag, help) of a switch that sets the option to None (e.g. --no-crop).
     """
@@ -116,6 +118,7 @@ def option(
         "flag": flag,
         "metavar": metavar,
         "runtime": runtime,
+        "grows": grows,
         "since": since or runtime,
         "none_flag": none_flag,
     }
@@ -194,7 +197,12 @@ class TrainConfig:
                        range=NON_NEGATIVE)  # fmt: skip
 
     # -- optimisation
-    epochs: int = option(100, "passes over the training data", range=AT_LEAST_ONE)
+    epochs: int = option(
+        100,
+        "passes over the training data (--resume may raise it)",
+        range=AT_LEAST_ONE,
+        grows=True,
+    )
     batch_size: int = option(64, "images per step, per process", range=AT_LEAST_ONE)
     lr: float | None = option(
         None, "peak learning rate (default: blr * effective batch / 512)", range=POSITIVE
@@ -458,6 +466,8 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainConfig))
 OPTIONAL = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["since"])
 # Options `--resume` may change: how the run executes, not what it computes.
 RUNTIME = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["runtime"])
+# Options `--resume` may raise (more epochs), never lower.
+GROWS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["grows"])
 
 
 def check_settings(values: dict[str, Any], source: str) -> None:

@@ -219,7 +219,7 @@ def _train_and_test(
         "val_fraction": config.val_fraction,
         "test_fraction": config.test_fraction,
     }
-    if rank == 0 and not resume:
+    if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
         write_record(out, config, model, meta, world_size)
     log.info(
         "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
