@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,6 +45,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
         raise UserError(f"{message}; see `{self.prog} --help`")
+
+
+def _int_in(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`, else one line naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 # -- train / eval / predict / explain handlers ---------------------------------------------
@@ -228,8 +243,6 @@ def _read_inputs(model: VisionTransformer, paths: Sequence[str]) -> torch.Tensor
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    if args.topk < 1:
-        raise UserError(f"--topk must be >= 1, got {args.topk}")
     device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
@@ -436,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="confusion matrix picture (default: beside the checkpoint)",
     )
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=_int_in(1), default=256)
     p.add_argument("--device")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.set_defaults(func=_cmd_eval)
@@ -444,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="top classes and probabilities of images")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--topk", type=_int_in(1), default=5)
     p.add_argument("--device")
     p.add_argument("--json", action="store_true", help="a JSON list instead of text")
     p.set_defaults(func=_cmd_predict)
@@ -474,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or HF model folder")
     p.add_argument("output", help="the vitkit .safetensors file to write")
-    p.add_argument("--num-heads", type=int, help="attention heads (default: inferred)")
+    p.add_argument("--num-heads", type=_int_in(1), help="attention heads (default: inferred)")
     p.add_argument("--config", help="Hugging Face config.json (default: the one beside IN)")
     p.add_argument("--no-parity", action="store_true", help="skip the output comparison")
     p.set_defaults(func=_cmd_convert)

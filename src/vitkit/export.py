@@ -179,6 +179,14 @@ def export_onnx(
             f"opset {opset} is too old: the position-embedding resample needs ONNX Resize with "
             f"antialias, opset {MIN_OPSET} or newer; pass opset={MIN_OPSET}"
         )
+    import onnx.defs  # the ONNX extra (missing: one line naming it)
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ValueError(
+            f"opset {opset} is newer than the installed onnx knows ({newest}); pass an opset "
+            f"from {MIN_OPSET} to {newest}"
+        )
     if dynamic_img_size is None:
         dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
     path = Path(path)

@@ -35,7 +35,11 @@ def finished(tmp_path_factory) -> Path:
     "argv, message",
     [
         (["--device", "bogus"], "device 'bogus' is not a device; use cpu, cuda or cuda:N"),
-        (["--threads", "-1"], "threads must be >= 1, got -1"),
+        (["--threads", "-1"], "threads must be in [1, 1024], got -1"),
+        (["--threads", "100000"], "threads must be in [1, 1024], got 100000"),
+        (["--img-size", "0"], "img_size must be in [1, 65536], got (0, 0)"),
+        (["--img-size", "8", "0"], "img_size must be in [1, 65536], got (8, 0)"),
+        (["--crop-scale", "0.5", "nan"], "crop_scale must be a finite number, got (0.5, nan)"),
         (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
         (["--epochs", "0"], "epochs must be >= 1, got 0"),
         (["--lr", "-1"], "lr must be > 0, got -1.0"),
@@ -91,7 +95,20 @@ def test_resume_from_a_damaged_state_file(tmp_path, run_cli, finished):
 def test_eval_and_predict_mistakes(tmp_path, run_cli, finished):
     model = finished / "model.safetensors"
     code, _, err = run_cli("predict", "--checkpoint", model, "--topk", "0", "x.png")
-    assert (code, err) == (2, "vitkit: error: --topk must be >= 1, got 0\n")
+    assert (code, err) == (
+        2,
+        "vitkit: error: --topk must be >= 1, got 0; see `vitkit predict --help`\n",
+    )
+    code, _, err = run_cli("eval", "--checkpoint", model, "--batch-size", "0")
+    assert (code, err) == (
+        2,
+        "vitkit: error: --batch-size must be >= 1, got 0; see `vitkit eval --help`\n",
+    )
+    code, _, err = run_cli("export", "--checkpoint", model, tmp_path / "m.onnx", "--opset", "999")
+    assert code == 2 and err.startswith(
+        "vitkit: error: opset 999 is newer than the installed onnx knows ("
+    )
+    assert not (tmp_path / "m.onnx").exists()
     code, _, err = run_cli("eval", "--checkpoint", tmp_path / "nope.safetensors")
     assert code == 2 and err.startswith("vitkit: error: checkpoint ") and "does not exist" in err
     broken = tmp_path / "broken.safetensors"

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -96,13 +97,17 @@ def _outside(bounds: Range) -> float:
 )
 def test_every_range_is_checked_with_a_message_naming_the_option(item):
     bounds = item.metadata["range"]
-    kind = int if item.type in ("int", "int | None") else float
+    pair = item.type.startswith("tuple[int, int]")  # each side is checked
+    kind = int if pair or item.type in ("int", "int | None") else float
     value = kind(_outside(bounds))
-    with pytest.raises(ValueError, match=rf"^{item.name} .*, got {value!r}$"):
-        TrainConfig(**{item.name: value})
+    inside = kind(bounds.low) if not bounds.low_open else kind(bounds.low + 1)
+    given = (inside, value) if pair else value
+    with pytest.raises(ValueError, match=rf"^{item.name} .*, got {re.escape(repr(given))}$"):
+        TrainConfig(**{item.name: given})
     if bounds.high is not None:
+        too_big = kind(bounds.high + 1)
         with pytest.raises(ValueError, match=rf"^{item.name} "):
-            TrainConfig(**{item.name: kind(bounds.high + 1)})
+            TrainConfig(**{item.name: (too_big, inside) if pair else too_big})
     if kind is float:
         for bad in (math.nan, math.inf):
             with pytest.raises(ValueError, match=rf"^{item.name} must be a finite number"):

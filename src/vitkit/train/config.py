@@ -164,7 +164,10 @@ class TrainConfig:
         metavar="KEY=VALUE",
     )
     img_size: tuple[int, int] | None = option(
-        None, "input size: N or H W (default: the data's, else the model's)", group="data"
+        None,
+        "input size: N or H W (default: the data's, else the model's)",
+        group="data",
+        range=Range(1, 65536),
     )
     in_chans: int | None = option(
         None, "image channels (image files only)", group="data", choices=(1, 3)
@@ -259,7 +262,7 @@ class TrainConfig:
         None,
         "CPU threads for torch (the small recipe: 1, faster for a tiny model; else torch's)",
         group="run",
-        range=AT_LEAST_ONE,
+        range=Range(1, 1024),
         runtime=True,
     )
     save_every: int = option(
@@ -447,9 +450,10 @@ def _check_value(item: dataclasses.Field, value: Any) -> None:
     if choices is not None and value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"unknown {item.name} {value!r}; expected one of {allowed}")
-    if isinstance(value, float) and not math.isfinite(value):
+    numbers = value if isinstance(value, tuple) else (value,)  # a pair: each side
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         raise ValueError(f"{item.name} must be a finite number, got {value}")
-    if bounds is not None and not bounds.holds(value):
+    if bounds is not None and not all(bounds.holds(v) for v in numbers):
         raise ValueError(f"{item.name} {bounds.describe()}, got {value!r}")
 
 
