@@ -108,3 +108,25 @@ def test_hf_other_activation_is_refused():
     source = transformers.ViTForImageClassification(cfg)
     with pytest.raises(CheckpointError, match=r"hidden_act='gelu_new'"):
         convert.from_hf(source.state_dict(), config=cfg)
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("{not json", r"cannot read the Hugging Face config .*config\.json \(Expecting"),
+        ("[1, 2]", r"the Hugging Face config .*config\.json is not a JSON object"),
+        ('{"num_attention_heads": 10000000}', r"num_heads must be in \[1, 65,536\]"),
+        ('{"image_size": 1000000000}', r"img_size must be in \[1, 65,536\]"),
+        ('{"layer_norm_eps": -1}', r"norm_eps must be a finite number > 0, got -1"),
+    ],
+    ids=["broken", "list", "heads", "image-size", "eps"],
+)
+def test_a_doctored_config_json_is_one_clear_error(tmp_path, text, pattern):
+    """A folder's config.json is untrusted: broken or absurd values are refused before any
+    model is built, with the file named when it cannot be read."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    transformers.ViTForImageClassification(hf_config()).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=pattern) as err:
+        vitkit.load_pretrained(tmp_path)
+    assert "\n" not in str(err.value)

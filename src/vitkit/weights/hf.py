@@ -136,7 +136,19 @@ def _hf_config_dict(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
     if isinstance(config, (str, os.PathLike)):
-        return json.loads(Path(config).read_text())
+        try:
+            values = json.loads(Path(config).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise CheckpointError(
+                f"cannot read the Hugging Face config {config} ({err}); it should be the "
+                "model's config.json"
+            ) from None
+        if not isinstance(values, dict):
+            raise CheckpointError(
+                f"the Hugging Face config {config} is not a JSON object; it should be the "
+                "model's config.json"
+            )
+        return values
     if hasattr(config, "to_dict"):
         return config.to_dict()
     return dict(config)
