@@ -321,3 +321,27 @@ def test_run_files_follow_the_umask(tmp_path, run_cli, umask):
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in written} == {
         p.name: 0o666 & ~umask for p in written
     }
+
+
+def test_a_permission_error_names_the_path_and_keeps_the_state(tmp_path, monkeypatch, run_cli):
+    """A write refused by the file system (here: the rename of last.safetensors) is exit code
+    1 and one line naming the path; the state saved before it stays, and --resume finishes."""
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == LAST_FILE:
+            raise PermissionError(errno.EACCES, "Permission denied", str(dst))
+        real_replace(src, dst)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(os, "replace", replace)
+    code, stdout, err = run_cli("train", "--out", out, "--epochs", "2", *TINY)
+    assert (code, stdout) == (1, "")
+    assert err == (
+        f"vitkit: error: permission denied: {out / LAST_FILE}; check the permissions of that "
+        "path or choose another location\n"
+    )
+    assert temp_files(out) == [] and load_state(out / STATE_FILE)["epoch"] == 0
+    monkeypatch.undo()
+    code, _, _ = run_cli("train", "--out", out, "--resume", "--no-progress")
+    assert code == 0 and load_state(out / STATE_FILE)["epoch"] == 2
