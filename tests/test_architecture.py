@@ -15,7 +15,7 @@ ALLOWED: dict[str, set[str]] = {
     "files": set(),
     "model": set(),
     "data": set(),
-    "weights": {"model", "files"},
+    "weights": {"model", "data", "files"},
     "summary": set(),
     "explain": {"files"},
     "export": {"model"},

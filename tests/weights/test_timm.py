@@ -139,7 +139,15 @@ def test_cli_convert_timm_with_parity(tmp_path, capsys):
     assert "converted 32 tensors: embed_dim 64, depth 2, heads 4" in text
     assert "parity vs timm: max |difference|" in text and "(ok, tolerance 1e-04)" in text
     loaded = vitkit.load(out)
-    assert loaded.meta == {"converted_from": "timm"}
+    assert loaded.meta["converted_from"] == "timm"
+    assert loaded.data_config.to_dict() == {  # timm's ViT defaults: a bare file has no config
+        "input_size": [3, 32, 32],
+        "mean": [0.5] * 3,
+        "std": [0.5] * 3,
+        "interpolation": "bicubic",
+        "crop_pct": 0.9,
+        "crop_mode": "center",
+    }
     x = images(32, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), source(x), **TOL)

@@ -25,8 +25,10 @@ from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as serialize_safetensors
 from torch import Tensor
 
+from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, ViTConfig
+from ..model.config import to_2tuple
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +43,16 @@ class CheckpointError(ValueError):
 def save(
     model: VisionTransformer, path: str | os.PathLike, meta: dict[str, Any] | None = None
 ) -> None:
-    """Save weights as safetensors, with `model.config` and `meta` (e.g. class names) as JSON.
+    """Save weights as safetensors, with `model.config` and `meta` (e.g. class names) as JSON;
+    the model's `data_config` (how its inputs are prepared) goes into `meta` unless it has one.
 
     `load(path)` rebuilds the model from the file alone.
     """
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     metadata = {CONFIG_KEY: json.dumps(model.config.to_dict())}
+    data_config = getattr(model, "data_config", None)
+    if data_config is not None and "data_config" not in (meta or {}):
+        meta = {**(meta or {}), "data_config": data_config.to_dict()}
     if meta is not None:
         metadata[META_KEY] = json.dumps(meta)
     data = serialize_safetensors(tensors, metadata=metadata)
@@ -149,7 +155,32 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> V
     model = VisionTransformer(config)
     load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
     model.meta = meta
+    model.data_config = saved_data_config(meta, config, str(path))
     return model.eval()
+
+
+def saved_data_config(meta: dict[str, Any], config: ViTConfig, source: str) -> DataConfig | None:
+    """The data config a vitkit checkpoint's metadata records: `data_config`, or for files
+    written before it existed the training data's mean / std (they were resized, not
+    cropped); None when it records neither."""
+    if "data_config" in meta:
+        try:
+            return DataConfig.from_dict(meta["data_config"], f"{source}: data_config")
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+    if "mean" in meta and "std" in meta:
+        height, width = to_2tuple(config.img_size, "img_size")
+        try:
+            return DataConfig(
+                input_size=(config.in_chans, height, width),
+                mean=meta["mean"],
+                std=meta["std"],
+                interpolation="bilinear",
+                crop_mode="squash",
+            )
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{source}: invalid mean / std in its metadata: {err}") from None
+    return None
 
 
 def load_state_dict(

@@ -25,9 +25,11 @@ from .checkpoint import (
     load_into,
     load_npz,
     load_state_dict,
+    read_metadata,
     saved_config,
 )
 from .detect import CONVERTERS, FORMATS, detect_format, weights_file
+from .preprocessing import source_data_config
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def load_pretrained(
             "img_size= applies when load_pretrained builds the model (model=None); build the "
             "given model at the size you want and its position grid is resampled to it"
         )
-    state_dict, format, source_config = _read(source, format)
+    state_dict, format, source_config, meta = _read(source, format)
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
@@ -95,6 +97,9 @@ def load_pretrained(
     if model.config.encoder == "torch":
         state_dict = _torch_layout(state_dict)
     load_into(model, state_dict, source=f"{format} checkpoint")
+    data_config = source_data_config(source, format, source_config, meta)
+    chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
+    model.data_config = data_config.replace(input_size=(chans, height, width))
     return model.eval()
 
 
@@ -126,20 +131,20 @@ def adapt_state_dict(
 
 def _read(
     source: str | os.PathLike | Mapping[str, Any], format: str
-) -> tuple[dict[str, Any], str, ViTConfig | None]:
-    """(weights, format, config when the file carries one) of a source."""
+) -> tuple[dict[str, Any], str, ViTConfig | None, dict[str, Any]]:
+    """(weights, format, config and metadata when the file carries them) of a source."""
     if isinstance(source, Mapping):
         weights = dict(source)
-        return weights, _detect(weights) if format == "auto" else format, None
+        return weights, _detect(weights) if format == "auto" else format, None, {}
     path = weights_file(source)
     is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
     if format == "jax" or (format == "auto" and is_npz):
-        return load_npz(path), "jax", None
+        return load_npz(path), "jax", None, {}
     weights = load_state_dict(path)
     config = saved_config(path) if format in ("auto", "vitkit") else None
     if config is not None:
-        return weights, "vitkit", config
-    return weights, _detect(weights) if format == "auto" else format, None
+        return weights, "vitkit", config, read_metadata(path)[1]
+    return weights, _detect(weights) if format == "auto" else format, None, {}
 
 
 def _torch_layout(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
