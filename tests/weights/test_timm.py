@@ -47,11 +47,13 @@ def test_timm_parity(name, kwargs):
 
 def test_timm_heads_override_and_default():
     sd = VisionTransformer(embed_dim=64, depth=1, num_heads=2, img_size=32, patch_size=8)
-    assert convert.from_timm(sd.state_dict())[1].num_heads == 1  # 64 // 64
+    with pytest.raises(CheckpointError, match=r"give it: --model-opt num_heads=N"):
+        convert.from_timm(sd.state_dict())  # width 64: refused, never guessed
     assert convert.from_timm(sd.state_dict(), num_heads=2)[1].num_heads == 2
     assert convert.default_num_heads(1024) == 16
     assert convert.default_num_heads(1280) == 16
-    assert convert.default_num_heads(320) == 5
+    with pytest.raises(CheckpointError, match="width 320 is not a standard ViT size"):
+        convert.default_num_heads(320)
 
 
 def test_timm_unsupported_layer_is_reported():

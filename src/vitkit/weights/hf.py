@@ -69,8 +69,9 @@ def from_hf(
         state_dict: the weights (`vit.`-prefixed or not).
         config: the model's `config.json` as a path, a dict or a transformers `ViTConfig`;
             it gives the head count, `layer_norm_eps` and the image size. Without it the
-            epsilon is HF's default 1e-12 and the heads are guessed (see the module doc).
-        num_heads: the head count, overriding the config and the guess.
+            epsilon is HF's default 1e-12 and the heads are the standard count of the width,
+            or must be given (see `layout.py`).
+        num_heads: the head count, overriding the config.
         overrides: other `ViTConfig` fields.
 
     The pooler (`ViTModel`'s tanh layer on the class token) and the masked-modelling token are

@@ -13,7 +13,8 @@ non-square grid). The number of attention heads leaves no trace in timm, Hugging
 torchvision weights (q, k and v are stored as full D x D matrices), so it comes from, in order:
 the `num_heads` argument, a Hugging Face `config.json` when one is given, the standard head
 count for the width (192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16; ViT paper Table 1
-and DeiT), else `embed_dim // 64`. The JAX layout stores heads explicitly, so there it is exact.
+and DeiT); another width is refused (`default_num_heads`), never guessed. The JAX layout
+stores heads explicitly, so there it is exact.
 """
 
 from __future__ import annotations
@@ -48,12 +49,15 @@ _UNSUPPORTED = {
 
 
 def default_num_heads(embed_dim: int) -> int:
-    """The head count assumed for a width when the weights do not say: the standard sizes'
-    count, else one head per 64 channels."""
+    """The head count of a standard width (ViT paper Table 1, DeiT) when the weights do not
+    say; any other width is refused, never guessed: a wrong count computes another function."""
     if embed_dim in STANDARD_HEADS:
         return STANDARD_HEADS[embed_dim]
-    heads = max(1, embed_dim // 64)
-    return heads if embed_dim % heads == 0 else 1
+    raise CheckpointError(
+        f"the weights do not record the number of attention heads and width {embed_dim} is not "
+        f"a standard ViT size ({', '.join(map(str, STANDARD_HEADS))}); give it: "
+        "--model-opt num_heads=N on the command line, num_heads=N in Python"
+    )
 
 
 # -- config inference -----------------------------------------------------------------------

@@ -72,6 +72,8 @@ def load_pretrained(
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
+    if model is not None and format != "jax":  # the given model knows its head count
+        convert_options.setdefault("num_heads", model.config.num_heads)
     if source_config is None:
         state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
     elif source_config.encoder == "torch":  # a vitkit file of an encoder='torch' model
