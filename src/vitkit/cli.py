@@ -158,10 +158,11 @@ def _checkpoint_model(path: str, device: str) -> VisionTransformer:
 
 
 def _eval_transform(model: VisionTransformer):
-    meta = model.meta
+    """The normalisation of the model's data config (0.5 / 0.5 for a file that has none)."""
     chans = model.config.in_chans
-    mean = meta.get("mean", [0.5] * chans)
-    std = meta.get("std", [0.5] * chans)
+    data_config = getattr(model, "data_config", None)
+    mean = data_config.mean if data_config else [0.5] * chans
+    std = data_config.std if data_config else [0.5] * chans
     return build_transform(False, img_size=tuple(model.patch_embed.img_size), mean=mean, std=std)
 
 

@@ -10,6 +10,7 @@ the best weights (`test.json`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 
 from .. import __version__
 from ..data import Splits, Transformed, build_transform, load_data
+from ..data.data_config import DataConfig
 from ..files import atomic_write, remove_stale_temp_files
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load, load_pretrained, load_state_dict
@@ -58,7 +60,9 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         raise ValueError("training_setup needs a model name; build the config with resolve_config")
     torch.manual_seed(config.seed)
     base = get_config(config.model)
-    in_chans = config.in_chans or config.model_opts.get("in_chans", base.in_chans)
+    # Image files decode to the model's channels; pretrained weights are RGB unless --in-chans.
+    default_chans = 3 if config.pretrained else base.in_chans
+    in_chans = config.in_chans or config.model_opts.get("in_chans", default_chans)
     splits = load_data(
         config.data_spec(),
         val_fraction=config.val_fraction,
@@ -69,6 +73,8 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         skip_corrupt=not config.strict,
     )
     model = build_model(config, splits)
+    if config.pretrained:  # the weights' own normalisation, as they were trained with
+        splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
     train_tf, eval_tf = transforms(config, splits, model.patch_embed.img_size)
     return TrainingSetup(
         config=config,
@@ -81,24 +87,50 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
 
 
 def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
-    """The registered model with the config's options, sized to the data; fine-tuned from
-    `config.pretrained` by `load_pretrained` (a head of another size is replaced)."""
+    """The registered model with the config's options, sized to the data; or, with
+    `config.pretrained`, the architecture of those weights (any format `load_pretrained`
+    reads), with a new head for the data's classes, the position grid resampled to
+    `config.img_size` and the model options applied. `model.data_config` says how its
+    inputs are prepared."""
     options = dict(config.model_opts)
+    if config.drop_path:
+        options.setdefault("drop_path_rate", config.drop_path)
+    if config.distill != "none":
+        options.setdefault("distilled", True)
+    if config.pretrained:
+        return _pretrained_model(config, splits, options)
     options.setdefault("num_classes", splits.num_classes)
     options.setdefault("in_chans", splits.in_chans)
     if config.img_size:
         options.setdefault("img_size", tuple(config.img_size))
     elif splits.img_size is not None:
         options.setdefault("img_size", tuple(splits.img_size))
-    if config.drop_path:
-        options.setdefault("drop_path_rate", config.drop_path)
-    if config.distill != "none":
-        options.setdefault("distilled", True)
     model = create_model(config.model, **options)
-    if config.pretrained:
-        load_pretrained(config.pretrained, model=model)
-        model.train()
+    height, width = model.patch_embed.img_size
+    model.data_config = DataConfig(
+        input_size=(model.config.in_chans, height, width),
+        mean=splits.mean,
+        std=splits.std,
+        interpolation="bilinear",
+        crop_mode="squash",
+    )
     return model
+
+
+def _pretrained_model(
+    config: TrainConfig, splits: Splits, options: dict[str, Any]
+) -> VisionTransformer:
+    img_size = tuple(config.img_size) if config.img_size else options.pop("img_size", None)
+    model = load_pretrained(
+        config.pretrained, num_classes=splits.num_classes, img_size=img_size, **options
+    )
+    if model.config.in_chans != splits.in_chans:
+        raise ValueError(
+            f"{config.pretrained} takes {model.config.in_chans}-channel images but the data has "
+            f"{splits.in_chans}; use data with {model.config.in_chans} channels"
+            + (" (--in-chans for image folders)" if splits.img_size is None else "")
+        )
+    return model.train()
 
 
 def transforms(config: TrainConfig, splits: Splits, img_size: tuple[int, int]) -> tuple[Any, Any]:
@@ -224,7 +256,7 @@ def _train_and_test(
     log.info(
         "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
         "%d epochs -> %s",
-        config.model,
+        f"{config.pretrained} (fine-tuned)" if config.pretrained else config.model,
         splits.name,
         len(splits.train),
         len(splits.val),

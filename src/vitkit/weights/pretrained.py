@@ -7,6 +7,7 @@ new number of classes gets a freshly initialised head.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -57,7 +58,9 @@ def load_pretrained(
         num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
         img_size: a new input size; the position grid is resampled (bicubic) to fit. A given
             `model` is resampled to its own size instead.
-        convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF).
+        convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF);
+            `ViTConfig` fields among them (e.g. `drop_path_rate=0.1`) also set the built
+            model's config.
 
     Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
     """
@@ -78,7 +81,11 @@ def load_pretrained(
         state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
     elif source_config.encoder == "torch":  # a vitkit file of an encoder='torch' model
         state_dict = torch_to_native_state_dict(state_dict)
-    target = model.config if model is not None else source_config
+    if model is not None:
+        target = model.config
+    else:  # the options that are config fields (e.g. drop_path_rate) shape the new model
+        fields = {f.name for f in dataclasses.fields(ViTConfig)} - {"num_heads"}
+        target = source_config.replace(**{k: v for k, v in convert_options.items() if k in fields})
     if num_classes is not None:
         target = target.replace(num_classes=num_classes)
     if img_size is not None:
