@@ -78,6 +78,7 @@ def resample_pos_embed(
     num_prefix_tokens: int = 1,
     interpolation: str = "bicubic",
     antialias: bool = True,
+    align_corners: bool = False,
 ) -> Tensor:
     """Resample a (1, prefix + h*w, D) position embedding to a new patch grid.
 
@@ -92,6 +93,7 @@ def resample_pos_embed(
         num_prefix_tokens: leading tokens that are not on the grid.
         interpolation: a `F.interpolate` mode.
         antialias: antialias when shrinking.
+        align_corners: `F.interpolate`'s corner alignment (torchvision's resampling sets it).
     """
     num_grid = pos_embed.shape[1] - num_prefix_tokens
     if old_size is None:
@@ -115,6 +117,12 @@ def resample_pos_embed(
     grid = (
         grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
     )  # (1, D, h, w)
-    grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
+    grid = F.interpolate(
+        grid,
+        size=tuple(new_size),
+        mode=interpolation,
+        antialias=antialias,
+        align_corners=align_corners if interpolation in ("bilinear", "bicubic") else None,
+    )
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos_embed.dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)
