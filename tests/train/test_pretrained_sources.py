@@ -128,3 +128,14 @@ def test_a_config_less_file_of_a_non_standard_width_needs_the_head_count(tmp_pat
     argv[-2] = str(tmp_path / "run2")
     assert cli.main([*argv, "--model-opt", "num_heads=4"]) == 0
     assert vitkit.load(tmp_path / "run2" / "model.safetensors").config.num_heads == 4
+
+
+def test_fine_tune_at_another_patch_size_and_with_hf_resampling(tmp_path, folder, capsys):
+    source = _timm_file(tmp_path)  # patch 8 at 32: a 4x4 grid
+    out = tmp_path / "run"
+    argv = ["train", "--pretrained", str(source), "--data", str(folder), "--img-size", "64"]
+    argv += ["--model-opt", "patch_size=16", "--pos-resample", "hf", "--epochs", "1"]
+    assert cli.main([*argv, "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    model = vitkit.load(out / "model.safetensors")
+    assert model.patch_embed.proj.weight.shape == (192, 3, 16, 16)  # PI-resized from 8x8
+    assert model.pos_embed.shape == (1, 1 + 4 * 4, 192)

@@ -153,3 +153,56 @@ def test_load_pretrained_across_encoder_layouts(tmp_path):
     scaled = randomize(VisionTransformer(**ARCH, init_values=1e-5))
     with pytest.raises(CheckpointError, match=r"ls1\.gamma'?, which the model's encoder='torch'"):
         vitkit.load_pretrained(scaled.state_dict(), model=torch_model)
+
+
+def test_patch_embedding_pi_resize_matches_timm():
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    from vitkit.weights.pretrained import resample_patch_embed
+
+    weight = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    for new_size in [(8, 8), (32, 32), (14, 14), (16, 8)]:
+        expected = timm.layers.resample_patch_embed(weight, list(new_size))
+        torch.testing.assert_close(
+            resample_patch_embed(weight, new_size), expected, atol=1e-4, rtol=1e-4
+        )
+
+
+def test_load_into_a_model_with_another_patch_size():
+    """FlexiViT's promise: a patch resized with the patch size gives the old token (one patch
+    per image here, as the resize is the per-patch one)."""
+    source = randomize(VisionTransformer(img_size=8, patch_size=8, embed_dim=64, depth=1,
+                                         num_heads=4))  # fmt: skip
+    target = VisionTransformer(img_size=16, patch_size=16, embed_dim=64, depth=1, num_heads=4)
+    vitkit.load_pretrained(source.state_dict(), model=target)
+    x = images(8)
+    bigger = torch.nn.functional.interpolate(x, size=(16, 16), mode="bicubic", antialias=True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            target.patch_embed(bigger), source.patch_embed(x), atol=1e-4, rtol=1e-4
+        )
+
+
+def test_position_grid_resampling_as_hugging_face_and_torchvision_do():
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torchvision")
+    from torchvision.models.vision_transformer import interpolate_embeddings
+    from transformers.models.vit.modeling_vit import ViTEmbeddings
+
+    source = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1,
+                                         num_heads=4))  # fmt: skip
+    pos = source.pos_embed.detach()
+    hf = ViTEmbeddings(transformers.ViTConfig(hidden_size=64, image_size=32, patch_size=8))
+    hf.position_embeddings.data.copy_(pos)
+    with torch.no_grad():
+        expected = hf.interpolate_pos_encoding(torch.zeros(1, 1 + 36, 64), 48, 48)
+    model = vitkit.load_pretrained(source.state_dict(), img_size=48, pos_resample="hf", num_heads=4)
+    torch.testing.assert_close(model.pos_embed.detach(), expected, **TOL)
+
+    state = {"encoder.pos_embedding": pos}
+    expected = interpolate_embeddings(48, 8, state)["encoder.pos_embedding"]
+    model = vitkit.load_pretrained(
+        source.state_dict(), img_size=48, pos_resample="torchvision", num_heads=4
+    )
+    torch.testing.assert_close(model.pos_embed.detach(), expected, **TOL)
+    with pytest.raises(ValueError, match="unknown pos_resample 'jax'; expected one of timm"):
+        vitkit.load_pretrained(source.state_dict(), img_size=48, pos_resample="jax", num_heads=4)

@@ -185,9 +185,17 @@ class TrainConfig:
     )
     pretrained: str | None = option(
         None,
-        "fine-tune from these weights (a head of another size is replaced)",
+        "fine-tune these weights (any format vitkit convert reads; the architecture is theirs)",
         group="data",
         metavar="PATH",
+    )
+    pos_resample: str = option(
+        "timm",
+        "how --pretrained resamples the position grid to another size: as timm (bicubic, "
+        "antialiased), hf or torchvision do",
+        group="data",
+        choices=("timm", "hf", "torchvision"),
+        since=True,
     )
     recipe: str | None = option(
         None,

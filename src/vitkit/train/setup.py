@@ -122,7 +122,11 @@ def _pretrained_model(
 ) -> VisionTransformer:
     img_size = tuple(config.img_size) if config.img_size else options.pop("img_size", None)
     model = load_pretrained(
-        config.pretrained, num_classes=splits.num_classes, img_size=img_size, **options
+        config.pretrained,
+        num_classes=splits.num_classes,
+        img_size=img_size,
+        pos_resample=config.pos_resample,
+        **options,
     )
     if model.config.in_chans != splits.in_chans:
         raise ValueError(

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import VisionTransformer, ViTConfig
@@ -43,6 +45,7 @@ def load_pretrained(
     format: str = "auto",
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
+    pos_resample: str = "timm",
     **convert_options: Any,
 ) -> VisionTransformer:
     """A `VisionTransformer` in eval mode holding the weights of `source`.
@@ -57,10 +60,13 @@ def load_pretrained(
             'hf', 'torchvision', 'jax'.
         num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
         img_size: a new input size; the position grid is resampled (bicubic) to fit. A given
-            `model` is resampled to its own size instead.
+            `model` is resampled to its own size instead, and to its patch size (PI-resize).
+        pos_resample: whose grid resampling to follow: 'timm' (antialiased), 'hf' or
+            'torchvision' (`POS_RESAMPLE_MODES`).
         convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF);
             `ViTConfig` fields among them (e.g. `drop_path_rate=0.1`) also set the built
-            model's config.
+            model's config, and `patch_size=` builds it with another patch size (the patch
+            embedding PI-resized).
 
     Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
     """
@@ -71,6 +77,7 @@ def load_pretrained(
             "img_size= applies when load_pretrained builds the model (model=None); build the "
             "given model at the size you want and its position grid is resampled to it"
         )
+    patch_size = convert_options.pop("patch_size", None)  # the new model's, not the weights'
     state_dict, format, source_config, meta = _read(source, format)
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
@@ -90,7 +97,9 @@ def load_pretrained(
         target = target.replace(num_classes=num_classes)
     if img_size is not None:
         target = target.replace(img_size=img_size)
-    state_dict = adapt_state_dict(state_dict, source_config, target)
+    if patch_size is not None and model is None:
+        target = target.replace(patch_size=patch_size)
+    state_dict = adapt_state_dict(state_dict, source_config, target, pos_resample)
     if model is None:
         model = VisionTransformer(target)
     elif model.config.num_classes != target.num_classes:
@@ -112,30 +121,86 @@ def load_pretrained(
     return model.eval()
 
 
+# How each library resamples a learned position grid to another resolution: timm's
+# `resample_abs_pos_embed` (bicubic, antialiased), Hugging Face's `interpolate_pos_encoding`
+# (bicubic) and torchvision's `interpolate_embeddings` (bicubic, corners aligned).
+POS_RESAMPLE_MODES: dict[str, dict[str, bool]] = {
+    "timm": {"antialias": True, "align_corners": False},
+    "hf": {"antialias": False, "align_corners": False},
+    "torchvision": {"antialias": False, "align_corners": True},
+}
+
+
 def adapt_state_dict(
-    state_dict: dict[str, Tensor], source: ViTConfig, target: ViTConfig
+    state_dict: dict[str, Tensor],
+    source: ViTConfig,
+    target: ViTConfig,
+    pos_resample: str = "timm",
 ) -> dict[str, Tensor]:
-    """Drop a head of another size and resample the position grid to `target`'s resolution
-    (native-layout keys)."""
+    """Drop a head of another size, resample the patch embedding to `target`'s patch size
+    (FlexiViT's PI-resize) and the position grid to its resolution (native-layout keys).
+
+    Args:
+        state_dict: the source weights in vitkit's layout.
+        source, target: the configs of the weights and of the model they go into.
+        pos_resample: whose position-grid resampling to follow: 'timm', 'hf' or
+            'torchvision' (`POS_RESAMPLE_MODES`).
+    """
+    if pos_resample not in POS_RESAMPLE_MODES:
+        raise ValueError(
+            f"unknown pos_resample {pos_resample!r}; expected one of "
+            f"{', '.join(POS_RESAMPLE_MODES)}"
+        )
     state_dict = dict(state_dict)
     if target.num_classes != source.num_classes:
         for key in _HEAD_KEYS:
             state_dict.pop(key, None)
-    old_grid, new_grid = source.grid_size, target.grid_size
-    if "pos_embed" in state_dict and old_grid != new_grid:
-        if to_2tuple(source.patch_size, "patch_size") != to_2tuple(target.patch_size, "patch_size"):
+    old_patch = to_2tuple(source.patch_size, "patch_size")
+    new_patch = to_2tuple(target.patch_size, "patch_size")
+    if old_patch != new_patch:
+        weight = state_dict["patch_embed.proj.weight"]
+        if weight.ndim != 4:
             raise CheckpointError(
                 f"the checkpoint has patch size {source.patch_size}, the model "
-                f"{target.patch_size}; resampling patch embeddings is not supported"
+                f"{target.patch_size}; only a convolutional patch embedding can be resampled"
             )
+        log.info("resampling the patch embedding from %s to %s (PI-resize)", old_patch, new_patch)
+        state_dict["patch_embed.proj.weight"] = resample_patch_embed(weight, new_patch)
+    old_grid, new_grid = source.grid_size, target.grid_size
+    if "pos_embed" in state_dict and old_grid != new_grid:
         log.info("resampling the position embedding from grid %s to %s", old_grid, new_grid)
         state_dict["pos_embed"] = resample_pos_embed(
             state_dict["pos_embed"],
             new_size=new_grid,
             old_size=old_grid,
             num_prefix_tokens=source.num_prefix_tokens,
+            **POS_RESAMPLE_MODES[pos_resample],
         )
     return state_dict
+
+
+def resample_patch_embed(
+    weight: Tensor, new_size: tuple[int, int], interpolation: str = "bicubic"
+) -> Tensor:
+    """A patch-embedding kernel (D, C, h, w) for another patch size: FlexiViT's PI-resize
+    (Beyer et al. 2023, Section 3.4), as timm's `resample_patch_embed`.
+
+    With B the linear map that resizes an h x w patch to the new size, the new kernel is
+    pinv(B^T) applied to the old one, so that <resize(x), new kernel> = <x, old kernel>: the
+    token of a resized patch equals the old token of the original patch (exactly when
+    upsampling).
+    """
+    old_size = tuple(weight.shape[-2:])
+    if old_size == tuple(new_size):
+        return weight
+    old_area = old_size[0] * old_size[1]
+    basis = torch.eye(old_area, dtype=torch.float32).reshape(old_area, 1, *old_size)
+    resized = F.interpolate(basis, size=tuple(new_size), mode=interpolation, antialias=True)
+    resize = resized.reshape(old_area, -1).double()  # (h*w, h'*w'): row i = resize(e_i)
+    inverse = torch.linalg.pinv(resize)  # (h'*w', h*w): pinv(B^T)
+    kernels = weight.double().reshape(-1, old_area)  # (D*C, h*w)
+    new = kernels @ inverse.T  # (D*C, h'*w')
+    return new.reshape(*weight.shape[:2], *new_size).to(weight.dtype)  # (D, C, h', w')
 
 
 def _read(
