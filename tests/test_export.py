@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -199,3 +200,18 @@ def test_backbone_onnx_and_torch_export(tmp_path):
             torch.testing.assert_close(torch.from_numpy(have), want, rtol=0, atol=1e-4)
         for have, want in zip(program(y), backbone(y)):
             torch.testing.assert_close(have, want, rtol=0, atol=1e-5)
+
+
+@needs_onnx
+def test_onnx_carries_the_data_config(tmp_path):
+    from vitkit.data.data_config import DataConfig
+    from vitkit.export import DATA_CONFIG_PROP
+
+    model = tiny()
+    model.data_config = DataConfig(input_size=(3, 60, 100), mean=0.4, std=0.3, crop_pct=0.9)
+    path = export_onnx(model, tmp_path / "m.onnx")
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(props[DATA_CONFIG_PROP]) == model.data_config.to_dict()
+    x = torch.randn(1, 3, 60, 100)
+    with torch.no_grad():
+        torch.testing.assert_close(run_onnx(path, x), model(x), rtol=0, atol=1e-4)

@@ -357,8 +357,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_onnx, export_program
 
     if args.verify and args.format != "onnx":
-        raise UserError("--verify checks ONNX files; drop it for --format pt2")
+        raise UserError(f"--verify checks ONNX files; drop it for --format {args.format}")
     model = load(args.checkpoint)
+    if args.format in ("hf", "timm"):
+        from .weights.folders import save_hf_folder, save_timm_folder
+
+        save = save_hf_folder if args.format == "hf" else save_timm_folder
+        save(model, args.output)
+        loads = {
+            "hf": "transformers' from_pretrained and AutoImageProcessor",
+            "timm": f"timm.create_model('local-dir:{args.output}', pretrained=True)",
+        }[args.format]
+        print(f"wrote {args.output}/ ({args.format} folder, with its preprocessing; {loads})")
+        return 0
     for name in ("onnx_ir", "onnxscript"):  # their INFO lines would drown ours
         logging.getLogger(name).setLevel(logging.WARNING)
     dynamic_batch = not args.static_batch
@@ -497,14 +508,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
-        help="export a checkpoint to ONNX or a torch.export program (.pt2)",
+        help="export a checkpoint to ONNX, a torch.export program, or an HF / timm folder",
         description="Export a checkpoint saved by vitkit for serving without vitkit. Dynamic: "
         "the batch (unless --static-batch) and, for a model built with dynamic_img_size or with "
         "--dynamic-img-size, height and width as multiples of the patch size.",
     )
-    p.add_argument("output", help="the file to write, e.g. model.onnx or model.pt2")
+    p.add_argument(
+        "output",
+        help="the file to write (model.onnx, model.pt2) or, for --format hf / timm, the folder",
+    )
     p.add_argument("--checkpoint", required=True, help="a checkpoint written by vitkit.save")
-    p.add_argument("--format", choices=("onnx", "pt2"), default="onnx")
+    p.add_argument(
+        "--format",
+        choices=("onnx", "pt2", "hf", "timm"),
+        default="onnx",
+        help="onnx, a torch.export program (pt2), or a folder that Hugging Face transformers "
+        "(hf) or timm (timm) loads, with the model's preprocessing",
+    )
     p.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer)")
     p.add_argument("--static-batch", action="store_true", help="fix the batch size at 1")
     p.add_argument(

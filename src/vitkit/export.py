@@ -21,6 +21,7 @@ input checks build error messages from shapes); `torch.jit.trace` works, for the
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
 PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
+DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data config (JSON)
 
 Exportable = VisionTransformer | ViTBackbone
 
@@ -179,7 +181,8 @@ def export_onnx(
             f"opset {opset} is too old: the position-embedding resample needs ONNX Resize with "
             f"antialias, opset {MIN_OPSET} or newer; pass opset={MIN_OPSET}"
         )
-    import onnx.defs  # the ONNX extra (missing: one line naming it)
+    import onnx  # the ONNX extra (missing: one line naming it)
+    import onnx.defs
 
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
@@ -205,6 +208,11 @@ def export_onnx(
             external_data=_weight_bytes(exported) >= PROTOBUF_LIMIT,
             verbose=False,
         )
+    data_config = getattr(_vit(module), "data_config", None)
+    if data_config is not None:  # the preprocessing travels with the file
+        proto = onnx.load(str(path), load_external_data=False)
+        onnx.helper.set_model_props(proto, {DATA_CONFIG_PROP: json.dumps(data_config.to_dict())})
+        onnx.save(proto, str(path))
     log.debug(
         "wrote %s (opset %d, dynamic batch: %s, dynamic image size: %s)",
         path,

@@ -32,7 +32,7 @@ from .checkpoint import (
     saved_config,
 )
 from .detect import CONVERTERS, FORMATS, detect_format, weights_file
-from .preprocessing import source_data_config
+from .preprocessing import read_json_object, source_data_config
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ def load_pretrained(
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
+    if format == "timm" and folder_config is not None and folder_config.is_file():
+        model_args = read_json_object(folder_config).get("model_args")  # a timm Hub folder
+        if isinstance(model_args, Mapping) and "num_heads" in model_args:
+            convert_options.setdefault("num_heads", model_args["num_heads"])
     if model is not None and format != "jax":  # the given model knows its head count
         convert_options.setdefault("num_heads", model.config.num_heads)
     if source_config is None:
