@@ -256,7 +256,18 @@ class TrainConfig:
 
     # -- distillation
     teacher: str | None = option(
-        None, "a vitkit checkpoint to distill from", group="distill", metavar="PATH"
+        None,
+        "the classifier to distil from: weights of a ViT (any format --pretrained reads), an "
+        ".onnx file, or timm:NAME / torchvision:NAME (a CNN such as timm:resnet18)",
+        group="distill",
+        metavar="SOURCE",
+    )
+    teacher_weights: str | None = option(
+        None,
+        "the state-dict file of a timm:NAME / torchvision:NAME teacher",
+        group="distill",
+        metavar="FILE",
+        since=True,
     )
     distill: str = option("none", "distillation through the distillation token",
                           group="distill", choices=DISTILL_MODES)  # fmt: skip

@@ -96,7 +96,8 @@ def fit(
         out_dir: where the files go; None writes nothing (and cannot resume).
         meta: saved with each model file (class names, normalisation, ...).
         resume: continue from `out_dir/state.pt`.
-        teacher: distillation teacher (with `config.distill` 'hard' or 'soft').
+        teacher: distillation teacher (with `config.distill` 'hard' or 'soft'), called on
+            the student's batch as it is; `teacher.Teacher` prepares it for another model.
         stop: set it to stop cleanly; SIGINT / SIGTERM set it too.
         progress: `progress(iterable, total, description)` -> an iterable with an optional
             `set_postfix(**values)` (e.g. tqdm); None shows nothing.

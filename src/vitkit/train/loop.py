@@ -211,11 +211,7 @@ def _loss(state: RunState, images: Tensor, targets: Tensor) -> tuple[Tensor, Ten
     config = state.config
     cls_logits, dist_logits = state.trained(images)
     with torch.no_grad():
-        teacher_in = images
-        size = getattr(getattr(state.teacher, "patch_embed", None), "img_size", None)
-        if size is not None and tuple(images.shape[-2:]) != tuple(size):
-            teacher_in = F.interpolate(images, size=size, mode="bilinear")
-        teacher_logits = state.teacher(teacher_in)
+        teacher_logits = state.teacher(images)  # in its own preparation (`Teacher`)
     base = soft_cross_entropy(cls_logits, targets)
     extra = distill_loss(dist_logits, teacher_logits, config.distill, config.distill_tau)
     loss = base * (1 - config.distill_alpha) + extra * config.distill_alpha

@@ -26,12 +26,13 @@ from ..data import Splits, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
 from ..files import atomic_write, remove_stale_temp_files
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
-from ..weights import load, load_pretrained, load_state_dict
+from ..weights import load_pretrained, load_state_dict
 from .config import TrainConfig
 from .distributed import barrier, init_distributed, make_loader, world
 from .fit import BEST_FILE, RUN_FILES, STATE_FILE, TEST_FILE, FitResult, Progress, fit
 from .lock import run_lock
 from .loop import evaluate
+from .teacher import load_teacher
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,16 @@ def _train_and_test(
     splits = setup.splits
     model = setup.model.to(device)
     torch.manual_seed(config.seed + rank)
-    teacher = load(config.teacher).to(device) if config.teacher else None
+    teacher = None
+    if config.teacher:
+        teacher = load_teacher(
+            config.teacher,
+            weights=config.teacher_weights,
+            student_mean=splits.mean,
+            student_std=splits.std,
+            student_size=tuple(model.patch_embed.img_size),
+            device=device,
+        )
     meta = {
         "class_names": splits.class_names,
         "mean": list(splits.mean),
