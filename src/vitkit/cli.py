@@ -145,6 +145,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from .train.pretrain import ENCODER, run_pretraining
+
+    given = given_options(args)
+    if args.resume:
+        data = given.get("data", TrainConfig.data)
+        model = given.get("model") or default_model(data)
+        out = Path(args.out) if args.out else default_out(data, model, args.name or None)
+        config = _resumed_config(out, given)
+    else:
+        config = resolve_config(given, {})
+        out = (
+            Path(args.out)
+            if args.out
+            else default_out(
+                config.data, config.model, args.name or f"mae-{Path(config.data).name}"
+            )
+        )
+    history = run_pretraining(
+        config, out, resume=args.resume, overwrite=args.overwrite,
+        progress=_progress(not args.no_progress),
+    )  # fmt: skip
+    final = f"loss {history[-1]['loss']:.4f}; " if history else ""
+    print(f"{final}encoder in {out / ENCODER}: fine-tune it with --pretrained")
+    return 0
+
+
 def _json(value: Any) -> str:
     """Strict JSON: a NaN or infinity is an error, never an invalid document."""
     return json.dumps(value, allow_nan=False)
@@ -451,6 +478,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "pretrain",
+        help="MAE self-supervised pretraining of a ViT on the training images (no labels)",
+        description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25%% of "
+        "the patches, a light decoder rebuilds the rest. Takes the options of `vitkit train` "
+        "(data, model, optimisation) and the MAE group; writes encoder.safetensors for "
+        "`vitkit train --pretrained` and reconstructions.png every epoch.",
+    )
+    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
+    g = p.add_argument_group("this invocation")
+    g.add_argument("--out", help="output folder (default: runs/mae-<data>)")
+    g.add_argument("--name", help="run name for the default output folder")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out")
+    g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("eval", help="loss, top-1/top-5 and a confusion matrix of a checkpoint")
     p.add_argument("--checkpoint", required=True, help="a model.safetensors written by train")

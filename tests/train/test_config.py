@@ -17,6 +17,7 @@ from vitkit import cli
 from vitkit.train import RECIPES, TrainConfig, resolve_config
 from vitkit.train.config import (
     FIELDS,
+    GROUPS,
     GROWS,
     OPTIONAL,
     RUNTIME,
@@ -35,7 +36,8 @@ def train_parser():
 def test_every_field_is_declared_with_help_and_a_group():
     for item in dataclasses.fields(TrainConfig):
         assert item.metadata["help"], item.name
-        assert item.metadata["group"] in ("data", "optim", "distill", "run"), item.name
+        assert item.metadata["group"] in GROUPS, item.name
+    assert set(GROUPS) == {"data", "optim", "distill", "mae", "run"}
 
 
 def test_help_shows_every_option_with_its_help_and_default():

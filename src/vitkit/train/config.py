@@ -77,6 +77,7 @@ GROUPS = {
     "data": "data and model",
     "optim": "optimisation (unset: the recipe's value)",
     "distill": "distillation (DeiT)",
+    "mae": "MAE pretraining (vitkit pretrain)",
     "run": "run",
 }
 
@@ -275,6 +276,23 @@ class TrainConfig:
                                   range=Range(0, 1))  # fmt: skip
     distill_tau: float = option(1.0, "soft distillation temperature", group="distill",
                                 range=POSITIVE)  # fmt: skip
+
+    # -- MAE pretraining (`vitkit pretrain`)
+    mask_ratio: float = option(
+        0.75,
+        "share of the patches MAE hides per image",
+        group="mae",
+        range=Range(0, 1, low_open=True, high_open=True),
+        since=True,
+    )
+    decoder_dim: int = option(128, "MAE decoder width (the paper's: 512)", group="mae",
+                              range=Range(4, 65536), since=True)  # fmt: skip
+    decoder_depth: int = option(2, "MAE decoder blocks (the paper's: 8)", group="mae",
+                                range=Range(1, 64), since=True)  # fmt: skip
+    decoder_heads: int = option(4, "MAE decoder attention heads (the paper's: 16)", group="mae",
+                                range=AT_LEAST_ONE, since=True)  # fmt: skip
+    norm_pix: bool = option(True, "MAE predicts pixels normalised per patch", group="mae",
+                            since=True)  # fmt: skip
 
     # -- how the run executes
     threads: int | None = option(

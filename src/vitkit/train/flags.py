@@ -41,8 +41,8 @@ def add_arguments(
             "metavar": meta["metavar"] or ("{" + ",".join(map(str, choices)) + "}" if choices
                                            else None),
         }  # fmt: skip
-        if kind.base is bool:
-            kwargs.update(action="store_true")
+        if kind.base is bool:  # on by default: --flag / --no-flag
+            kwargs.update(action=argparse.BooleanOptionalAction if item.default else "store_true")
             kwargs.pop("metavar")
         elif item.name == "model_opts":
             kwargs.update(action="append", type=_model_opt)
