@@ -1,5 +1,6 @@
 """vitkit.summary: shapes, parameter totals and FLOPs, checked against references."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,206 @@ def test_flop_counter_counts_cpu_attention_backward():
     tokens, batch, depth = 17, 2, 2
     recompute = 2 * batch * tokens * tokens * 32  # q k^T over all heads
     assert totals[0] == totals[1] + depth * recompute
+
+
+# -- the stage-by-stage walk (--flow) ---------------------------------------------------------
+
+
+def flow_table(text: str) -> list[list[str]]:
+    """The rows of a printed flow (or comparison) table, split into their columns."""
+    rules = [i for i, line in enumerate(text.splitlines()) if line and set(line) == {"-"}]
+    lines = text.splitlines()[rules[1] + 1 : rules[2]]
+    return [re.split(r"\s{2,}", line.strip()) for line in lines]
+
+
+def test_cli_flow_walks_the_32px_patch8_example(capsys):
+    argv = ["summary", "vit_tiny_patch16_224", "--img-size", "32", "--patch-size", "8", "--flow"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {(r[0], r[1].split(":")[0]): r for r in flow_table(out)}
+    expected = {
+        ("input", "image"): "(1, 3, 32, 32)",
+        ("patch_embed.proj", "patch embedding"): "(1, 192, 4, 4)",
+        ("= unfold", "same as"): "(1, 192, 16)",
+        ("= linear", "then"): "(1, 16, 192)",
+        ("patch_embed", "flatten"): "(1, 16, 192)",
+        ("cls_token", "token concat"): "(1, 17, 192)",
+        ("pos_embed", "position add"): "(1, 17, 192)",
+        ("blocks.0.attn.qkv", "qkv projection"): "(1, 17, 576)",
+        ("blocks.0.attn", "split heads"): "(3, 1, 3, 17, 64)",
+        ("blocks.0.attn", "attention logits"): "(1, 3, 17, 17)",
+        ("blocks.0.attn", "softmax"): "(1, 3, 17, 17)",
+        ("blocks.0.attn", "weighted values"): "(1, 3, 17, 64)",
+        ("blocks.0.attn", "merge heads"): "(1, 17, 192)",
+        ("blocks.0.mlp.fc1", "MLP hidden"): "(1, 17, 768)",
+        ("pool", "pooling"): "(1, 192)",
+        ("head", "head"): "(1, 1000)",
+    }
+    for key, shape in expected.items():
+        assert rows[key][3] == shape, key
+    model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8)
+    total = sum(p.numel() for p in model.parameters())
+    assert f"Total params: {total:,} " in out
+    assert "4x4 grid = 16 patches, 17 tokens" in out
+    shown = sum(int(r[4].replace(",", "")) for r in flow_table(out) if r[4] != "-")
+    assert shown == total  # every parameter belongs to exactly one stage
+
+
+WALKS = [
+    dict(img_size=(60, 100), patch_size=20),
+    dict(img_size=32, patch_size=8, global_pool="avg", class_token=False, pos_embed="sincos2d"),
+    dict(img_size=32, patch_size=8, distilled=True, init_values=1e-5, mlp_ratio=2.5),
+    dict(img_size=32, patch_size=2, conv_stem=(8, 16), patch_embed="unfold", embed_norm=True),
+    dict(img_size=32, patch_size=8, dynamic_img_size=True, pos_embed="none", fc_norm=True),
+]
+
+
+def _hooked_shapes(model, x, names):
+    shapes = {}
+
+    def record(name, output):
+        shapes.setdefault(name, tuple((output[0] if isinstance(output, tuple) else output).shape))
+
+    hooks = [
+        model.get_submodule(name).register_forward_hook(lambda m, i, o, name=name: record(name, o))
+        for name in names
+    ]
+    with torch.no_grad():
+        logits = model(x)
+        for hook in hooks:
+            hook.remove()
+        _, maps = model(x, return_attention=True)
+    return logits, maps, shapes
+
+
+@pytest.mark.parametrize("options", WALKS, ids=lambda o: ",".join(map(str, o.values())))
+def test_flow_shapes_are_the_models_own(options):
+    """Each stage's shape equals what the model itself produces: its attention maps, its
+    sub-layers' outputs (hooks) and its features; parameters add up to the model's."""
+    from vitkit.summary import flow
+
+    torch.manual_seed(0)
+    model = VisionTransformer(embed_dim=24, depth=2, num_heads=3, num_classes=5, **options)
+    size = (
+        (2, 3, 48, 40) if options.get("dynamic_img_size") else (2, 3, *model.patch_embed.img_size)
+    )
+    x = torch.zeros(size)
+    result = flow(model, size)
+    names = ["patch_embed", "blocks.1.attn.qkv", "blocks.1.mlp.fc1", "blocks.1"]
+    logits, maps, hooked = _hooked_shapes(model, x, names)
+    rows = {(r.stage, r.role): r.shape for r in result.rows}
+    tokens = maps[0].shape[-1]
+    assert result.tokens == tokens and result.patches == hooked["patch_embed"][1]
+    assert rows[("blocks.1.attn", "attention logits")] == tuple(maps[1].shape)
+    assert rows[("blocks.1.attn", "softmax")] == tuple(maps[1].shape)
+    assert rows[("blocks.1.attn", "split heads")] == (3, 2, 3, tokens, 8)
+    assert rows[("blocks.1.attn.qkv", "qkv projection")] == hooked["blocks.1.attn.qkv"]
+    assert rows[("blocks.1.mlp.fc1", "MLP hidden")] == hooked["blocks.1.mlp.fc1"]
+    assert rows[("blocks.1", "residual")] == hooked["blocks.1"]
+    assert result.rows[-1].shape == tuple(logits.shape)
+    assert sum(r.params or 0 for r in result.rows) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_flow_of_the_torch_encoder_matches_the_native_one(batch):
+    """nn.MultiheadAttention works sequence-first and folds the heads into the batch: its
+    logits are the native (B, heads, N, N) with B and heads merged; the rest is the same."""
+    from vitkit.summary import compare_params, flow
+
+    shape = dict(img_size=(60, 100), patch_size=20, embed_dim=24, depth=2, num_heads=3)
+    size = (batch, 3, 60, 100)
+    native = flow(VisionTransformer(**shape), size)
+    other = flow(VisionTransformer(**shape, encoder="torch"), size)
+    ours = {(r.block, r.role): r for r in native.rows}
+    theirs = {(r.block, r.role): r for r in other.rows}
+    b, heads, n, _ = ours[(1, "attention logits")].shape
+    assert theirs[(1, "attention logits")].shape == (b * heads, n, n)
+    assert theirs[(1, "split heads")].shape == (b * heads, n, 8)
+    assert theirs[(1, "split q, k, v")].shape == (3, n, b, 24)
+    for key in [(None, "token concat"), (1, "MLP hidden"), (1, "residual"), (None, "head")]:
+        assert theirs[key].shape == ours[key].shape, key
+    for key in [(1, "qkv projection"), (1, "attention projection"), (1, "MLP output")]:
+        assert theirs[key].params == ours[key].params > 0, key
+    table = flow_table(compare_params(native, other))
+    assert table[-1] == ["total", f"{native.total_params:,}", f"{other.total_params:,}"]
+    assert all(row[2] == row[4] for row in table[:-1])
+
+
+def test_cli_compare_torch(capsys):
+    argv = ["summary", "vit_digits", "--model-opt", "depth=3", "--compare-torch"]
+    assert main(argv) == 0
+    rows = flow_table(capsys.readouterr().out)
+    named = {row[0]: row for row in rows}
+    assert named["block 0: qkv projection"][1:] == [
+        "blocks.0.attn.qkv",
+        f"{64 * 192 + 192:,}",
+        "blocks.layers.0.self_attn.in_proj",
+        f"{64 * 192 + 192:,}",
+    ]
+    total = sum(p.numel() for p in create_model("vit_digits", depth=3).parameters())
+    assert named["total"] == ["total", f"{total:,}", f"{total:,}"]
+    assert named["blocks 1-2"][2] == named["blocks 1-2"][4]
+
+
+def test_flow_folds_only_blocks_that_repeat_block_0():
+    from vitkit.model.layers import Block
+    from vitkit.summary import flow
+
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=24, depth=3, num_heads=3)
+    folded = flow(model, (1, 3, 16, 16))
+    per_block = len(folded.blocks()[0])
+    assert len(folded.render(all_blocks=True).splitlines()) == (
+        len(folded.render().splitlines()) + 2 * per_block - 1
+    )
+    assert "blocks.1-2          2 more blocks: each exactly as block 0" in folded.render()
+    model.blocks[2] = Block(24, num_heads=4 // 4 * 6, mlp_ratio=2.0)  # 6 heads, narrower MLP
+    mixed = flow(model, (1, 3, 16, 16))
+    assert not mixed.blocks_alike() and "more blocks" not in mixed.render()
+    rows = {(r.block, r.role): r.shape for r in mixed.rows}
+    assert rows[(2, "attention logits")] == (1, 6, 17, 17)
+    assert rows[(2, "MLP hidden")] == (1, 17, 48)
+
+
+def test_flow_restores_the_fast_path_attention_kernel_and_mode():
+    from vitkit.summary import flow
+
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=192, depth=2, num_heads=3)
+    model.train()
+    classes = [type(m) for m in model.modules()]
+    x = torch.randn(1, 3, 16, 16)
+    before = model.eval()(x).detach()
+    model.train()
+    flow(model, (1, 3, 16, 16))
+    assert model.training
+    assert [type(m) for m in model.modules()] == classes
+    assert all(block.attn.fused_attn for block in model.blocks)
+    torch.testing.assert_close(model.eval()(x), before, rtol=0, atol=0)
+
+
+def test_flow_errors():
+    from vitkit.summary import flow
+
+    with pytest.raises(TypeError, match="flow walks a vitkit VisionTransformer, not Linear"):
+        flow(torch.nn.Linear(2, 2), (1, 2))
+
+
+def test_cli_summary_options_are_trains(capsys):
+    options = ["--model-opt", "global_pool=avg", "--model-opt", "pos_embed=sincos2d"]
+    argv = ["summary", "vit_digits", *options, "--img-size", "12", "16", "--batch-size", "3"]
+    argv.append("--flow")
+    assert main(argv) == 0
+    rows = {r[1].split(":")[0]: r for r in flow_table(capsys.readouterr().out)}
+    assert rows["image"][3] == "(3, 1, 12, 16)"
+    assert rows["pooling"][1] == "pooling: mean of the patch tokens"
+    assert rows["position add"][1:] == [
+        "position add: x + fixed sincos2d table (not trained) (1, N, D)", "(B, N, D)",
+        "(3, 49, 64)", "0",
+    ]  # fmt: skip
+    code = main(["summary", "vit_digits", "--patch-size", "4", "--model-opt", "patch_size=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        "vitkit: error: --patch-size and --model-opt patch_size=... both set patch_size; "
+        "give it once\n"
+    )
+    assert main(["summary", "vit_digits", "--img-size", "0"]) == 2
+    assert "img_size" in capsys.readouterr().err

@@ -435,17 +435,60 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    overrides = {}
-    if args.num_classes is not None:
-        overrides["num_classes"] = args.num_classes
-    if args.img_size is not None:
-        overrides["img_size"] = (
-            tuple(args.img_size) if len(args.img_size) == 2 else args.img_size[0]
-        )
-    model = registry.create_model(args.model, **overrides)
-    size = model.patch_embed.img_size
-    print(summary(model, (args.batch_size, model.config.in_chans, *size), max_depth=args.depth))
+    from .summary import compare_params, flow
+
+    model = _summary_model(args)
+    size = (args.batch_size, model.config.in_chans, *model.patch_embed.img_size)
+    if not (args.flow or args.compare_torch):
+        print(summary(model, size, max_depth=args.depth))
+        return 0
+    native = flow(model, size)
+    if args.flow:
+        print(native.render(all_blocks=args.all_blocks))
+    if args.compare_torch:
+        twin = _summary_model(args, encoder="torch" if native.encoder == "native" else "native")
+        other = flow(twin, size)
+        if args.flow:
+            print(other.render(all_blocks=args.all_blocks))
+        pair = (native, other) if native.encoder == "native" else (other, native)
+        print(compare_params(*pair))
     return 0
+
+
+_SUMMARY_MODEL_FIELDS = ("model_opts", "img_size", "in_chans")
+
+
+def _summary_model(args: argparse.Namespace, encoder: str | None = None) -> VisionTransformer:
+    """The model `vitkit train` would build from these options (the same `TrainConfig` checks
+    and `build_model`), for data with the preset's channels and classes."""
+    from .data import Splits
+    from .train.setup import build_model
+
+    given = {k: v for k, v in given_options(args).items() if k in _SUMMARY_MODEL_FIELDS}
+    options = dict(given.pop("model_opts", {}))
+    for flag, key, value in (
+        ("--patch-size", "patch_size", args.patch_size),
+        ("--num-classes", "num_classes", args.num_classes),
+    ):
+        if value is None:
+            continue
+        if key in options:
+            raise UserError(f"{flag} and --model-opt {key}=... both set {key}; give it once")
+        options[key] = tuple(value) if isinstance(value, list) else value
+    if isinstance(options.get("patch_size"), tuple) and len(options["patch_size"]) == 1:
+        options["patch_size"] = options["patch_size"][0]
+    if encoder is not None:
+        options["encoder"] = encoder
+    # No stochastic depth: train's default rate is a training choice, not a shape.
+    config = TrainConfig(model=args.model, model_opts=options, drop_path=0.0, **given)
+    base = registry.get_config(args.model)
+    chans = config.in_chans or base.in_chans
+    shape_only = Splits(
+        train=[], val=[], test=[],
+        class_names=[str(i) for i in range(base.num_classes)],
+        in_chans=chans, img_size=None, mean=(0.5,) * chans, std=(0.5,) * chans,
+    )  # fmt: skip
+    return build_model(config, shape_only)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -587,12 +630,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_base*'")
     p.set_defaults(func=_cmd_models)
 
-    p = sub.add_parser("summary", help="per-layer shapes, parameters and FLOPs of a model")
+    p = sub.add_parser(
+        "summary",
+        help="per-layer shapes, parameters and FLOPs of a model, or its forward pass stage by "
+        "stage (--flow)",
+        description="The table lists every module; --flow walks the forward pass, one line per "
+        "stage with its measured output shape. The model options are those of `vitkit train`.",
+    )
     p.add_argument("model", help="a registered model name (see `vitkit models`)")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="N", help="input size: N or H W")
-    p.add_argument("--num-classes", type=int, help="head outputs (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--depth", type=int, default=2, help="deepest module level listed")
+    g = p.add_argument_group("model options (as vitkit train)")
+    donor = argparse.ArgumentParser(add_help=False)
+    add_arguments(donor)  # train's flags for these TrainConfig fields, not a copy of them
+    helps = {"img_size": "input size: N or H W (default: the model's)", "in_chans": "channels"}
+    for action in donor._actions:
+        if action.dest in _SUMMARY_MODEL_FIELDS:
+            action.help = helps.get(action.dest, action.help)
+            g._add_action(action)
+    g.add_argument(
+        "--patch-size",
+        type=_int_in(1),
+        nargs="+",
+        metavar="N",
+        help="patch size: N or H W (as --model-opt patch_size=N)",
+    )
+    g.add_argument("--num-classes", type=_int_in(0), help="head outputs (default: the preset's)")
+    p.add_argument("--batch-size", type=_int_in(1), default=1)
+    p.add_argument("--depth", type=_int_in(0), default=2, help="deepest module level listed")
+    p.add_argument(
+        "--flow",
+        action="store_true",
+        help="the forward pass stage by stage: operation, layout, measured shape, parameters",
+    )
+    p.add_argument(
+        "--all-blocks",
+        action="store_true",
+        help="with --flow, every block (default: blocks that repeat block 0 on one line)",
+    )
+    p.add_argument(
+        "--compare-torch",
+        action="store_true",
+        help="parameters per stage of the native encoder and the nn.TransformerEncoder one",
+    )
     p.set_defaults(func=_cmd_summary)
     return parser
 
