@@ -184,13 +184,21 @@ def _checkpoint_model(path: str, device: str) -> VisionTransformer:
     return model
 
 
-def _eval_transform(model: VisionTransformer):
+def _input_size(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(channels, height, width) a checkpoint's model takes: its data config's, else its own."""
+    data_config = getattr(model, "data_config", None)
+    if data_config is not None:
+        return data_config.input_size
+    return (model.config.in_chans, *model.patch_embed.img_size)
+
+
+def _eval_transform(model: torch.nn.Module):
     """The normalisation of the model's data config (0.5 / 0.5 for a file that has none)."""
-    chans = model.config.in_chans
+    chans, height, width = _input_size(model)
     data_config = getattr(model, "data_config", None)
     mean = data_config.mean if data_config else [0.5] * chans
     std = data_config.std if data_config else [0.5] * chans
-    return build_transform(False, img_size=tuple(model.patch_embed.img_size), mean=mean, std=std)
+    return build_transform(False, img_size=(height, width), mean=mean, std=std)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -205,8 +213,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         val_fraction=meta.get("val_fraction", 0.1),
         test_fraction=meta.get("test_fraction", 0.2),
         seed=meta.get("split_seed", 0),
-        in_chans=model.config.in_chans,
-        img_size=tuple(model.patch_embed.img_size),
+        in_chans=_input_size(model)[0],
+        img_size=_input_size(model)[1:],
         skip_corrupt=False,
     )
     names = meta.get("class_names") or [str(i) for i in range(model.num_classes)]
@@ -264,9 +272,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_inputs(model: VisionTransformer, paths: Sequence[str]) -> torch.Tensor:
-    size = tuple(model.patch_embed.img_size)
-    images = [data_lib.read_image(p, in_chans=model.config.in_chans, size=size) for p in paths]
+def _read_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
+    chans, height, width = _input_size(model)
+    images = [data_lib.read_image(p, in_chans=chans, size=(height, width)) for p in paths]
     return torch.stack(images)  # (B, C, H, W) in [0, 1]
 
 
@@ -386,6 +394,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.verify and args.format != "onnx":
         raise UserError(f"--verify checks ONNX files; drop it for --format {args.format}")
     model = load(args.checkpoint)
+    if not isinstance(model, VisionTransformer):
+        raise UserError(
+            f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}); vitkit exports "
+            "ViTs: export the CNN with timm or torch.onnx.export"
+        )
     if args.format in ("hf", "timm"):
         from .weights.folders import save_hf_folder, save_timm_folder
 

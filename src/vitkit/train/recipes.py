@@ -10,6 +10,7 @@ from typing import Any
 
 from ..data import detect_source
 from ..model import get_config, to_2tuple
+from ..weights.cnn import is_timm_name
 from .config import TrainConfig, data_spec
 
 # Tiny images (<= 16 px, e.g. the 8x8 digits): crops, flips and RandAugment destroy the few
@@ -92,8 +93,13 @@ def recipe_for(data: str, model: str, img_size: tuple[int, int] | None) -> str:
     source = detect_source(data)[0]
     if source in PRESETS:
         return PRESETS[source][1]
-    size = img_size or NATIVE_SIZES.get(source) or to_2tuple(get_config(model).img_size, "")
+    size = img_size or NATIVE_SIZES.get(source) or _model_size(model)
     return "small" if max(size) <= 16 else "deit"
+
+
+def _model_size(model: str) -> tuple[int, int]:
+    """A model's input size: a registered ViT's, or 224 for a timm CNN (it takes any)."""
+    return (224, 224) if is_timm_name(model) else to_2tuple(get_config(model).img_size, "")
 
 
 def resolve_config(given: dict[str, Any], file: dict[str, Any] | None = None) -> TrainConfig:
@@ -103,7 +109,8 @@ def resolve_config(given: dict[str, Any], file: dict[str, Any] | None = None) ->
     data = values.get("data", TrainConfig.data)
     spec = data_spec(data, values.get("data_dir"))
     model = values.get("model") or default_model(data)
-    get_config(model)  # an unknown name fails here, with the close ones
+    if not is_timm_name(model):
+        get_config(model)  # an unknown name fails here, with the close ones
     recipe = values.get("recipe") or recipe_for(spec, model, values.get("img_size"))
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {', '.join(RECIPES)}")

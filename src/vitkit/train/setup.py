@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 
 from .. import __version__
@@ -27,6 +28,7 @@ from ..data.data_config import DataConfig
 from ..files import atomic_write, remove_stale_temp_files
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load_pretrained, load_state_dict
+from ..weights.cnn import create_timm_classifier, is_timm_name
 from .config import TrainConfig
 from .distributed import barrier, init_distributed, make_loader, world
 from .fit import BEST_FILE, RUN_FILES, STATE_FILE, TEST_FILE, FitResult, Progress, fit
@@ -60,9 +62,11 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     if config.model is None:
         raise ValueError("training_setup needs a model name; build the config with resolve_config")
     torch.manual_seed(config.seed)
-    base = get_config(config.model)
-    # Image files decode to the model's channels; pretrained weights are RGB unless --in-chans.
-    default_chans = 3 if config.pretrained else base.in_chans
+    cnn = is_timm_name(config.model)
+    base = get_config("vit_base_patch16_224" if cnn else config.model)
+    # Image files decode to the model's channels; pretrained weights and CNNs take RGB unless
+    # --in-chans says otherwise.
+    default_chans = 3 if config.pretrained or cnn else base.in_chans
     in_chans = config.in_chans or config.model_opts.get("in_chans", default_chans)
     splits = load_data(
         config.data_spec(),
@@ -76,7 +80,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     model = build_model(config, splits)
     if config.pretrained:  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
-    train_tf, eval_tf = transforms(config, splits, model.patch_embed.img_size)
+    train_tf, eval_tf = transforms(config, splits, model.data_config.img_size)
     return TrainingSetup(
         config=config,
         splits=splits,
@@ -98,6 +102,8 @@ def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
         options.setdefault("drop_path_rate", config.drop_path)
     if config.distill != "none":
         options.setdefault("distilled", True)
+    if is_timm_name(config.model):
+        return _cnn_model(config, splits, options)
     if config.pretrained:
         return _pretrained_model(config, splits, options)
     options.setdefault("num_classes", splits.num_classes)
@@ -115,6 +121,26 @@ def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
         interpolation="bilinear",
         crop_mode="squash",
     )
+    return model
+
+
+def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
+    """A timm CNN (`--model timm:NAME`) for the data: a distillation teacher to train."""
+    if config.pretrained:
+        raise ValueError(
+            f"--pretrained loads ViT weights; {config.model} is a CNN: train it from scratch"
+        )
+    if config.distill != "none":
+        raise ValueError(f"distillation trains a ViT student; {config.model} is a CNN")
+    options.pop("distilled", None)
+    model = create_timm_classifier(
+        config.model, num_classes=splits.num_classes, in_chans=splits.in_chans, **options
+    )
+    size = config.img_size or splits.img_size or (224, 224)
+    model.data_config = DataConfig(
+        input_size=(splits.in_chans, *size), mean=splits.mean, std=splits.std,
+        interpolation="bilinear", crop_mode="squash",
+    )  # fmt: skip
     return model
 
 
@@ -252,7 +278,7 @@ def _train_and_test(
             weights=config.teacher_weights,
             student_mean=splits.mean,
             student_std=splits.std,
-            student_size=tuple(model.patch_embed.img_size),
+            student_size=model.data_config.img_size,
             device=device,
         )
     meta = {
@@ -322,7 +348,7 @@ def write_record(
     config, the metadata and the versions."""
     record = {
         "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
-        "model": model.config.to_dict(),
+        "model": model.config.to_dict() if hasattr(model, "config") else model.vitkit_timm,
         "meta": meta,
         "world_size": world_size,
         "vitkit_version": __version__,

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
-from ..weights import load_pretrained, load_state_dict
-from ..weights.checkpoint import load_into
+from ..weights import load, load_pretrained, load_state_dict
+from ..weights.checkpoint import is_timm_checkpoint, load_into
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,10 @@ def load_teacher(
             f"teacher {spec!r} is neither a file nor timm:NAME / torchvision:NAME; give a "
             "checkpoint, an .onnx file, or e.g. timm:resnet18 with --teacher-weights FILE"
         )
-    model = load_pretrained(spec).to(device)
+    if is_timm_checkpoint(spec):  # a CNN trained by `vitkit train --model timm:NAME`
+        model = load(spec).to(device)
+    else:
+        model = load_pretrained(spec).to(device)
     return Teacher(model, num_classes=model.num_classes, data_config=model.data_config,
                    name=spec, **norm)  # fmt: skip
 

@@ -29,6 +29,7 @@ from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
+from .cnn import TIMM_KEY, rebuild, timm_metadata
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ def save(
     `load(path)` rebuilds the model from the file alone.
     """
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    metadata = {CONFIG_KEY: json.dumps(model.config.to_dict())}
+    timm_spec = timm_metadata(model)  # a timm CNN (`--model timm:NAME`)
+    metadata = (
+        {TIMM_KEY: timm_spec} if timm_spec else {CONFIG_KEY: json.dumps(model.config.to_dict())}
+    )
     data_config = getattr(model, "data_config", None)
     if data_config is not None and "data_config" not in (meta or {}):
         meta = {**(meta or {}), "data_config": data_config.to_dict()}
@@ -59,14 +63,28 @@ def save(
     atomic_write(path, lambda f: f.write(data))
 
 
+def _file_metadata(path: Path) -> dict[str, str]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
+
+
+def _extra_metadata(metadata: dict[str, str], path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} has invalid vitkit metadata: {err}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} has invalid vitkit metadata: expected a JSON object")
+    return meta
+
+
 def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
     """The model config and the extra metadata stored by `save`."""
     path = _existing(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
+    metadata = _file_metadata(path)
     if CONFIG_KEY not in metadata:
         raise CheckpointError(
             f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
@@ -76,25 +94,20 @@ def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
         config = ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
     except (json.JSONDecodeError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
-    try:
-        meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} has invalid vitkit metadata: {err}") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{path} has invalid vitkit metadata: expected a JSON object")
-    _check_class_names(meta, config, path)
+    meta = _extra_metadata(metadata, path)
+    _check_class_names(meta, config.num_classes, path)
     return config, meta
 
 
-def _check_class_names(meta: dict[str, Any], config: ViTConfig, path: Path) -> None:
+def _check_class_names(meta: dict[str, Any], num_classes: int, path: Path) -> None:
     names = meta.get("class_names")
     if names is None:
         return
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise CheckpointError(f"{path} has invalid class_names: expected a list of strings")
-    if config.num_classes and len(names) != config.num_classes:
+    if num_classes and len(names) != num_classes:
         raise CheckpointError(
-            f"{path} names {len(names)} classes but its model has {config.num_classes} outputs; "
+            f"{path} names {len(names)} classes but its model has {num_classes} outputs; "
             "the metadata does not belong to these weights"
         )
 
@@ -149,13 +162,41 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> V
     """Rebuild a model saved by `save`, in eval mode; its extra metadata is `model.meta`.
 
     The config in the metadata is checked against the tensor shapes in the file's header
-    before the model is built."""
+    before the model is built. A timm CNN's file (`--model timm:NAME`) is rebuilt by timm."""
+    metadata = _file_metadata(_existing(path))
+    if TIMM_KEY in metadata and CONFIG_KEY not in metadata:
+        return _load_timm(Path(path), metadata, map_location)
     config, meta = read_metadata(path)
     check_header(config, header_shapes(path), Path(path))
     model = VisionTransformer(config)
     load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
     model.meta = meta
     model.data_config = saved_data_config(meta, config, str(path))
+    return model.eval()
+
+
+def _load_timm(
+    path: Path, metadata: dict[str, str], map_location: str | torch.device
+) -> torch.nn.Module:
+    meta = _extra_metadata(metadata, path)
+    probe = rebuild(metadata[TIMM_KEY], str(path), meta_device=True)  # shapes, no memory
+    report = mismatch_report({k: v.shape for k, v in probe.state_dict().items()},
+                             header_shapes(path))  # fmt: skip
+    if report:
+        raise CheckpointError(
+            f"{path}: its timm model does not match its tensors ({report}); the file is "
+            "damaged or its metadata was edited"
+        )
+    model = rebuild(metadata[TIMM_KEY], str(path))
+    _check_class_names(meta, model.num_classes, path)
+    load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
+    model.meta = meta
+    model.data_config = None
+    if "data_config" in meta:
+        try:
+            model.data_config = DataConfig.from_dict(meta["data_config"], f"{path}: data_config")
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
     return model.eval()
 
 
@@ -288,6 +329,17 @@ def _unreadable_npz(path: Path, err: BaseException) -> str:
         f"{path} is not a readable .npz archive ({type(err).__name__}: "
         f"{_first_line(err)[:200]}); it may be truncated or of another format"
     )
+
+
+def is_timm_checkpoint(path: str | os.PathLike) -> bool:
+    """True for a file `save` wrote from a timm CNN (`--model timm:NAME`)."""
+    path = Path(path)
+    if not (path.is_file() and is_safetensors_file(path)):
+        return False
+    try:
+        return TIMM_KEY in _file_metadata(path)
+    except CheckpointError:
+        return False
 
 
 def saved_config(path: str | os.PathLike) -> ViTConfig | None:
