@@ -178,6 +178,15 @@ class TrainConfig:
     test_fraction: float = option(
         0.2, "share held out for testing (data without a test set)", group="data", range=FRACTION
     )
+    train_limit: int | None = option(
+        None,
+        "train on a seeded random subset of N training images (a small-label regime); "
+        "validation and test are unchanged",
+        group="data",
+        metavar="N",
+        range=AT_LEAST_ONE,
+        since=True,
+    )
     strict: bool = option(
         False,
         "stop at the first unreadable image file instead of skipping it (skipped files are "

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .. import __version__
-from ..data import Splits, Transformed, build_transform, load_data
+from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
 from ..files import atomic_write, remove_stale_temp_files
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
@@ -77,6 +77,12 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
         skip_corrupt=not config.strict,
     )
+    if config.train_limit and config.train_limit < len(splits.train):
+        order = torch.randperm(
+            len(splits.train), generator=torch.Generator().manual_seed(config.seed)
+        )
+        keep = sorted(order[: config.train_limit].tolist())
+        splits = dataclasses.replace(splits, train=Subset(splits.train, keep))
     model = build_model(config, splits)
     if config.pretrained:  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
