@@ -313,21 +313,54 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
+    target = _class_index(args.target, names) if args.target is not None else None
     raw = _read_inputs(model, [args.image])
+    original = data_lib.read_image(args.image, in_chans=raw.shape[1])  # at its own size
     batch = torch.stack([_eval_transform(model)(x) for x in raw]).to(device)
-    maps = attention_maps(model, batch, head_fusion=args.head_fusion)
+    maps = attention_maps(
+        model, batch, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, target=target
+    )
     probs = torch.softmax(maps["logits"].float(), dim=-1)[0]
-    k = int(probs.argmax())
+    k, explained = int(probs.argmax()), int(maps["target"][0])
     one = {key: value[0] for key, value in maps.items()}
     draw_explanation(
-        raw[0],
+        original,
         one,
         args.out,
         per_head=args.per_head,
-        title=f"{Path(args.image).name}: {names[k]} ({float(probs[k]):.3f})",
+        target_name=names[explained],
+        rollout_title=f"rollout ({args.head_fusion} of heads, discard {args.discard_ratio:g})",
+        title=f"{Path(args.image).name}: predicted {names[k]} ({float(probs[k]):.3f})",
     )
-    print(f"{args.image}: {names[k]} ({float(probs[k]):.4f}); attention maps in {args.out}")
+    print(
+        f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[explained]} "
+        f"({float(probs[explained]):.4f}); attention maps in {args.out}"
+    )
     return 0
+
+
+def _class_index(text: str, names: Sequence[str]) -> int:
+    """`--class`: a class name of the checkpoint, else an index."""
+    if text in names:
+        return list(names).index(text)
+    if text.isdigit() and int(text) < len(names):
+        return int(text)
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    raise UserError(
+        f"--class {text!r} is not a class of this checkpoint; give a name ({shown}) or an "
+        f"index 0 to {len(names) - 1}"
+    )
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
 
 
 # -- convert handlers -----------------------------------------------------------------------
@@ -504,6 +537,18 @@ def _summary_model(args: argparse.Namespace, encoder: str | None = None) -> Visi
     return build_model(config, shape_only)
 
 
+def _run_arguments(p: argparse.ArgumentParser, default_out: str) -> argparse._ArgumentGroup:
+    """The `TrainConfig` flags and the run-folder flags of `train` and `pretrain`."""
+    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
+    g = p.add_argument_group("this invocation")
+    g.add_argument("--out", help=f"output folder (default: {default_out})")
+    g.add_argument("--name", help="run name for the default output folder")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out")
+    g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return g
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vitkit", description="Vision Transformers: train, evaluate, predict, explain."
@@ -520,19 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
         "all.",
     )
-    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
-    g = p.add_argument_group("this invocation")
-    g.add_argument("--out", help="output folder (default: runs/<name>)")
-    g.add_argument("--name", help="run name for the default output folder")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out")
-    g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    g = _run_arguments(p, "runs/<name>")
     g.add_argument(
         "--config",
         metavar="JSON",
         help="settings from a file: a run's config.json or a flat object of the names of these "
         'options (e.g. {"epochs": 10}); options given here override it',
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -543,13 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(data, model, optimisation) and the MAE group; writes encoder.safetensors for "
         "`vitkit train --pretrained` and reconstructions.png every epoch.",
     )
-    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
-    g = p.add_argument_group("this invocation")
-    g.add_argument("--out", help="output folder (default: runs/mae-<data>)")
-    g.add_argument("--name", help="run name for the default output folder")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out")
-    g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _run_arguments(p, "runs/mae-<data>")
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("eval", help="loss, top-1/top-5 and a confusion matrix of a checkpoint")
@@ -574,16 +607,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="a JSON list instead of text")
     p.set_defaults(func=_cmd_predict)
 
-    p = sub.add_parser("explain", help="attention rollout and [CLS] attention over an image")
+    p = sub.add_parser(
+        "explain",
+        help="what the model looks at: class relevance, attention rollout and [CLS] attention "
+        "over an image",
+        description="Draws one PNG: the image and, blended over it at its own resolution with a "
+        "colour bar, the class-specific relevance (gradient-weighted attention, Chefer et al. "
+        "2021), the attention rollout and the last block's class-token attention.",
+    )
     p.add_argument("--checkpoint", required=True)
     p.add_argument("image", metavar="IMAGE")
     p.add_argument("--out", required=True, metavar="PNG")
-    p.add_argument("--per-head", action="store_true", help="also one panel per head")
+    p.add_argument("--per-head", action="store_true", help="also a grid of the last block's heads")
     p.add_argument(
         "--head-fusion",
         choices=("mean", "max", "min"),
         default="mean",
         help="how rollout combines heads",
+    )
+    p.add_argument(
+        "--discard-ratio",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="rollout: zero this fraction of each fused map, lowest first, never the class "
+        "token's own attention (default: 0)",
+    )
+    p.add_argument(
+        "--class",
+        dest="target",
+        metavar="NAME|INDEX",
+        help="the class to explain (default: the predicted one)",
     )
     p.add_argument("--device")
     p.set_defaults(func=_cmd_explain)

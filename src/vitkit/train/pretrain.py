@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..files import atomic_write, remove_stale_temp_files
+from ..files import atomic_write
 from ..model.mae import MaskedAutoencoder, patchify, unpatchify
 from ..weights import save
 from .config import TrainConfig
@@ -31,7 +31,7 @@ from .fit import Progress
 from .lock import run_lock
 from .loop import Schedule, steps_per_epoch
 from .optim import param_groups
-from .setup import RunFolderError, training_setup
+from .setup import clear_out, prepare_out, training_setup
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +59,9 @@ def run_pretraining(
         overwrite: replace a run in `out` (its files only).
         progress: wraps the batch loop (a progress bar), or None.
     """
-    held = [name for name in PRETRAIN_FILES if (out / name).exists()]
-    if resume and overwrite:
-        raise RunFolderError("--resume and --overwrite exclude each other")
-    if resume and not (out / STATE).is_file():
-        raise RunFolderError(f"--resume: {out} holds no pretraining state ({STATE})")
-    if held and not (resume or overwrite):
-        raise RunFolderError(
-            f"{out} already holds a pretraining run ({', '.join(held)}); pass --resume to "
-            "continue it or --overwrite to replace it"
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out, resume=resume, overwrite=overwrite, files=PRETRAIN_FILES, state=STATE)
     with run_lock(out):
-        if overwrite:
-            for name in PRETRAIN_FILES:
-                (out / name).unlink(missing_ok=True)
-        remove_stale_temp_files(out)
+        clear_out(out, overwrite=overwrite, files=PRETRAIN_FILES)
         return _pretrain(config, out, resume=resume, progress=progress)
 
 

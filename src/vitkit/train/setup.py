@@ -189,16 +189,24 @@ def default_out(data: str, model: str, name: str | None = None) -> Path:
     return Path("runs") / (name or f"{Path(data).name}-{model}")
 
 
-def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
+def prepare_out(
+    out: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    files: tuple[str, ...] = RUN_FILES,
+    state: str = STATE_FILE,
+) -> None:
     """Refuse to overwrite a run silently; check that `out` is writable and create it. Nothing
-    is removed here: `clear_out` does that under the run lock."""
+    is removed here: `clear_out` does that under the run lock. `files` are what the run
+    writes, `state` the file `--resume` continues from (`vitkit pretrain` has its own)."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
-    held = [name for name in RUN_FILES if (out / name).exists()]
+    held = [name for name in files if (out / name).exists()]
     if resume:
-        if not (out / STATE_FILE).is_file():
+        if not (out / state).is_file():
             raise RunFolderError(
-                f"--resume: {out} holds no training state ({STATE_FILE}), the run stopped "
+                f"--resume: {out} holds no training state ({state}), the run stopped "
                 "before it began; start it again with --overwrite"
             )
         return
@@ -218,11 +226,11 @@ def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
         raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
 
 
-def clear_out(out: Path, *, overwrite: bool) -> None:
+def clear_out(out: Path, *, overwrite: bool, files: tuple[str, ...] = RUN_FILES) -> None:
     """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
-    run's files (`RUN_FILES`, nothing else of the folder's). Call it holding the run lock."""
+    run's `files` (nothing else of the folder's). Call it holding the run lock."""
     if overwrite:
-        for name in RUN_FILES:
+        for name in files:
             (out / name).unlink(missing_ok=True)
     remove_stale_temp_files(out)
 
