@@ -185,13 +185,7 @@ def new_run_state(
         model=model,
         trained=model,
         optimizer=build_optimizer(model, lr, config.weight_decay),
-        schedule=Schedule(
-            lr=lr,
-            total_steps=steps * config.epochs,
-            warmup_steps=round(config.warmup_epochs * steps),
-            min_lr=config.min_lr,
-            warmup_lr=config.warmup_lr,
-        ),
+        schedule=Schedule.of(config, lr, steps),
         mixup=Mixup(
             mixup_alpha=config.mixup,
             cutmix_alpha=config.cutmix,

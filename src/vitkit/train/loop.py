@@ -71,6 +71,17 @@ class Schedule:
     min_lr: float = 0.0
     warmup_lr: float = 0.0
 
+    @classmethod
+    def of(cls, config: TrainConfig, lr: float, steps_per_epoch: int) -> Schedule:
+        """The schedule of a run: `config`'s epochs, warmup and floors at peak `lr`."""
+        return cls(
+            lr=lr,
+            total_steps=steps_per_epoch * config.epochs,
+            warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+            min_lr=config.min_lr,
+            warmup_lr=config.warmup_lr,
+        )
+
     def __call__(self, step: int) -> float:
         return lr_at(
             step,

@@ -86,12 +86,7 @@ def _pretrain(
     loader = make_loader(setup.train_set, config.batch_size, train=True, seed=config.seed,
                          num_workers=config.workers)  # fmt: skip
     steps = steps_per_epoch(len(loader), 1)
-    schedule = Schedule(
-        lr=config.peak_lr(),
-        total_steps=steps * config.epochs,
-        warmup_steps=round(config.warmup_epochs * steps),
-        min_lr=config.min_lr,
-    )
+    schedule = Schedule.of(config, config.peak_lr(), steps)
     optimizer = torch.optim.AdamW(
         param_groups(mae, config.weight_decay), lr=schedule(0), betas=(0.9, 0.95)
     )
