@@ -85,3 +85,187 @@ def test_curves_and_confusion_pictures(tmp_path):
     for name in ("curves.png", "cm.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG and len(data) > 2000
+
+
+# -- rollout with a discard ratio, class-specific relevance ------------------------------------
+
+
+def _numpy_rollout(attentions, discard_ratio, b):
+    """vit-explain's loop for image b (rows renormalised by their own sums)."""
+    n = attentions[0].shape[-1]
+    result = np.eye(n)
+    for a in attentions:
+        fused = a[b].mean(0).double().numpy().copy()
+        flat = fused.reshape(-1)
+        lowest = np.argsort(flat, kind="stable")[: int(n * n * discard_ratio)]
+        flat[lowest[lowest != 0]] = 0
+        fused = (fused + np.eye(n)) / 2
+        fused /= fused.sum(-1, keepdims=True)
+        result = fused @ result
+    return result
+
+
+@pytest.mark.parametrize("discard_ratio", [0.0, 0.5, 0.9])
+def test_rollout_with_discard_matches_a_numpy_reference(discard_ratio):
+    attentions = [_random_attention(2, 3, 5, s) for s in range(3)]
+    out = attention_rollout(
+        attentions, num_prefix_tokens=1, grid=(2, 2), discard_ratio=discard_ratio
+    )
+    for b in range(2):
+        ref = _numpy_rollout(attentions, discard_ratio, b)
+        np.testing.assert_allclose(out[b].numpy(), ref[0, 1:].reshape(2, 2), rtol=1e-5)
+
+
+def test_discard_keeps_the_class_tokens_own_attention():
+    a = torch.full((1, 1, 3, 3), 0.5)
+    a[0, 0, 0, 0] = 0.0  # the lowest entry, yet never discarded
+    a[0, 0, 1, 2] = 0.9
+    got = attention_rollout([a], num_prefix_tokens=1, grid=(1, 2), discard_ratio=0.8)
+    # 7 of 9 entries zeroed: all but (1, 2) and the kept (0, 0); row 0 is then (0, 0, 0) + I / 2
+    assert torch.equal(got, torch.zeros(1, 1, 2))
+    with pytest.raises(ValueError, match=r"discard_ratio must be in \[0, 1\), got 1.0"):
+        attention_rollout([a], num_prefix_tokens=1, grid=(1, 2), discard_ratio=1.0)
+
+
+def _chefer_reference(model, x, target):
+    """Chefer et al.'s loop, one image at a time: attention gradients from retain_grad and a
+    backward pass of the target logit, R += mean_heads(clamp(grad * A, 0)) @ R in float64."""
+    out = []
+    for b in range(x.shape[0]):
+        logits, attentions = model(x[b : b + 1], return_attention=True)
+        for a in attentions:
+            a.retain_grad()
+        logits[0, int(target[b])].backward()
+        n = attentions[0].shape[-1]
+        r = np.eye(n)
+        for a in attentions:
+            cam = (a.grad[0].double() * a[0].detach().double()).clamp(min=0).mean(0).numpy()
+            r = r + cam @ r
+        out.append(r)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_relevance_matches_chefers_loop(pool):
+    torch.manual_seed(0)
+    model = create_model("vit_digits", depth=3, global_pool=pool).eval()
+    x = torch.randn(3, 1, 8, 8)
+    maps = attention_maps(model, x)
+    predicted = maps["logits"].argmax(-1)
+    assert torch.equal(maps["target"], predicted)
+    ref = _chefer_reference(model, x, predicted)
+    rows = ref[:, 0, 1:] if pool == "token" else ref[:, 1:, 1:].mean(1)
+    np.testing.assert_allclose(maps["relevance"].flatten(1).numpy(), rows, rtol=1e-4, atol=1e-7)
+    chosen = attention_maps(model, x, target=[4, 0, 9])
+    ref = _chefer_reference(model, x, [4, 0, 9])
+    rows = ref[:, 0, 1:] if pool == "token" else ref[:, 1:, 1:].mean(1)
+    np.testing.assert_allclose(chosen["relevance"].flatten(1).numpy(), rows, rtol=1e-4, atol=1e-7)
+    assert chosen["target"].tolist() == [4, 0, 9]
+    with pytest.raises(ValueError, match="class 10 is out of range for a model with 10 classes"):
+        attention_maps(model, x, target=10)
+
+
+def test_maps_of_a_frozen_model_in_training_mode():
+    model = create_model("vit_digits", depth=2).train().requires_grad_(False)
+    maps = attention_maps(model, torch.randn(2, 1, 8, 8), target=3)
+    assert model.training and maps["relevance"].shape == (2, 4, 4)
+    assert maps["relevance"].sum() > 0 and all(p.grad is None for p in model.parameters())
+
+
+# -- a task decided by one region: the class-specific map finds it ---------------------------
+
+PATCH, GRID, REGION, DISTRACTOR = 4, 4, (2, 1), (0, 3)
+
+
+def _patterns() -> torch.Tensor:
+    r = torch.arange(PATCH)
+    rows = (r[:, None] % 2).float().expand(PATCH, PATCH)  # horizontal stripes
+    checker = ((r[:, None] + r[None, :]) % 2).float()
+    blocks = ((r[:, None] // 2 + r[None, :] // 2) % 2).float()
+    return torch.stack([rows, rows.T, checker, blocks])  # (4, P, P)
+
+
+def _region_task(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """16x16 noise images; the pattern in the REGION patch is the class; the DISTRACTOR patch
+    holds a pattern of a random class, which decides nothing."""
+    patterns = _patterns()
+    labels = torch.randint(0, len(patterns), (n,), generator=generator)
+    images = torch.rand(n, 1, GRID * PATCH, GRID * PATCH, generator=generator)
+    noise = torch.randint(0, len(patterns), (n,), generator=generator)
+    for (i, j), kinds in ((REGION, labels), (DISTRACTOR, noise)):
+        images[:, 0, i * PATCH : (i + 1) * PATCH, j * PATCH : (j + 1) * PATCH] = patterns[kinds]
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def region_model():
+    """A 2-block ViT trained for a few seconds on the task (reaches 100% test accuracy)."""
+    torch.manual_seed(1)
+    generator = torch.Generator().manual_seed(1)
+    images, labels = _region_task(1024, generator)
+    test = _region_task(192, generator)
+    model = create_model(
+        "vit_digits", img_size=16, patch_size=PATCH, num_classes=4, embed_dim=32, depth=2,
+        num_heads=2,
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny products: threads only contend
+    try:
+        for _ in range(10):
+            order = torch.randperm(len(images), generator=generator)
+            for start in range(0, len(images), 64):
+                batch = order[start : start + 64]
+                loss = torch.nn.functional.cross_entropy(model(images[batch]), labels[batch])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), test
+
+
+def test_class_relevance_peaks_in_the_deciding_region(region_model):
+    model, (images, labels) = region_model
+    with torch.no_grad():
+        assert (model(images).argmax(-1) == labels).float().mean() >= 0.95
+    maps = attention_maps(model, images, target=labels)
+    relevance = maps["relevance"]  # (B, 4, 4)
+    region, distractor = (
+        relevance[:, REGION[0], REGION[1]],
+        relevance[:, DISTRACTOR[0], DISTRACTOR[1]],
+    )
+    peak = relevance.flatten(1).argmax(-1)
+    assert divmod(int(relevance.mean(0).argmax()), GRID) == REGION
+    assert (peak == REGION[0] * GRID + REGION[1]).float().mean() >= 0.9
+    assert region.mean() > 10 * distractor.mean()  # as salient a pattern, but not deciding
+
+
+def test_cli_explain_class_over_the_image_at_its_own_size(region_model, tmp_path, capsys):
+    from PIL import Image
+
+    from vitkit import save
+    from vitkit.cli import main
+
+    model, (images, labels) = region_model
+    names = ["rows", "columns", "checker", "blocks"]
+    ckpt = tmp_path / "model.safetensors"
+    save(model, ckpt, meta={"class_names": names, "mean": [0.0], "std": [1.0]})
+    big = images[0, 0].clamp(0, 1).repeat_interleave(3, 0).repeat_interleave(3, 1)  # 48x48
+    Image.fromarray((big * 255).round().byte().numpy()).save(tmp_path / "x.png")
+    out = tmp_path / "explain.png"
+    argv = ["explain", "--checkpoint", str(ckpt), str(tmp_path / "x.png"), "--out", str(out)]
+    other = (int(labels[0]) + 1) % 4
+    assert main([*argv, "--class", names[other], "--per-head", "--discard-ratio", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert f": {names[int(labels[0])]} (" in printed
+    assert f"explained class {names[other]} (" in printed and printed.endswith(f"in {out}\n")
+    with Image.open(out) as png:
+        assert png.width > 4 * 200 and png.height > 2 * 150  # 4 panels, a row of 2 heads
+    code = main([*argv, "--class", "zebra"])
+    assert code == 2 and capsys.readouterr().err == (
+        "vitkit: error: --class 'zebra' is not a class of this checkpoint; give a name (rows, "
+        "columns, checker, blocks) or an index 0 to 3\n"
+    )
+    assert main([*argv, "--discard-ratio", "1"]) == 2
+    assert "--discard-ratio must be in [0, 1), got 1" in capsys.readouterr().err

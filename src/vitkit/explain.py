@@ -1,9 +1,17 @@
 """What the model looks at, and how training went: attention maps and the run's pictures.
 
 Attention rollout is Abnar & Zuidema, "Quantifying Attention Flow in Transformers" (ACL 2020):
-each layer's head-averaged attention plus the identity (the residual path), rows renormalised,
-multiplied through the layers; the class token's row says how much each patch fed it. The
-last-layer class-token attention is the map of Dosovitskiy et al. (2021), Figure 6.
+each layer's attention, fused over heads, plus the identity (the residual path), rows
+renormalised, multiplied through the layers; the class token's row says how much each patch
+fed it. The discard ratio is that of jacobgil's vit-explain: the lowest fraction of each fused
+map is zeroed first (never the class token's attention to itself). The last-layer class-token
+attention is the map of Dosovitskiy et al. (2021), Figure 6.
+
+The class-specific map is Chefer, Gur & Wolf, "Generic Attention-model Explainability for
+Interpreting Bi-Modal and Encoder-Decoder Transformers" (ICCV 2021), as in "Transformer
+Interpretability Beyond Attention Visualization" (CVPR 2021): with A a block's attention and
+grad_A the gradient of the chosen class logit with respect to it, R = I and, block by block,
+R += mean_heads(clamp(grad_A * A, min=0)) @ R.
 
 All maps come from `model(x, return_attention=True)` -> (logits, [(B, heads, N, N)] per
 block). Drawing uses matplotlib's Agg backend and writes PNG files.
@@ -22,6 +30,34 @@ from torch import Tensor, nn
 
 from .files import atomic_write
 
+HEAD_FUSIONS = ("mean", "max", "min")
+READOUTS = ("class", "mean")
+
+
+def _fuse_heads(attention: Tensor, head_fusion: str) -> Tensor:
+    """(B, heads, N, N) -> (B, N, N)."""
+    if head_fusion == "mean":
+        return attention.mean(1)
+    if head_fusion == "max":
+        return attention.amax(1)
+    if head_fusion == "min":
+        return attention.amin(1)
+    raise ValueError(f"unknown head_fusion {head_fusion!r}; expected mean, max or min")
+
+
+def _read_out(
+    relevance: Tensor, num_prefix_tokens: int, grid: tuple[int, int], readout: str
+) -> Tensor:
+    """The rows the head reads, over the patches: (B, N, N) -> (B, gh, gw). 'class': the class
+    token's row; 'mean': the mean of the patch tokens' rows (average pooling)."""
+    if readout == "class":
+        row = relevance[:, 0, num_prefix_tokens:]  # (B, gh * gw)
+    elif readout == "mean":
+        row = relevance[:, num_prefix_tokens:, num_prefix_tokens:].mean(1)  # (B, gh * gw)
+    else:
+        raise ValueError(f"unknown readout {readout!r}; expected class or mean")
+    return row.reshape(-1, *grid)  # (B, gh, gw)
+
 
 def attention_rollout(
     attentions: Sequence[Tensor],
@@ -29,6 +65,8 @@ def attention_rollout(
     num_prefix_tokens: int,
     grid: tuple[int, int],
     head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    readout: str = "class",
 ) -> Tensor:
     """Rollout from the class token to each patch: (B, gh, gw), summing to at most 1.
 
@@ -37,23 +75,61 @@ def attention_rollout(
         num_prefix_tokens: class (and distillation) tokens before the patches.
         grid: the patch grid (gh, gw), gh * gw = N - num_prefix_tokens.
         head_fusion: 'mean', 'max' or 'min' over heads.
+        discard_ratio: fraction of each image's fused (N, N) map set to zero, lowest values
+            first, before the identity is added; the class token's self-attention is kept.
+        readout: 'class' (the class token's row) or 'mean' (the patch rows' mean).
     """
     if not attentions:
         raise ValueError("attention rollout needs at least one attention map")
-    fuse = {"mean": lambda a: a.mean(1), "max": lambda a: a.amax(1), "min": lambda a: a.amin(1)}
-    if head_fusion not in fuse:
-        raise ValueError(f"unknown head_fusion {head_fusion!r}; expected mean, max or min")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     first = attentions[0]
     tokens = first.shape[-1]
     eye = torch.eye(tokens, dtype=torch.float32, device=first.device)
     rollout = eye.expand(first.shape[0], tokens, tokens)  # (B, N, N)
     for attention in attentions:
-        fused = fuse[head_fusion](attention.float())  # (B, N, N)
+        fused = _fuse_heads(attention.float(), head_fusion)  # (B, N, N)
+        discard = int(tokens * tokens * discard_ratio)
+        if discard:
+            flat = fused.flatten(1).clone()  # (B, N * N)
+            lowest = flat.topk(discard, dim=-1, largest=False).indices  # (B, discard)
+            kept = flat[:, 0].clone()  # the class token's attention to itself
+            flat.scatter_(1, lowest, 0.0)
+            flat[:, 0] = kept
+            fused = flat.reshape_as(fused)  # (B, N, N)
         fused = 0.5 * fused + 0.5 * eye
         fused = fused / fused.sum(dim=-1, keepdim=True)
         rollout = fused @ rollout  # (B, N, N)
-    cls_row = rollout[:, 0, num_prefix_tokens:]  # (B, gh * gw)
-    return cls_row.reshape(-1, *grid)  # (B, gh, gw)
+    return _read_out(rollout, num_prefix_tokens, grid, readout)
+
+
+def gradient_relevance(
+    attentions: Sequence[Tensor],
+    gradients: Sequence[Tensor],
+    *,
+    num_prefix_tokens: int,
+    grid: tuple[int, int],
+    readout: str = "class",
+) -> Tensor:
+    """Class-specific relevance of each patch (Chefer et al. 2021): (B, gh, gw), >= 0.
+
+    Args:
+        attentions: one (B, heads, N, N) tensor per block, in order.
+        gradients: the gradient of the explained logit with respect to each of them.
+        num_prefix_tokens: class (and distillation) tokens before the patches.
+        grid: the patch grid (gh, gw).
+        readout: 'class' (the class token's row) or 'mean' (the patch rows' mean).
+    """
+    if not attentions or len(attentions) != len(gradients):
+        raise ValueError("gradient_relevance needs one gradient per attention map (at least one)")
+    first = attentions[0]
+    tokens = first.shape[-1]
+    relevance = torch.eye(tokens, dtype=torch.float32, device=first.device)
+    relevance = relevance.repeat(first.shape[0], 1, 1)  # (B, N, N)
+    for attention, grad in zip(attentions, gradients):
+        cam = (grad.float() * attention.float()).clamp(min=0).mean(1)  # (B, N, N)
+        relevance = relevance + cam @ relevance  # (B, N, N)
+    return _read_out(relevance, num_prefix_tokens, grid, readout)
 
 
 def cls_attention(attention: Tensor, *, num_prefix_tokens: int, grid: tuple[int, int]) -> Tensor:
@@ -62,28 +138,65 @@ def cls_attention(attention: Tensor, *, num_prefix_tokens: int, grid: tuple[int,
     return row.reshape(*row.shape[:2], *grid)  # (B, heads, gh, gw)
 
 
-@torch.no_grad()
 def attention_maps(
-    model: nn.Module, images: Tensor, head_fusion: str = "mean"
+    model: nn.Module,
+    images: Tensor,
+    head_fusion: str = "mean",
+    *,
+    discard_ratio: float = 0.0,
+    target: int | Sequence[int] | Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Logits and maps for a batch of normalised images (B, C, H, W).
+    """Logits and maps for a batch of normalised images (B, C, H, W), in eval mode (the
+    model's training flag is restored).
 
-    Returns `logits` (B, K), `rollout` (B, gh, gw), `cls_attention` (B, gh, gw, head mean of
-    the last block) and `cls_attention_heads` (B, heads, gh, gw).
+    Returns `logits` (B, K); `target` (B,), the explained class (given, else predicted);
+    `relevance` (B, gh, gw), its class-specific map; `rollout` (B, gh, gw); `cls_attention`
+    (B, gh, gw, head mean of the last block) and `cls_attention_heads` (B, heads, gh, gw).
+    A model with average pooling reads the patch rows' mean instead of the class token's row
+    for rollout and relevance.
     """
+    was_training = model.training
     model.eval()
-    logits, attentions = model(images, return_attention=True)
+    try:
+        with torch.enable_grad():
+            # The input joins the graph so that frozen weights still give gradients.
+            logits, attentions = model(images.detach().requires_grad_(True), return_attention=True)
+            chosen = _targets(target, logits)
+            score = logits.gather(1, chosen[:, None]).sum()
+            gradients = torch.autograd.grad(score, attentions)
+    finally:
+        model.train(was_training)
+    attentions = [a.detach() for a in attentions]
     grid = model.patch_embed.grid_for(*images.shape[-2:])
     prefix = model.num_prefix_tokens
+    readout = "mean" if getattr(model, "global_pool", "token") == "avg" else "class"
     heads = cls_attention(attentions[-1], num_prefix_tokens=prefix, grid=grid)
+    common = {"num_prefix_tokens": prefix, "grid": grid, "readout": readout}
     return {
-        "logits": logits,
+        "logits": logits.detach(),
+        "target": chosen,
+        "relevance": gradient_relevance(attentions, gradients, **common),
         "rollout": attention_rollout(
-            attentions, num_prefix_tokens=prefix, grid=grid, head_fusion=head_fusion
+            attentions, head_fusion=head_fusion, discard_ratio=discard_ratio, **common
         ),
         "cls_attention": heads.mean(1),
         "cls_attention_heads": heads,
     }
+
+
+def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Tensor:
+    """The class to explain per image, (B,): the given one(s), else the predicted."""
+    batch, classes = logits.shape
+    if target is None:
+        return logits.detach().argmax(dim=-1)
+    chosen = torch.as_tensor(target, device=logits.device).long().reshape(-1).expand(batch)
+    bad = chosen[(chosen < 0) | (chosen >= classes)]
+    if bad.numel():
+        raise ValueError(
+            f"class {int(bad[0])} is out of range for a model with {classes} classes; "
+            f"choose 0 to {classes - 1}"
+        )
+    return chosen.clone()
 
 
 # -- drawing --------------------------------------------------------------------------------
@@ -116,13 +229,14 @@ def _show_image(ax: Any, image: Tensor) -> None:
     ax.set_axis_off()
 
 
-def _overlay(ax: Any, image: Tensor, heat: Tensor, title: str) -> None:
+def _overlay(fig: Any, ax: Any, image: Tensor, heat: Tensor, title: str) -> None:
+    """`heat` (gh, gw) resized to the image's own size (bilinear), blended over the image at
+    half opacity, with a colour bar of its values."""
     _show_image(ax, image)
     size = image.shape[-2:]
-    heat = heat.float()
-    heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
-    up = F.interpolate(heat[None, None], size=size, mode="bilinear", align_corners=False)
-    ax.imshow(up[0, 0].cpu().numpy(), cmap="jet", alpha=0.5, vmin=0, vmax=1)
+    up = F.interpolate(heat.float()[None, None], size=size, mode="bilinear", align_corners=False)
+    shown = ax.imshow(up[0, 0].cpu().numpy(), cmap="jet", alpha=0.5)  # (H, W)
+    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
     ax.set_title(title, fontsize=9)
 
 
@@ -133,26 +247,50 @@ def draw_explanation(
     *,
     title: str = "",
     per_head: bool = False,
+    target_name: str | None = None,
+    rollout_title: str = "attention rollout",
 ) -> None:
-    """PNG: the image, the rollout over it, the last-layer class attention over it and, with
-    `per_head`, one panel per head. `image` is (C, H, W) in [0, 1]; maps are one image's."""
+    """PNG: the image, then each map blended over it at the image's own resolution with a
+    colour bar (the class-specific relevance when `maps` has it, the rollout, the last block's
+    class-token attention) and, with `per_head`, a grid of that block's heads over the image.
+
+    Args:
+        image: (C, H, W) in [0, 1], any size: the maps are resized to it.
+        maps: one image's maps (`attention_maps` output indexed by the image).
+        path: the PNG to write.
+        title: the figure's title.
+        per_head: add one panel per head of the last block.
+        target_name: the explained class, for the relevance panel's title.
+        rollout_title: the rollout panel's title (e.g. naming head fusion and discard ratio).
+    """
     plt = _pyplot()
-    panels = [("image", None), ("attention rollout", maps["rollout"])]
+    panels: list[tuple[str, Tensor | None]] = [("image", None)]
+    if "relevance" in maps:
+        name = target_name if target_name is not None else str(int(maps.get("target", -1)))
+        panels.append((f"relevance for class {name}", maps["relevance"]))
+    panels.append((rollout_title, maps["rollout"]))
     panels.append(("last-layer [CLS] attention", maps["cls_attention"]))
-    if per_head:
-        for h, heat in enumerate(maps["cls_attention_heads"]):
-            panels.append((f"head {h}", heat))
-    cols = min(len(panels), 4)
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows + 0.4), squeeze=False)
-    for ax in axes.flat[len(panels) :]:
+    heads = list(maps["cls_attention_heads"]) if per_head else []
+    cols = max(len(panels), min(len(heads), 4))
+    rows = 1 + -(-len(heads) // cols)
+    height, width = image.shape[-2:]
+    side = 3.0
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(cols * (side * max(width / height, 0.5) + 0.8), rows * side + 0.5),
+        squeeze=False,
+    )
+    for ax in axes.flat:
         ax.set_axis_off()
-    for ax, (name, heat) in zip(axes.flat, panels):
+    for ax, (name, heat) in zip(axes[0], panels):
         if heat is None:
             _show_image(ax, image)
             ax.set_title(name, fontsize=9)
         else:
-            _overlay(ax, image, heat, name)
+            _overlay(fig, ax, image, heat, name)
+    for h, heat in enumerate(heads):
+        _overlay(fig, axes[1 + h // cols, h % cols], image, heat, f"last block, head {h}")
     if title:
         fig.suptitle(title, fontsize=11)
     _save_figure(fig, path)
