@@ -131,3 +131,22 @@ def test_a_doctored_config_json_is_one_clear_error(tmp_path, text, pattern):
     with pytest.raises(ValueError, match=pattern) as err:
         vitkit.load_pretrained(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_hf_vitmae_encoder_parity():
+    """A ViTMAEModel (MAE-pretrained encoder) loads as a plain ViT: with mask_ratio 0 its
+    shuffled tokens, put back in order, equal vitkit's."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    cfg = transformers.ViTMAEConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, image_size=32, patch_size=8,
+                                    mask_ratio=0.0)  # fmt: skip
+    source = randomize(transformers.ViTMAEModel(cfg))
+    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        out = source(pixel_values=x)
+        index = out.ids_restore[..., None].expand(-1, -1, 64)  # (B, N, D)
+        patches = torch.gather(out.last_hidden_state[:, 1:], 1, index)
+        ours = model.forward_features(x)
+    torch.testing.assert_close(ours[:, 1:], patches, **TOL)
+    torch.testing.assert_close(ours[:, 0], out.last_hidden_state[:, 0], **TOL)
