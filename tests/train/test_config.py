@@ -37,7 +37,7 @@ def test_every_field_is_declared_with_help_and_a_group():
     for item in dataclasses.fields(TrainConfig):
         assert item.metadata["help"], item.name
         assert item.metadata["group"] in GROUPS, item.name
-    assert set(GROUPS) == {"data", "optim", "distill", "mae", "run"}
+    assert set(GROUPS) == {"data", "optim", "finetune", "distill", "mae", "run"}
 
 
 def test_help_shows_every_option_with_its_help_and_default():
@@ -160,7 +160,7 @@ def test_settings_round_trip_and_old_runs_lack_only_later_options(tmp_path):
     path.write_text(json.dumps({k: v for k, v in old.items() if k != "epochs"}))
     with pytest.raises(SettingsError, match="missing setting.s. epochs; add them"):
         read_settings(path, complete=True)
-    assert set(RUNTIME) == {"threads", "save_every", "device", "workers"}
+    assert set(RUNTIME) == {"threads", "save_every", "device", "workers", "grad_ckpt"}
     assert set(GROWS) == {"epochs"}
 
 

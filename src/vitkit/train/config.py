@@ -76,6 +76,7 @@ FRACTION = Range(0, 1, high_open=True)
 GROUPS = {
     "data": "data and model",
     "optim": "optimisation (unset: the recipe's value)",
+    "finetune": "fine-tuning (with --pretrained)",
     "distill": "distillation (DeiT)",
     "mae": "MAE pretraining (vitkit pretrain)",
     "run": "run",
@@ -264,6 +265,41 @@ class TrainConfig:
     )
     compile: bool = option(False, "torch.compile the model")
 
+    # -- fine-tuning
+    layer_decay: float | None = option(
+        None,
+        "layer-wise learning-rate decay (BEiT, MAE): the head learns at lr, block i of D at "
+        "lr * DECAY ** (D - i), the embedding at lr * DECAY ** (D + 1), as timm's "
+        "param_groups_layer_decay (default: off, one rate)",
+        group="finetune",
+        metavar="DECAY",
+        range=Range(0, 1, low_open=True),
+        since=True,
+    )
+    freeze: int | None = option(
+        None,
+        "freeze the embedding (patch projection, class / distillation token, positions) and "
+        "the first N blocks: not trained, not in the optimiser; 0 freezes the embedding only",
+        group="finetune",
+        metavar="N",
+        range=NON_NEGATIVE,
+        since=True,
+    )
+    linear_probe: bool = option(
+        False,
+        "train only the head on the frozen encoder, which stays in eval mode (no dropout or "
+        "drop-path), as MAE's linear probing",
+        group="finetune",
+        since=True,
+    )
+    grad_ckpt: bool = option(
+        False,
+        "gradient checkpointing: recompute each block in the backward pass (the same "
+        "gradients, far less activation memory, about a third more compute)",
+        group="run",
+        runtime=True,
+    )
+
     # -- distillation
     teacher: str | None = option(
         None,
@@ -354,6 +390,16 @@ class TrainConfig:
             raise ValueError(
                 f"data_dir names the folder of a built-in source ({', '.join(SOURCES)}); "
                 f"{self.data!r} is not one: pass the path as data instead"
+            )
+        if self.linear_probe and self.freeze is not None:
+            raise ValueError(
+                "linear_probe already freezes everything but the head; drop freeze, or drop "
+                "linear_probe to fine-tune the blocks after the frozen ones"
+            )
+        if self.linear_probe and self.distill != "none":
+            raise ValueError(
+                "linear_probe freezes the distillation token, so distillation cannot train it; "
+                "use distill='none', or fine-tune without linear_probe"
             )
         parse_rand_augment(self.aa)  # a bad spec fails here, before any work
         self.amp_on(self.resolved_device())  # fp16 without CUDA fails here

@@ -43,7 +43,7 @@ from .loop import (
     steps_per_epoch,
     train_one_epoch,
 )
-from .optim import ModelEma, build_optimizer, swapped_weights
+from .optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
 
 log = logging.getLogger(__name__)
 
@@ -180,11 +180,12 @@ def new_run_state(
     steps = steps_per_epoch(batches_per_epoch, config.accum_steps)
     if teacher is not None:
         teacher.eval().requires_grad_(False)
+    _prepare_model(model, config)
     return RunState(
         config=config,
         model=model,
         trained=model,
-        optimizer=build_optimizer(model, lr, config.weight_decay),
+        optimizer=build_optimizer(model, lr, config.weight_decay, config.layer_decay),
         schedule=Schedule.of(config, lr, steps),
         mixup=Mixup(
             mixup_alpha=config.mixup,
@@ -355,6 +356,22 @@ def _check_distillation(model: nn.Module, teacher: nn.Module | None, config: Tra
             f"the teacher predicts {classes} classes, the student {model.num_classes}; "
             "distil from a teacher trained on the same classes"
         )
+
+
+def _prepare_model(model: nn.Module, config: TrainConfig) -> None:
+    """Freeze what the config freezes and switch on gradient checkpointing: before the
+    optimiser takes the parameters (frozen ones stay out of it) and before DDP wraps them."""
+    if config.freeze is not None or config.linear_probe:
+        frozen = freeze_layers(model, blocks=config.freeze, linear_probe=config.linear_probe)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("froze %d parameter tensors; %d parameters train", frozen, trained)
+    if config.grad_ckpt:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise ValueError(
+                f"grad_ckpt: {type(model).__name__} has no set_grad_checkpointing; train it "
+                "without grad_ckpt"
+            )
+        model.set_grad_checkpointing(True)
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -25,7 +25,7 @@ from ..data import Mixup
 from .config import TrainConfig
 from .distributed import all_reduce, world
 from .losses import distill_loss, soft_cross_entropy
-from .optim import ModelEma, lr_at
+from .optim import ModelEma, lr_at, set_lr
 
 
 class StopFlag:
@@ -163,7 +163,7 @@ def train_one_epoch(
     """
     config, device = state.config, state.device
     model = state.trained
-    model.train()
+    model.train(not config.linear_probe)  # a linear probe reads the encoder as at inference
     sums = state.running = state.running or EpochState()
     state.optimizer.zero_grad(set_to_none=True)
     pending = 0
@@ -232,8 +232,7 @@ def _loss(state: RunState, images: Tensor, targets: Tensor) -> tuple[Tensor, Ten
 def _optimizer_step(state: RunState) -> None:
     """One optimiser step at the schedule's rate (unscaled, clipped), then the EMA."""
     optimizer, scaler = state.optimizer, state.scaler
-    for group in optimizer.param_groups:
-        group["lr"] = state.schedule(state.step)
+    set_lr(optimizer, state.schedule(state.step))  # times each group's layer-decay scale
     if scaler is not None:
         scaler.unscale_(optimizer)
     if state.config.clip_grad:

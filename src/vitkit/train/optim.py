@@ -2,35 +2,105 @@
 
 DeiT's recipe (Touvron et al. 2021, Table 9): AdamW with weight decay 0.05, none on biases,
 norms, tokens and positions; the learning rate rises linearly, then follows half a cosine,
-per optimiser step; optionally an exponential moving average of the weights.
+per optimiser step; optionally an exponential moving average of the weights. For fine-tuning,
+layer-wise learning-rate decay (BEiT, Bao et al. 2022; MAE, He et al. 2022), numbered as
+timm's `param_groups_layer_decay`, and freezing the lower layers or all but the head.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..model import VisionTransformer
+
 BETAS = (0.9, 0.999)
+HEADS = ("head.", "head_dist.")  # what a linear probe trains
+_BLOCK = re.compile(r"blocks\.(?:layers\.)?(\d+)\.")  # native or nn.TransformerEncoder blocks
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decayed weights, and no decay for every parameter with ndim <= 1
-    (biases, norms, LayerScale) and the names in `model.no_weight_decay()`."""
+def layer_id(name: str, depth: int) -> int:
+    """The layer of a ViT parameter, as timm's `VisionTransformer.group_matcher` numbers it:
+    0 the embedding (patch projection, class / distillation / register tokens, positions),
+    i + 1 block i, `depth` the final norm (timm's matcher joins it to the last block; MAE's and
+    BEiT's own code put it with the head), `depth + 1` the rest (fc_norm, heads)."""
+    if name.startswith(("cls_token", "dist_token", "reg_token", "pos_embed", "patch_embed")):
+        return 0
+    block = _BLOCK.match(name)
+    if block:
+        return int(block.group(1)) + 1
+    return depth if name.startswith("norm.") else depth + 1
+
+
+def vit_depth(model: nn.Module, option: str) -> int:
+    """The block count of a vitkit ViT; other models (timm CNNs) are refused for `option`."""
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            f"{option} needs a vitkit ViT (its blocks are numbered); {type(model).__name__} is "
+            f"not one: train it without {option}"
+        )
+    return model.config.depth
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float | None = None
+) -> list[dict[str, Any]]:
+    """AdamW groups of the trainable parameters: no weight decay for every parameter with
+    ndim <= 1 (biases, norms, LayerScale) and the names in `model.no_weight_decay()`.
+
+    Without `layer_decay`: two groups, decayed and not. With it: one pair per layer
+    (`layer_id`), each with `lr_scale = layer_decay ** (depth + 1 - layer)`, the head's 1;
+    `set_lr` multiplies the scheduled rate by it. Frozen parameters are in no group."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    depth = vit_depth(model, "layer_decay") if layer_decay is not None else 0
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
+    if layer_decay is None:  # the two groups always exist, in this order
+        for decayed in (True, False):
+            groups[0, decayed] = {"params": [], "weight_decay": weight_decay if decayed else 0.0}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+        decayed = not (param.ndim <= 1 or name in skip)
+        layer = layer_id(name, depth) if layer_decay is not None else 0
+        if (layer, decayed) not in groups:
+            groups[layer, decayed] = {
+                "params": [],
+                "weight_decay": weight_decay if decayed else 0.0,
+                "lr_scale": layer_decay ** (depth + 1 - layer),
+            }
+        groups[layer, decayed]["params"].append(param)
+    return list(groups.values())
+
+
+def freeze_layers(
+    model: nn.Module, *, blocks: int | None = None, linear_probe: bool = False
+) -> int:
+    """Stop training (requires_grad False, in place) the embedding and the first `blocks`
+    blocks, i.e. layers 0 to `blocks` of `layer_id`, or with `linear_probe` everything but the
+    head(s). Returns how many parameter tensors were frozen."""
+    option = "linear_probe" if linear_probe else "freeze"
+    depth = vit_depth(model, option)
+    if blocks is not None and blocks > depth:
+        raise ValueError(
+            f"freeze {blocks} is more than the model's {depth} blocks; choose 0 to {depth}, or "
+            "linear_probe to train only the head"
+        )
+    frozen = 0
+    for name, param in model.named_parameters():
+        if linear_probe:
+            stop = not name.startswith(HEADS)
+        else:
+            stop = blocks is not None and layer_id(name, depth) <= blocks
+        if stop:
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def lr_at(
@@ -71,9 +141,23 @@ class ModelEma:
         model.load_state_dict({k: v.to(own[k].dtype) for k, v in self.state.items()})
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model, weight_decay)` (betas 0.9, 0.999)."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=BETAS)
+def build_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None = None
+) -> torch.optim.AdamW:
+    """AdamW over `param_groups(model, weight_decay, layer_decay)` (betas 0.9, 0.999), each
+    group at `lr` times its scale."""
+    optimizer = torch.optim.AdamW(
+        param_groups(model, weight_decay, layer_decay), lr=lr, betas=BETAS
+    )
+    set_lr(optimizer, lr)
+    return optimizer
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set each group's rate to `lr` times its `lr_scale` (1 without one), as timm's
+    schedulers do: the schedule gives the head's rate, layer decay scales the lower layers."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 @contextlib.contextmanager
