@@ -312,6 +312,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
+    if not isinstance(model, VisionTransformer):
+        raise UserError(
+            f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}), which has no "
+            "attention to draw; explain takes a ViT checkpoint"
+        )
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
     target = _class_index(args.target, names) if args.target is not None else None
     raw = _read_inputs(model, [args.image])
