@@ -506,7 +506,12 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUMMARY_MODEL_FIELDS = ("model_opts", "img_size", "in_chans")
+# train's flags that `summary` takes, with the help they have there (None: train's).
+_SUMMARY_MODEL_FIELDS = {
+    "model_opts": None,
+    "img_size": "input size: N or H W (default: the model's)",
+    "in_chans": "channels",
+}
 
 
 def _summary_model(args: argparse.Namespace, encoder: str | None = None) -> VisionTransformer:
@@ -710,14 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stage with its measured output shape. The model options are those of `vitkit train`.",
     )
     p.add_argument("model", help="a registered model name (see `vitkit models`)")
-    g = p.add_argument_group("model options (as vitkit train)")
-    donor = argparse.ArgumentParser(add_help=False)
-    add_arguments(donor)  # train's flags for these TrainConfig fields, not a copy of them
-    helps = {"img_size": "input size: N or H W (default: the model's)", "in_chans": "channels"}
-    for action in donor._actions:
-        if action.dest in _SUMMARY_MODEL_FIELDS:
-            action.help = helps.get(action.dest, action.help)
-            g._add_action(action)
+    g = add_arguments(p, only=_SUMMARY_MODEL_FIELDS, title="model options (as vitkit train)")
     g.add_argument(
         "--patch-size",
         type=_int_in(1),

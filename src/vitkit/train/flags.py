@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .config import FIELDS, GROUPS, TrainConfig, field_kinds
@@ -20,24 +20,35 @@ def add_arguments(
     parser: argparse.ArgumentParser,
     recipe_options: frozenset[str] = frozenset(),
     recipes: Sequence[str] = (),
-) -> None:
+    *,
+    only: Mapping[str, str | None] | None = None,
+    title: str = "",
+) -> Any:
     """One flag per `TrainConfig` field, in the groups of `GROUPS`. Nothing has an argparse
     default: `given_options` returns only what the command line set.
 
     Args:
-        parser: the `train` sub-parser.
+        parser: the `train` sub-parser (or another command's, with `only`).
         recipe_options: fields some recipe sets, marked so in `--help`.
         recipes: the recipe names, listed as the choices of `--recipe`.
+        only: just these fields, each with its help text (None: the field's own), in one
+            group named `title` (e.g. `vitkit summary`'s model options), which is returned.
     """
-    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    if only is None:
+        groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    else:
+        shared = parser.add_argument_group(title)
+        groups = dict.fromkeys(GROUPS, shared)
     hints = field_kinds()
     for item in dataclasses.fields(TrainConfig):
+        if only is not None and item.name not in only:
+            continue
         meta, kind = item.metadata, hints[item.name]
         choices = recipes if item.name == "recipe" else meta["choices"]
         kwargs: dict[str, Any] = {
             "dest": item.name,
             "default": argparse.SUPPRESS,
-            "help": _help(item, item.name in recipe_options),
+            "help": (only or {}).get(item.name) or _help(item, item.name in recipe_options),
             "metavar": meta["metavar"] or ("{" + ",".join(map(str, choices)) + "}" if choices
                                            else None),
         }  # fmt: skip
@@ -59,6 +70,7 @@ def add_arguments(
                 f"--{name}", dest=item.name, action="store_const", const=None, help=text,
                 default=argparse.SUPPRESS,
             )  # fmt: skip
+    return None if only is None else shared
 
 
 def _help(item: dataclasses.Field, set_by_recipes: bool) -> str:
