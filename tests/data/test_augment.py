@@ -1,39 +1,54 @@
-"""DeiT transforms on tensors: shapes, ranges, exact values where they are defined."""
+"""vitkit's per-image transforms on tensors and images: shapes, exact values, reproducibility,
+full-resolution decoding; and the batch mixing. Parity with timm: test_timm_transforms.py."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from vitkit.data import augment
-from vitkit.data.augment import (
-    RAND_AUGMENT_OPS,
-    Mixup,
+from vitkit.data import ImageFiles, Subset, Transformed, build_transform, parse_rand_augment
+from vitkit.data.augment import Mixup, one_hot
+from vitkit.data.data_config import DataConfig
+from vitkit.data.transforms import (
     Normalize,
-    RandAugment,
     RandomErasing,
     RandomHorizontalFlip,
     RandomResizedCrop,
-    build_transform,
-    one_hot,
-    parse_rand_augment,
+    eval_transform,
 )
+
+NORM = {"mean": [0.5] * 3, "std": [0.5] * 3}
 
 
 @pytest.fixture
 def image():
     torch.manual_seed(0)
-    return torch.rand(3, 12, 16)
+    return (torch.rand(3, 12, 16) * 255).round() / 255  # 8-bit values
 
 
-def test_random_resized_crop_shape_range_and_box(image):
+def test_random_resized_crop_box_stays_inside_and_keeps_its_area(image):
     crop = RandomResizedCrop((8, 8), scale=(0.5, 1.0))
-    for _ in range(20):
-        top, left, h, w = crop.box(12, 16)
+    rng = random.Random(0)
+    for _ in range(50):
+        top, left, h, w = crop.box(12, 16, rng)
         assert 0 <= top and top + h <= 12 and 0 <= left and left + w <= 16
         assert 0.5 * 192 * 0.7 <= h * w <= 192
-        out = crop(image)
-        assert out.shape == (3, 8, 8) and 0 <= out.min() and out.max() <= 1
+    assert crop(image).shape == (3, 8, 8)
+    # no crop of ratio 3..4 fits a 12x16 image 10 times in a row: the widest centred one
+    assert RandomResizedCrop((8, 8), (0.9, 1.0), (3.0, 4.0)).box(12, 16, rng) == (3, 0, 5, 16)
+
+
+def test_tensor_and_image_give_the_same_crop(image):
+    """In-memory data and image files go through the same resampling."""
+    pil = Image.fromarray((image * 255).round().byte().permute(1, 2, 0).numpy())
+    crop = RandomResizedCrop((10, 10), interpolation="bicubic")
+    from_tensor = crop(image, random.Random(4))
+    from_image = torch.from_numpy(np.asarray(crop(pil, random.Random(4))).copy()).permute(2, 0, 1)
+    assert torch.equal(from_tensor, from_image.float() / 255)
 
 
 def test_flip_is_exact(image):
@@ -41,48 +56,19 @@ def test_flip_is_exact(image):
     assert RandomHorizontalFlip(0.0)(image) is image
 
 
-@pytest.mark.parametrize("op", sorted(RAND_AUGMENT_OPS))
-@pytest.mark.parametrize("chans", [1, 3])
-def test_each_rand_augment_op_keeps_shape_and_range(op, chans):
-    torch.manual_seed(1)
-    x = torch.rand(chans, 8, 8)
-    out = RandAugment(num_ops=1, magnitude=9, mstd=0.0, ops=[op])(x)
-    assert out.shape == x.shape and out.dtype == x.dtype
-    assert out.min() >= 0 and out.max() <= 1
-    if op == "Identity":
-        assert torch.equal(out, x)
-
-
-def test_rand_augment_ops_values():
-    x = torch.linspace(0, 1, 64).view(1, 8, 8)
-    assert torch.allclose(augment._solarize(x, 0.5), torch.where(x >= 0.5, 1 - x, x))
-    stretched = augment._autocontrast(x * 0.5 + 0.25, 1.0)
-    assert torch.allclose(stretched, x, atol=1e-6)
-    assert torch.allclose(augment._posterize(x, 1.0), torch.floor(x * 255 / 16) * 16 / 255)
-    # a zero-angle rotation and a zero shear are the identity
-    assert torch.allclose(augment._affine(x, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), x, atol=1e-6)
-
-
-def test_parse_rand_augment():
-    ra = parse_rand_augment("rand-m7-n3-mstd0.2")
-    assert (ra.magnitude, ra.num_ops, ra.mstd) == (7.0, 3, 0.2)
-    assert parse_rand_augment("none") is None and parse_rand_augment(None) is None
-    with pytest.raises(ValueError, match="unknown RandAugment field 'q4'"):
-        parse_rand_augment("rand-m9-q4")
-    with pytest.raises(ValueError, match="must start with 'rand'"):
-        parse_rand_augment("auto-m9")
-
-
-def test_random_erasing(image):
+def test_random_erasing_fills_one_rectangle_and_leaves_the_input(image):
     assert RandomErasing(p=0.0)(image) is image
-    torch.manual_seed(3)
-    out = RandomErasing(p=1.0)(image)
+    before = image.clone()
+    out = RandomErasing(p=1.0)(image, random.Random(3))
+    assert torch.equal(image, before)  # a copy is erased, not the dataset's tensor
     changed = (out != image).any(0)
-    assert out.shape == image.shape and changed.any()
     rows, cols = changed.nonzero().T
     box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
-    assert box == changed.sum()  # one filled rectangle
-    assert 0.02 * 192 * 0.5 <= box <= 192 / 3 + 16
+    assert box == changed.sum() and 0.02 * 192 * 0.5 <= box <= 192 / 3 + 16
+    zeros = RandomErasing(p=1.0, mode="const")(image, random.Random(3))
+    assert torch.equal(zeros[:, changed], torch.zeros(3, int(box)))  # the same box: same draws
+    with pytest.raises(ValueError, match="unknown erasing mode 'noise'; use one of pixel"):
+        RandomErasing(mode="noise")
 
 
 def test_normalize_exact(image):
@@ -91,31 +77,107 @@ def test_normalize_exact(image):
     assert torch.allclose(out[2], image[2] / 2.0)
 
 
-def test_build_transform_train_and_eval(image):
-    eval_tf = build_transform(False, img_size=(12, 16), mean=[0.5] * 3, std=[0.5] * 3)
-    assert torch.allclose(eval_tf(image), (image - 0.5) / 0.5)
-    resized = build_transform(False, img_size=(6, 8), mean=[0.5] * 3, std=[0.5] * 3)(image)
-    assert resized.shape == (3, 6, 8)
-    train_tf = build_transform(True, img_size=(8, 8), mean=[0.5] * 3, std=[0.5] * 3)
-    assert [type(t).__name__ for t in train_tf.transforms] == [
+def test_build_transform_steps(image):
+    eval_tf = build_transform(False, img_size=(12, 16), **NORM)
+    assert torch.equal(eval_tf(image), (image - 0.5) / 0.5)  # native size: only normalised
+    assert build_transform(False, img_size=(6, 8), **NORM)(image).shape == (3, 6, 8)
+    train_tf = build_transform(True, img_size=(8, 8), **NORM)
+    assert [type(t).__name__ for t in train_tf.steps] == [
         "RandomResizedCrop",
         "RandomHorizontalFlip",
         "RandAugment",
+        "ToTensor",
         "Normalize",
         "RandomErasing",
     ]
     assert train_tf(image).shape == (3, 8, 8)
     light = build_transform(
-        True,
-        img_size=(8, 8),
-        mean=[0.0],
-        std=[1.0],
-        crop_scale=None,
-        hflip=0,
-        rand_augment=None,
-        reprob=0,
+        True, img_size=(8, 8), mean=[0.0], std=[1.0], crop_scale=None, hflip=0,
+        rand_augment=None, reprob=0,
+    )  # fmt: skip
+    assert [type(t).__name__ for t in light.steps] == ["ResizeCenterCrop", "ToTensor", "Normalize"]
+    assert not light.random
+    with pytest.raises(ValueError, match="unknown interpolation 'cubic'; use one of nearest"):
+        build_transform(False, img_size=(8, 8), interpolation="cubic", **NORM)
+    with pytest.raises(ValueError, match=r"crop_pct must be in \(0, 1\], got 1.5"):
+        build_transform(False, img_size=(8, 8), crop_pct=1.5, **NORM)
+
+
+def test_training_draws_follow_torchs_seed(image):
+    """One random.Random per image, seeded from torch: a seeded (or resumed) run repeats."""
+    tf = build_transform(True, img_size=(8, 8), reprob=1.0, **NORM)
+    torch.manual_seed(7)
+    first = [tf(image) for _ in range(3)]
+    torch.manual_seed(7)
+    again = [tf(image) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], first[1])
+
+
+def test_rand_augment_strings():
+    ra = parse_rand_augment("rand-m9-mstd0.5-inc1")  # DeiT's
+    assert (ra.magnitude, ra.num_ops, ra.mstd, ra.prob, ra.increasing) == (9, 2, 0.5, 0.5, True)
+    ra = parse_rand_augment("rand-m7-n3-p0.3-mmax15-mstd200")
+    assert (ra.magnitude, ra.num_ops, ra.prob, ra.magnitude_max) == (7, 3, 0.3, 15)
+    assert ra.mstd == float("inf")  # over 100: uniform in [0, m]
+    assert parse_rand_augment("rand").magnitude == 10  # timm's default
+    assert parse_rand_augment("none") is None and parse_rand_augment(None) is None
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rand-m9-q4", "unknown RandAugment field 'q4' in 'rand-m9-q4'; use m, n, p, mstd"),
+        ("rand-m9-inc", "unknown RandAugment field 'inc' in 'rand-m9-inc'"),
+        ("rand-m9.5.1", "bad RandAugment field 'm9.5.1' in 'rand-m9.5.1'"),
+        ("auto-m9", "RandAugment spec 'auto-m9' must start with 'rand'"),
+        ("rand-m9-tweights", "'tweights' in 'rand-m9-tweights' picks a weighted op set"),
+        ("rand-p1.5", "RandAugment needs n >= 0, 0 <= p <= 1"),
+    ],
+)
+def test_bad_rand_augment_strings(spec, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        parse_rand_augment(spec)
+
+
+def _striped(path) -> None:
+    """96x32: red a quarter, green the middle half, blue a quarter."""
+    stripes = np.zeros((32, 96, 3), np.uint8)
+    stripes[:, :24, 0], stripes[:, 24:72, 1], stripes[:, 72:, 2] = 255, 255, 255
+    Image.fromarray(stripes).save(path)
+
+
+def test_transforms_get_image_files_at_full_resolution(tmp_path):
+    """The decode size of ImageFiles (for use without transforms) does not shrink the image
+    vitkit's transforms see: the centre crop of a 96x32 image is green."""
+    _striped(tmp_path / "a.png")
+    files = ImageFiles([(str(tmp_path / "a.png"), 0)], img_size=(8, 8))
+    assert files[0][0].shape == (3, 8, 8)  # squashed: all three colours
+    centre = build_transform(False, img_size=(16, 16), crop_mode="center", **NORM)
+    for dataset in (files, Subset(files, [0])):
+        x, label = Transformed(dataset, centre)[0]
+        assert label == 0 and torch.equal(x * 0.5 + 0.5, torch.tensor([0.0, 1, 0]).view(3, 1, 1)
+                                          .expand(3, 16, 16))  # fmt: skip
+    squash = Transformed(files, build_transform(False, img_size=(16, 48), **NORM))[0][0]
+    assert squash[0, :, :8].eq(1).all() and squash[2, :, -8:].eq(1).all()
+    plain = Transformed(files, lambda x: x)[0][0]  # other callables get what __getitem__ gives
+    assert plain.shape == (3, 8, 8)
+
+
+def test_eval_transform_follows_the_data_config(tmp_path):
+    config = DataConfig(
+        input_size=(3, 16, 16), mean=(0.5,) * 3, std=(0.5,) * 3, interpolation="bicubic",
+        crop_pct=0.5, crop_mode="center",
+    )  # fmt: skip
+    tf = eval_transform(config)
+    resize_crop = tf.steps[0]
+    assert (resize_crop.size, resize_crop.scale_size, resize_crop.crop_mode) == (
+        (16, 16),
+        (32, 32),
+        "center",
     )
-    assert [type(t).__name__ for t in light.transforms] == ["Resize", "Normalize"]
+    assert resize_crop.resample == Image.Resampling.BICUBIC
+    assert resize_crop.resized_size(40, 80) == (32, 64)  # shorter side to 16 / 0.5
 
 
 def test_one_hot_smoothing_values():

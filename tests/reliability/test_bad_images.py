@@ -22,7 +22,15 @@ from _run import tiny_model
 from PIL import Image
 
 import vitkit
-from vitkit.data import CorruptImageError, DataError, ImageFiles, collate, load_data, read_image
+from vitkit.data import (
+    CorruptImageError,
+    DataError,
+    ImageFiles,
+    collate,
+    load_data,
+    open_image,
+    read_image,
+)
 from vitkit.train import TrainConfig, fit
 
 LIMIT = 100  # PIL.Image.MAX_IMAGE_PIXELS in these tests: a 12x12 image is already "huge"
@@ -145,6 +153,87 @@ def test_16_bit_grey_is_scaled_not_clipped(tmp_path):
     resized = read_image(flat, in_chans=1, size=(4, 2))
     assert resized.shape == (1, 4, 2)
     assert torch.allclose(resized, torch.full((1, 4, 2), 40000 / 65535), rtol=0, atol=1e-6)
+
+
+def test_16_bit_grey_becomes_8_bit_for_the_transforms(tmp_path):
+    values = np.array([[0, 257, 30000, 65535]], dtype=np.uint16)
+    path = _saved(tmp_path, Image.fromarray(values))
+    assert np.asarray(open_image(path, in_chans=1)).tolist() == [[0, 1, 117, 255]]  # v / 257
+    assert open_image(path, in_chans=3).getpixel((2, 0)) == (117, 117, 117)
+
+
+def test_32_bit_integer_pixels_in_the_16_bit_range_are_read(tmp_path):
+    """Pillow opens many 16-bit files as mode I (32-bit signed)."""
+    values = np.array([[0, 1000, 65535]], dtype=np.int32)
+    path = _saved(tmp_path, Image.fromarray(values), "wide.tif")
+    assert Image.open(path).mode == "I"
+    expected = torch.from_numpy(values.astype(np.float32) / 65535)
+    assert torch.allclose(read_image(path, in_chans=1)[0], expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (np.array([[0, 70000]], np.int32), "(PIL mode I) run from 0 to 70000"),
+        (np.array([[-5, 10]], np.int32), "(PIL mode I) run from -5 to 10"),
+        (np.array([[0.0, 255.0]], np.float32), "(PIL mode F) run from 0 to 255, outside [0, 1]"),
+        (np.array([[0.0, np.inf]], np.float32), "(PIL mode F) run from 0 to inf"),
+    ],
+)
+def test_32_bit_pixels_of_unknown_range_are_refused_naming_the_mode(tmp_path, values, message):
+    path = _saved(tmp_path, Image.fromarray(values), "wide.tif")
+    for read in (read_image, open_image):
+        with pytest.raises(CorruptImageError, match=rf"^cannot read image {path}: its 32-bit") as e:
+            read(path)
+        assert message in str(e.value) and "save the image as 8- or 16-bit" in str(e.value)
+    dataset = ImageFiles([(str(path), 0)], skip_corrupt=True)  # skipped in training
+    assert dataset[0] is None and len(dataset.corrupt) == 1
+
+
+def test_32_bit_float_pixels_in_0_1_are_read_exactly(tmp_path):
+    values = np.array([[0.0, 0.25, 1.0]], dtype=np.float32)
+    path = _saved(tmp_path, Image.fromarray(values), "float.tif")
+    assert Image.open(path).mode == "F"
+    assert torch.equal(read_image(path, in_chans=3), torch.from_numpy(values).expand(3, 1, 3))
+    assert np.asarray(open_image(path, in_chans=1)).tolist() == [[0, 64, 255]]
+
+
+def test_lab_and_cmyk_are_converted(tmp_path):
+    lab = _saved(tmp_path, Image.new("LAB", (2, 2), (100, 128, 128)), "lab.tif")
+    assert open_image(lab).getpixel((0, 0)) == Image.new("LAB", (1, 1), (100, 128, 128)).convert(
+        "RGB"
+    ).getpixel((0, 0))
+    assert open_image(lab, in_chans=1).mode == "L"  # LAB -> RGB -> L (Pillow has no LAB -> L)
+    cmyk = _saved(tmp_path, Image.new("CMYK", (2, 2), (0, 255, 255, 0)), "cmyk.tif")
+    assert open_image(cmyk).getpixel((1, 1)) == (255, 0, 0)
+
+
+def test_a_mode_pillow_cannot_convert_is_refused_naming_it(tmp_path, monkeypatch):
+    path = _saved(tmp_path, Image.new("L", (2, 2)))
+    monkeypatch.setattr(Image, "open", lambda _: Image.new("La", (2, 2)))  # not writable
+    with pytest.raises(CorruptImageError) as err:
+        open_image(path)
+    assert str(err.value) == (
+        f"cannot read image {path}: Pillow cannot convert its mode La to RGB; save it as RGB "
+        "or greyscale"
+    )
+
+
+@pytest.mark.parametrize("orientation, turned", [(3, 180), (6, 270), (8, 90)])
+def test_exif_orientation_is_applied(tmp_path, orientation, turned):
+    """A phone photo stored sideways is read upright (as viewers show it)."""
+    stored = Image.new("RGB", (4, 2))
+    stored.putpixel((0, 0), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    path = tmp_path / "phone.jpg"
+    stored.save(path, exif=exif, quality=100, subsampling=0)
+    upright = stored.rotate(turned, expand=True)
+    for image in (open_image(path), read_image(path)):
+        size = image.size if isinstance(image, Image.Image) else image.shape[:0:-1]
+        assert tuple(size) == upright.size
+    red = np.asarray(open_image(path))[..., 0] > 128  # the one red pixel, where it belongs
+    assert red.sum() == 1 and red[tuple(np.argwhere(np.asarray(upright)[..., 0] > 128)[0])]
 
 
 # -- folders --------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Imports nothing from the rest of vitkit: the model, the weights and the training job build on it.
 """
 
-from .augment import Mixup, RandAugment, build_transform, parse_rand_augment
+from .augment import Mixup
 from .datasets import (
     ImageFiles,
     Splits,
@@ -14,8 +14,10 @@ from .datasets import (
     corrupt_count,
     split_indices,
 )
-from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, read_image
+from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image, read_image
+from .rand_augment import RandAugment, parse_rand_augment
 from .sources import SOURCES, detect_source, load_data, register_source
+from .transforms import build_transform, eval_transform
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -33,7 +35,9 @@ __all__ = [
     "collate",
     "corrupt_count",
     "detect_source",
+    "eval_transform",
     "load_data",
+    "open_image",
     "parse_rand_augment",
     "read_image",
     "register_source",

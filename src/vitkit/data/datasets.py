@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .images import CorruptImageError, read_image
+from .images import CorruptImageError, open_image, read_image
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class TensorImages(Dataset):
 
 
 class ImageFiles(Dataset):
-    """Image files decoded with Pillow on access, converted to `in_chans` and resized.
+    """Image files decoded with Pillow on access, converted to `in_chans`: tensors squashed to
+    `img_size` when it is given (for use without transforms); `load(i, full_resolution=True)`
+    gives the PIL image at its own size, which `Transformed` hands to vitkit's transforms.
 
     With `skip_corrupt=True` an unreadable file yields None (the collate function drops it),
     is logged once and counted in `self.corrupt`; otherwise it raises `CorruptImageError`
@@ -86,9 +88,17 @@ class ImageFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
+        return self.load(index)
+
+    def load(self, index: int, *, full_resolution: bool = False) -> tuple[Any, int] | None:
+        """(image, label): a tensor as `__getitem__`, or with `full_resolution` the PIL image
+        ('RGB' / 'L', 8-bit) at its own size; None for a skipped file."""
         path, label = self.samples[index]
         try:
-            image = read_image(path, in_chans=self.in_chans, size=self.img_size)
+            if full_resolution:
+                image = open_image(path, in_chans=self.in_chans)
+            else:
+                image = read_image(path, in_chans=self.in_chans, size=self.img_size)
         except CorruptImageError as err:
             if not self.skip_corrupt:
                 raise
@@ -114,7 +124,11 @@ class Subset(Dataset):
 
 
 class Transformed(Dataset):
-    """Apply `transform` to each image (None items, i.e. skipped files, pass through)."""
+    """Apply `transform` to each image (None items, i.e. skipped files, pass through).
+
+    A transform with `full_resolution = True` (vitkit's, which size images themselves) gets
+    image files as PIL images at their own size, not squashed at decode.
+    """
 
     def __init__(self, dataset: Dataset, transform: Callable[[Tensor], Tensor] | None) -> None:
         self.dataset = dataset
@@ -124,10 +138,22 @@ class Transformed(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
-        item = self.dataset[index]
+        if getattr(self.transform, "full_resolution", False):
+            item = _full_resolution_item(self.dataset, index)
+        else:
+            item = self.dataset[index]
         if item is None or self.transform is None:
             return item
         return self.transform(item[0]), item[1]
+
+
+def _full_resolution_item(dataset: Dataset, index: int) -> Any:
+    """`dataset[index]`, image files undecimated (through Subset wrappers)."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    if isinstance(dataset, ImageFiles):
+        return dataset.load(index, full_resolution=True)
+    return dataset[index]
 
 
 def corrupt_count(dataset: Dataset) -> int:

@@ -1,7 +1,11 @@
-"""Image files read into tensors: one decoder for training, evaluation and prediction.
+"""Image files decoded at full resolution: one decoder for training, evaluation and prediction.
 
-Every image comes back as a float tensor (C, H, W) in [0, 1]; the transforms in `augment.py`
-normalise and augment it.
+`open_image` gives the PIL image the transforms take (8-bit 'RGB' or 'L', as timm's loader
+gives them), `read_image` a float tensor (C, H, W) in [0, 1]. Both apply the EXIF orientation
+(a phone photo stored sideways is seen upright) and convert every PIL mode by its meaning:
+16-bit grey is scaled from 0..65535, not clipped at 255 as Pillow's `convert` does; 32-bit
+integer ('I') and float ('F') pixels are read when their values lie in a known range and are
+refused, naming the mode and the values, when they do not.
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ import warnings
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
-# Pillow's convert("L"/"RGB") clips these to 255 instead of scaling: they are read as 16-bit.
-_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
 class DataError(ValueError):
@@ -23,45 +27,116 @@ class DataError(ValueError):
 
 
 class CorruptImageError(DataError):
-    """An image file Pillow cannot decode."""
+    """An image file Pillow cannot decode, or whose pixels have no known meaning."""
 
 
-def read_image(
-    path: str | os.PathLike, *, in_chans: int = 3, size: tuple[int, int] | None = None
-) -> Tensor:
-    """An image file as a float tensor (in_chans, H, W) in [0, 1], resized to `size` (h, w).
+def _grey_float(img: Image.Image) -> np.ndarray | str:
+    """16- and 32-bit grey pixels scaled to [0, 1] (float32 (H, W)), or why they cannot be."""
+    if img.mode in _16_BIT_MODES:
+        return np.asarray(img, dtype=np.float32) / 65535.0
+    values = np.asarray(img)
+    if img.mode == "F":
+        if np.isfinite(values).all() and values.min() >= 0 and values.max() <= 1:
+            return values.astype(np.float32)
+        low, high = np.nanmin(values), np.nanmax(values)
+        return (
+            f"its 32-bit float pixels (PIL mode F) run from {low:g} to {high:g}, outside [0, 1]; "
+            "scale them to [0, 1] or save the image as 8- or 16-bit"
+        )
+    # 'I': 32-bit signed ints; 16-bit PNGs and TIFFs are often opened in this mode
+    if values.size == 0 or (values.min() >= 0 and values.max() <= 65535):
+        return values.astype(np.float32) / 65535.0
+    return (
+        f"its 32-bit integer pixels (PIL mode I) run from {values.min()} to {values.max()}, "
+        "outside the 16-bit range 0..65535 vitkit reads them in; save the image as 8- or 16-bit"
+    )
 
-    Grey, palette, RGBA (alpha dropped, as torchvision's loader does) and 16-bit grey images
-    (0..65535 scaled to [0, 1]) become `in_chans` channels. Raises `CorruptImageError` naming
-    the file when Pillow cannot read it, and for images over `PIL.Image.MAX_IMAGE_PIXELS`
-    (decompression bombs).
-    """
-    from PIL import Image, UnidentifiedImageError
 
+def _decode(path: str | os.PathLike, in_chans: int) -> Image.Image:
+    """The file at full resolution, upright, as 'L' / 'RGB' (8-bit) or 'F' (wide grey in
+    [0, 1]); errors name the file."""
     if in_chans not in (1, 3):
         raise ValueError(f"images are read with 1 or 3 channels, not {in_chans}")
+    target = "L" if in_chans == 1 else "RGB"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                if img.mode in _WIDE_GREY_MODES:
-                    grey = np.asarray(img, dtype=np.float32) / 65535.0
-                    img, scale = Image.fromarray(grey.clip(0.0, 1.0), mode="F"), 1.0
-                else:
-                    img, scale = img.convert("L" if in_chans == 1 else "RGB"), 255.0
-                if size is not None and img.size != (size[1], size[0]):
-                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-                array = np.asarray(img, dtype=np.float32) / scale
+                img = ImageOps.exif_transpose(img)
+                if img.mode in (*_16_BIT_MODES, "I", "F"):
+                    grey = _grey_float(img)
+                    if isinstance(grey, str):
+                        raise CorruptImageError(f"cannot read image {path}: {grey}")
+                    return Image.fromarray(grey)  # float32 -> mode F
+                try:
+                    return img.convert(target)
+                except ValueError:  # e.g. LAB converts to RGB only
+                    pass
+                try:
+                    return img.convert("RGB").convert(target)
+                except ValueError:
+                    raise CorruptImageError(
+                        f"cannot read image {path}: Pillow cannot convert its mode "
+                        f"{img.mode} to {target}; save it as RGB or greyscale"
+                    ) from None
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise CorruptImageError(
             f"cannot read image {path}: {err} Raise PIL.Image.MAX_IMAGE_PIXELS if you trust it"
         ) from None
+    except CorruptImageError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise CorruptImageError(f"cannot read image {path}: {err}") from None
+
+
+def open_image(path: str | os.PathLike, *, in_chans: int = 3) -> Image.Image:
+    """An image file as an 8-bit PIL image at full resolution: 'RGB' (in_chans=3) or 'L' (1).
+
+    Grey, palette, RGBA (alpha dropped, as torchvision's loader does), CMYK, YCbCr, HSV and
+    16-bit grey (scaled) images are converted; see the module docstring for 32-bit pixels.
+    Raises `CorruptImageError` naming the file when it cannot be read, and for images over
+    `PIL.Image.MAX_IMAGE_PIXELS` (decompression bombs).
+    """
+    img = _decode(path, in_chans)
+    if img.mode != "F":
+        return img
+    grey = np.rint(np.asarray(img) * 255.0).astype(np.uint8)
+    return Image.fromarray(grey).convert("L" if in_chans == 1 else "RGB")  # uint8 -> mode L
+
+
+def read_image(
+    path: str | os.PathLike, *, in_chans: int = 3, size: tuple[int, int] | None = None
+) -> Tensor:
+    """An image file as a float tensor (in_chans, H, W) in [0, 1], squashed to `size` (h, w)
+    with a bilinear filter when given; 16-bit grey keeps its precision. Errors as
+    `open_image`."""
+    img = _decode(path, in_chans)
+    if size is not None and img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    if img.mode != "F":
+        return image_to_tensor(img)
+    grey = torch.from_numpy(np.asarray(img, dtype=np.float32).clip(0.0, 1.0))  # (H, W)
+    return grey.expand(in_chans, *grey.shape).clone()  # (C, H, W)
+
+
+def image_to_tensor(img: Image.Image) -> Tensor:
+    """An 8-bit 'L' or 'RGB' PIL image -> float (C, H, W) in [0, 1] (torchvision's to_tensor)."""
+    array = np.asarray(img, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, None]
-    if array.shape[2] != in_chans:  # 16-bit grey read into 3 channels
-        array = np.repeat(array, in_chans, axis=2)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # (C, H, W)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div(255)  # (C, H, W)
+
+
+def tensor_to_image(x: Tensor) -> Image.Image:
+    """A float (C, H, W) tensor in [0, 1] with 1 or 3 channels -> an 8-bit 'L' / 'RGB' image
+    (rounded, so an image that came from 8 bits comes back unchanged)."""
+    if x.ndim != 3 or x.shape[0] not in (1, 3):
+        raise ValueError(
+            f"PIL-based transforms take (C, H, W) tensors with 1 or 3 channels, got "
+            f"{tuple(x.shape)}; turn RandAugment off (aa none) for other images"
+        )
+    array = (x.detach().float().cpu() * 255).round().clamp(0, 255).to(torch.uint8)
+    array = array.permute(1, 2, 0).numpy()  # (H, W, C)
+    return Image.fromarray(array[:, :, 0] if x.shape[0] == 1 else array)  # 'L' or 'RGB'

@@ -86,7 +86,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     model = build_model(config, splits)
     if config.pretrained:  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
-    train_tf, eval_tf = transforms(config, splits, model.data_config.img_size)
+    train_tf, eval_tf = transforms(config, splits, model.data_config)
     return TrainingSetup(
         config=config,
         splits=splits,
@@ -170,9 +170,16 @@ def _pretrained_model(
     return model.train()
 
 
-def transforms(config: TrainConfig, splits: Splits, img_size: tuple[int, int]) -> tuple[Any, Any]:
-    """The training and evaluation pipelines of the config, for the model's input size."""
-    common = {"img_size": tuple(img_size), "mean": splits.mean, "std": splits.std}
+def transforms(config: TrainConfig, splits: Splits, data_config: DataConfig) -> tuple[Any, Any]:
+    """The training and evaluation pipelines of the config for the model's data config: its
+    input size and filter; evaluation also its crop (`crop_pct`, `crop_mode`), as timm's
+    `create_transform` from a model's data config. Normalised with the splits' mean and std."""
+    common = {
+        "img_size": data_config.img_size,
+        "mean": splits.mean,
+        "std": splits.std,
+        "interpolation": data_config.interpolation,
+    }
     train = build_transform(
         True,
         crop_scale=config.crop_scale,
@@ -181,7 +188,10 @@ def transforms(config: TrainConfig, splits: Splits, img_size: tuple[int, int]) -
         reprob=config.reprob,
         **common,
     )
-    return train, build_transform(False, **common)
+    eval_tf = build_transform(
+        False, crop_pct=data_config.crop_pct, crop_mode=data_config.crop_mode, **common
+    )
+    return train, eval_tf
 
 
 def default_out(data: str, model: str, name: str | None = None) -> Path:
