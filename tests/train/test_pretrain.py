@@ -43,3 +43,11 @@ def test_pretrain_resume_and_fine_tune(tmp_path, capsys):
     for key in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight"):
         assert not torch.equal(tuned.state_dict()[key], encoder.state_dict()[key])  # trained on
         assert tuned.state_dict()[key].shape == encoder.state_dict()[key].shape
+
+
+def test_pretrain_refuses_fine_tuning_options(tmp_path, capsys):
+    argv = ["pretrain", "--out", str(tmp_path / "mae"), "--layer-decay", "0.7", "--freeze", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--layer-decay, --freeze tune or distil a classifier; MAE pretraining" in err

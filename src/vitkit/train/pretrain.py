@@ -68,6 +68,14 @@ def run_pretraining(
 def _pretrain(
     config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
 ) -> list[dict[str, Any]]:
+    fine_tuning = [f"--{n.replace('_', '-')}" for n in ("layer_decay", "freeze", "linear_probe")
+                   if getattr(config, n) not in (None, False)]  # fmt: skip
+    if fine_tuning or config.distill != "none":
+        given = ", ".join(fine_tuning + (["--distill"] if config.distill != "none" else []))
+        raise ValueError(
+            f"{given} tune or distil a classifier; MAE pretraining trains the whole encoder "
+            "without labels: drop them here and use them in `vitkit train --pretrained`"
+        )
     if config.threads:
         torch.set_num_threads(config.threads)
     # MAE's own augmentation: random resized crops and flips, nothing label-mixing.
