@@ -131,7 +131,8 @@ def test_rand_augment_strings():
         ("rand-m9-inc", "unknown RandAugment field 'inc' in 'rand-m9-inc'"),
         ("rand-m9.5.1", "bad RandAugment field 'm9.5.1' in 'rand-m9.5.1'"),
         ("auto-m9", "RandAugment spec 'auto-m9' must start with 'rand'"),
-        ("rand-m9-tweights", "'tweights' in 'rand-m9-tweights' picks a weighted op set"),
+        ("rand-m9-tfoo", "unknown RandAugment op set 'tfoo' in 'rand-m9-tfoo'; use one of t3a"),
+        ("rand-n16-tweights", "a weighted op set draws distinct ops: n=16 is more than its 15"),
         ("rand-p1.5", "RandAugment needs n >= 0, 0 <= p <= 1"),
     ],
 )

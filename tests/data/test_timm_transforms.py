@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from vitkit.data import build_transform, parse_rand_augment
-from vitkit.data.rand_augment import OPS, RAND_INCREASING_OPS, RAND_OPS, RandAugment
+from vitkit.data.rand_augment import OP_SETS, OPS, RAND_INCREASING_OPS, RAND_OPS, RandAugment
 from vitkit.data.transforms import RandomErasing, RandomHorizontalFlip, RandomResizedCrop
 
 timm = pytest.importorskip("timm")
@@ -120,6 +120,9 @@ def test_probability_and_magnitude_noise_draw_as_timm(mstd, prob, mmax):
         "rand-p0.3-m5",
         "rand-inc0-m10-n4",
         "rand",
+        "rand-m9-n3-tweights",
+        "rand-m5-t3a",
+        "rand-t3aw-m9-mstd1-inc1",
     ],
 )
 def test_config_strings_build_timms_rand_augment(spec):
@@ -127,6 +130,10 @@ def test_config_strings_build_timms_rand_augment(spec):
     ours = parse_rand_augment(spec, fill=FILL)
     assert ours.ops == [op.name for op in theirs.ops]
     assert ours.num_ops == theirs.num_layers
+    if theirs.choice_weights is None:
+        assert ours.weights is None
+    else:
+        assert np.allclose(np.array(ours.weights) / sum(ours.weights), theirs.choice_weights)
     for op in theirs.ops:
         assert (ours.prob, ours.magnitude) == (op.prob, op.magnitude)
         assert ours.mstd == op.magnitude_std and ours.magnitude_max == op.magnitude_max
@@ -139,6 +146,22 @@ def test_op_lists_are_timms():
     assert list(RAND_OPS) == auto_augment._RAND_TRANSFORMS
     assert list(RAND_INCREASING_OPS) == auto_augment._RAND_INCREASING_TRANSFORMS
     assert parse_rand_augment("rand-m9-mstd0.5-inc1").ops == list(RAND_INCREASING_OPS)
+    assert OP_SETS == {
+        "3a": tuple(auto_augment._RAND_3A),
+        "3aw": auto_augment._RAND_WEIGHTED_3A,
+        "weights": auto_augment._RAND_WEIGHTED_0,
+    }
+
+
+def test_weighted_op_sets_draw_distinct_ops_by_weight():
+    ra = parse_rand_augment("rand-n3-tweights")
+    counts = dict.fromkeys(ra.ops, 0)
+    for seed in range(2000):
+        drawn = ra.draw_ops(random.Random(seed))
+        assert len(set(drawn)) == 3
+        for name in drawn:
+            counts[name] += 1
+    assert counts["Rotate"] > counts["ShearX"] > counts["TranslateXRel"] > counts["Invert"]
 
 
 def test_rand_augment_of_a_tensor_is_the_op_on_its_8_bit_image():

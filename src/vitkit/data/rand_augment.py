@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from torch import Tensor
 
 from .images import image_to_tensor, tensor_to_image
@@ -112,6 +112,15 @@ def _enhancer(kind: type) -> Callable[..., Image.Image]:
     return enhance
 
 
+def desaturate(img: Image.Image, amount: float, **_: Any) -> Image.Image:
+    """Blend towards grey by `amount` (1: fully grey)."""
+    return ImageEnhance.Color(img).enhance(min(1.0, max(0.0, 1.0 - amount)))
+
+
+def gaussian_blur(img: Image.Image, radius: float, **_: Any) -> Image.Image:
+    return img.filter(ImageFilter.GaussianBlur(radius=radius))
+
+
 color = _enhancer(ImageEnhance.Color)
 contrast = _enhancer(ImageEnhance.Contrast)
 brightness = _enhancer(ImageEnhance.Brightness)
@@ -168,6 +177,19 @@ def _solarize_add_level(m: float, rng: random.Random) -> tuple:
     return (min(128, int(m / LEVEL_DENOM * 110)),)
 
 
+def _between(low: float, high: float) -> Level:
+    """low..high linearly over magnitudes 0..10, clipped."""
+
+    def level(m: float, rng: random.Random) -> tuple:
+        return (max(low, min(high, low + (high - low) * m / LEVEL_DENOM)),)
+
+    return level
+
+
+def _random_blur_level(m: float, rng: random.Random) -> tuple:
+    return (rng.uniform(0.1, 2.0 * _between(0.0, 1.0)(m, rng)[0]),)  # radius 0.1..2m/10
+
+
 @dataclass(frozen=True)
 class Op:
     """An op, how its magnitude becomes arguments, and whether it resamples (draws a filter)."""
@@ -199,6 +221,9 @@ OPS: dict[str, Op] = {
     "ShearY": Op(shear_y, _shear_level, geometric=True),
     "TranslateXRel": Op(translate_x_rel, _translate_level, geometric=True),
     "TranslateYRel": Op(translate_y_rel, _translate_level, geometric=True),
+    "Desaturate": Op(desaturate, _between(0.5, 1.0)),
+    "GaussianBlur": Op(gaussian_blur, _between(0.1, 2.0)),
+    "GaussianBlurRand": Op(gaussian_blur, _random_blur_level),
 }
 # timm's _RAND_TRANSFORMS, and _RAND_INCREASING_TRANSFORMS (`inc1`): the colour and
 # posterize / solarize ops whose severity grows with the magnitude.
@@ -212,10 +237,28 @@ RAND_INCREASING_OPS = (
     "SolarizeAdd", "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing",
     "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
 )  # fmt: skip
+# timm's op sets picked with `t<name>`: weighted ones draw `n` distinct ops by weight.
+OP_SETS: dict[str, tuple[str, ...] | dict[str, float]] = {
+    "3a": ("SolarizeIncreasing", "Desaturate", "GaussianBlur"),  # DeiT III's 3-Augment
+    "3aw": {
+        "SolarizeIncreasing": 6, "Desaturate": 6, "GaussianBlur": 6, "Rotate": 3, "ShearX": 2,
+        "ShearY": 2, "PosterizeIncreasing": 1, "AutoContrast": 1, "ColorIncreasing": 1,
+        "SharpnessIncreasing": 1, "ContrastIncreasing": 1, "BrightnessIncreasing": 1,
+        "Equalize": 1, "Invert": 1,
+    },
+    "weights": {
+        "Rotate": 3, "ShearX": 2, "ShearY": 2, "TranslateXRel": 1, "TranslateYRel": 1,
+        "ColorIncreasing": 0.25, "SharpnessIncreasing": 0.25, "AutoContrast": 0.25,
+        "SolarizeIncreasing": 0.05, "SolarizeAdd": 0.05, "ContrastIncreasing": 0.05,
+        "BrightnessIncreasing": 0.05, "Equalize": 0.05, "PosterizeIncreasing": 0.05,
+        "Invert": 0.05,
+    },
+}  # fmt: skip
 
 
 class RandAugment:
-    """`num_ops` ops drawn uniformly (with replacement), each applied with probability `prob`.
+    """`num_ops` ops drawn uniformly with replacement (or, for weighted `ops`, distinct ops by
+    weight), each applied with probability `prob`.
 
     Works on PIL images ('RGB' or 'L'); a float tensor (C, H, W) in [0, 1] goes through 8 bits
     and comes back a tensor.
@@ -228,7 +271,7 @@ class RandAugment:
         prob: probability of applying each drawn op (timm's `p`).
         magnitude_max: upper clip of the drawn magnitude (timm's `mmax`; default 10).
         increasing: use the ops whose severity increases with magnitude (timm's `inc1`).
-        ops: op names (keys of `OPS`), replacing the default list.
+        ops: op names (keys of `OPS`) replacing the default list, or {name: weight}.
         fill: the colour uncovered by rotations, shears and translations (0..255 per channel).
         interpolation: the filter of those ops ('bilinear', 'bicubic', ...); None picks
             bilinear or bicubic at random each time, as timm does.
@@ -245,11 +288,18 @@ class RandAugment:
         prob: float = 0.5,
         magnitude_max: float | None = None,
         increasing: bool = False,
-        ops: Sequence[str] | None = None,
+        ops: Sequence[str] | Mapping[str, float] | None = None,
         fill: Sequence[int] = FILL,
         interpolation: str | None = None,
     ) -> None:
-        self.ops = list(ops or (RAND_INCREASING_OPS if increasing else RAND_OPS))
+        ops = ops or (RAND_INCREASING_OPS if increasing else RAND_OPS)
+        self.weights = list(ops.values()) if isinstance(ops, Mapping) else None
+        self.ops = list(ops)
+        if self.weights is not None and num_ops > len(self.ops):
+            raise ValueError(
+                f"a weighted op set draws distinct ops: n={num_ops} is more than its "
+                f"{len(self.ops)} ops"
+            )
         unknown = [op for op in self.ops if op not in OPS]
         if unknown:
             raise ValueError(f"unknown RandAugment ops {unknown}; known: {', '.join(OPS)}")
@@ -279,6 +329,16 @@ class RandAugment:
             m = rng.gauss(m, self.mstd)
         return max(0.0, min(m, self.magnitude_max or LEVEL_DENOM))
 
+    def draw_ops(self, rng: random.Random) -> list[str]:
+        if self.weights is None:
+            return rng.choices(self.ops, k=self.num_ops)
+        ops, weights, drawn = list(self.ops), list(self.weights), []
+        for _ in range(self.num_ops):  # without replacement, as numpy's choice(p=...)
+            k = rng.choices(range(len(ops)), weights=weights)[0]
+            drawn.append(ops.pop(k))
+            weights.pop(k)
+        return drawn
+
     def apply_op(self, img: Image.Image, name: str, rng: random.Random) -> Image.Image:
         """One drawn op: skipped with probability 1 - prob, else at a drawn magnitude."""
         if self.prob < 1.0 and rng.random() > self.prob:
@@ -300,7 +360,7 @@ class RandAugment:
     ) -> Image.Image | Tensor:
         rng = rng or seeded_random()
         pil = tensor_to_image(img) if isinstance(img, Tensor) else img
-        for name in rng.choices(self.ops, k=self.num_ops):
+        for name in self.draw_ops(rng):
             pil = self.apply_op(pil, name, rng)
         return image_to_tensor(pil) if isinstance(img, Tensor) else pil
 
@@ -328,7 +388,8 @@ def parse_rand_augment(spec: str | None, **options: Any) -> RandAugment | None:
 
     'rand' then dash-separated fields in any order: `m9` magnitude (default 10), `n2` ops per
     image, `p0.5` probability per op, `mstd0.5` magnitude noise (over 100: uniform), `mmax10`
-    magnitude clip, `inc1` increasing-severity ops. E.g. DeiT's 'rand-m9-mstd0.5-inc1'.
+    magnitude clip, `inc1` increasing-severity ops, `t3a` / `t3aw` / `tweights` one of timm's
+    op sets (`OP_SETS`). E.g. DeiT's 'rand-m9-mstd0.5-inc1'.
     `options` (fill, interpolation) go to `RandAugment`.
     """
     if not spec or spec == "none":
@@ -341,10 +402,13 @@ def parse_rand_augment(spec: str | None, **options: Any) -> RandAugment | None:
     args: dict[str, Any] = {}
     for part in parts[1:]:
         if part.startswith("t"):
-            raise ValueError(
-                f"RandAugment field {part!r} in {spec!r} picks a weighted op set, which vitkit "
-                "does not have; leave it out for the standard op list"
-            )
+            if part[1:] not in OP_SETS:
+                raise ValueError(
+                    f"unknown RandAugment op set {part!r} in {spec!r}; use one of "
+                    f"{', '.join('t' + name for name in OP_SETS)}, or none for the standard ops"
+                )
+            args["ops"] = OP_SETS[part[1:]]
+            continue
         pieces = re.split(r"(\d.*)", part, maxsplit=1)  # 'mstd0.5' -> ['mstd', '0.5', '']
         key, value = pieces[0], pieces[1] if len(pieces) > 1 else ""
         if key not in _FIELDS or not value:

@@ -77,13 +77,14 @@ class Compose:
 
     def __init__(self, steps: Sequence[Callable]) -> None:
         self.steps = list(steps)
-        self.random = any(getattr(step, "random", False) for step in self.steps)
+        self._random = [getattr(step, "random", False) for step in self.steps]
+        self.random = any(self._random)
 
     def __call__(self, x: ImageLike, rng: random.Random | None = None) -> Any:
         if rng is None and self.random:
             rng = seeded_random()
-        for step in self.steps:
-            x = step(x, rng) if getattr(step, "random", False) else step(x)
+        for step, takes_rng in zip(self.steps, self._random):
+            x = step(x, rng) if takes_rng else step(x)
         return x
 
     def __repr__(self) -> str:
@@ -188,7 +189,11 @@ class ResizeCenterCrop:
         return round(height / ratio), round(width / ratio)
 
     def __call__(self, x: ImageLike) -> ImageLike:
-        x = resize(x, self.resized_size(*image_size(x)), self.resample)
+        size = image_size(x)
+        resized = self.resized_size(*size)
+        if resized == size == self.size:  # already the model's size: nothing to do
+            return x
+        x = resize(x, resized, self.resample)
         height, width = image_size(x)
         top = int(round((height - self.size[0]) / 2.0))
         left = int(round((width - self.size[1]) / 2.0))
