@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import ConcatDataset
 
 from . import data as data_lib
-from .data import build_transform
+from .data.data_config import DataConfig
 from .explain import attention_maps, draw_explanation, plot_confusion
 from .files import DiskFullError
 from .model import VisionTransformer, registry
@@ -184,21 +184,30 @@ def _checkpoint_model(path: str, device: str) -> VisionTransformer:
     return model
 
 
-def _input_size(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(channels, height, width) a checkpoint's model takes: its data config's, else its own."""
-    data_config = getattr(model, "data_config", None)
-    if data_config is not None:
-        return data_config.input_size
-    return (model.config.in_chans, *model.patch_embed.img_size)
+def _data_config(model: torch.nn.Module) -> DataConfig:
+    """How a checkpoint's inputs are prepared: its data config, or for files written before
+    data configs a squash to the model's size with 0.5 / 0.5 normalisation."""
+    found = getattr(model, "data_config", None)
+    if found is not None:
+        return found
+    height, width = model.patch_embed.img_size
+    return DataConfig(input_size=(model.config.in_chans, height, width), mean=0.5, std=0.5,
+                      interpolation="bilinear", crop_mode="squash")  # fmt: skip
 
 
 def _eval_transform(model: torch.nn.Module):
-    """The normalisation of the model's data config (0.5 / 0.5 for a file that has none)."""
-    chans, height, width = _input_size(model)
-    data_config = getattr(model, "data_config", None)
-    mean = data_config.mean if data_config else [0.5] * chans
-    std = data_config.std if data_config else [0.5] * chans
-    return build_transform(False, img_size=(height, width), mean=mean, std=std)
+    """The model's evaluation pipeline: resize, centre crop and normalise as its data config
+    says (timm's eval transform)."""
+    return data_lib.eval_transform(_data_config(model))
+
+
+def _model_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
+    """Image files decoded at full resolution (EXIF orientation applied) and prepared as the
+    model's data config says: (B, C, H, W), normalised."""
+    config = _data_config(model)
+    prepare = data_lib.eval_transform(config)
+    chans = config.input_size[0]
+    return torch.stack([prepare(data_lib.open_image(p, in_chans=chans)) for p in paths])
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -213,8 +222,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         val_fraction=meta.get("val_fraction", 0.1),
         test_fraction=meta.get("test_fraction", 0.2),
         seed=meta.get("split_seed", 0),
-        in_chans=_input_size(model)[0],
-        img_size=_input_size(model)[1:],
+        in_chans=_data_config(model).input_size[0],
+        img_size=_data_config(model).img_size,
         skip_corrupt=False,
     )
     names = meta.get("class_names") or [str(i) for i in range(model.num_classes)]
@@ -272,21 +281,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
-    chans, height, width = _input_size(model)
-    images = [data_lib.read_image(p, in_chans=chans, size=(height, width)) for p in paths]
-    return torch.stack(images)  # (B, C, H, W) in [0, 1]
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = _checkpoint_model(args.checkpoint, device)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
-    normalise = _eval_transform(model)
     rows = []
     for start in range(0, len(args.images), 64):
         paths = args.images[start : start + 64]
-        batch = torch.stack([normalise(x) for x in _read_inputs(model, paths)]).to(device)
+        batch = _model_inputs(model, paths).to(device)
         probs, indices = predict(model, batch, topk=args.topk)
         for path, p, ix in zip(paths, probs.tolist(), indices.tolist()):
             rows.append(
@@ -319,9 +321,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         )
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
     target = _class_index(args.target, names) if args.target is not None else None
-    raw = _read_inputs(model, [args.image])
-    original = data_lib.read_image(args.image, in_chans=raw.shape[1])  # at its own size
-    batch = torch.stack([_eval_transform(model)(x) for x in raw]).to(device)
+    batch = _model_inputs(model, [args.image]).to(device)
+    original = data_lib.read_image(args.image, in_chans=batch.shape[1])  # at its own size
     maps = attention_maps(
         model, batch, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, target=target
     )
