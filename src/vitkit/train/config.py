@@ -247,7 +247,10 @@ class TrainConfig:
         0.5, "probability of CutMix rather than Mixup when both are on", range=PROBABILITY,
         since=True,
     )  # fmt: skip
-    aa: str = option("rand-m9-mstd0.5", "RandAugment, e.g. rand-m9-mstd0.5, or none")
+    aa: str = option(
+        "rand-m9-mstd0.5-inc1",
+        "RandAugment (timm grammar), e.g. rand-m9-mstd0.5-inc1 (DeiT), or none",
+    )
     crop_scale: tuple[float, float] | None = option(
         (0.08, 1.0),
         "RandomResizedCrop area range",
