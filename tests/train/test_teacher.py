@@ -116,3 +116,21 @@ def test_teacher_mistakes_are_one_line(spec, weights, message):
     pytest.importorskip("onnxruntime")
     with pytest.raises(ValueError, match=message):
         load_teacher(spec, weights=weights, **STUDENT)
+
+
+def test_a_torchvision_cnn_teacher(tmp_path):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    reference = torchvision.models.resnet18(num_classes=10).eval()
+    torch.save(reference.state_dict(), tmp_path / "resnet18.pth")
+    teacher = load_teacher("torchvision:resnet18", weights=str(tmp_path / "resnet18.pth"),
+                           **STUDENT)  # fmt: skip
+    assert teacher.num_classes == 10 and teacher.data_config.input_size == (3, 224, 224)
+    images = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    pixels = (images * 0.2 + 0.3).expand(-1, 3, -1, -1)
+    pixels = F.interpolate(pixels, size=(224, 224), mode="bilinear", antialias=True)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        expected = reference((pixels - mean) / std)
+    torch.testing.assert_close(teacher(images), expected, atol=1e-4, rtol=1e-4)
