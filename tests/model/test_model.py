@@ -266,9 +266,10 @@ def test_dynamic_size_not_divisible_by_patch():
             "embed_dim 100 is not divisible by num_heads 3",
         ),
         (
-            dict(global_pool="max"),
+            dict(global_pool="gem"),
             ValueError,
-            "unknown global_pool 'max'; expected one of 'token', 'avg'",
+            "unknown global_pool 'gem'; expected one of 'token', 'avg', 'avgmax', 'max', 'map', "
+            "'none'",
         ),
         (
             dict(pos_embed="rope"),

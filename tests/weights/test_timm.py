@@ -59,10 +59,14 @@ def test_timm_heads_override_and_default():
 def test_timm_unsupported_layer_is_reported():
     timm = pytest.importorskip("timm", reason="timm not installed")
     source = timm.models.vision_transformer.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, reg_tokens=2
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, attn_layer="diff"
     )
-    with pytest.raises(CheckpointError, match=r"register tokens \(reg_token\), which vitkit"):
-        convert.from_timm(source.state_dict())
+    with pytest.raises(
+        CheckpointError,
+        match=r"^the weights have differential attention \(attn.lambda_q1\), which vitkit's ViT "
+        r"does not support$",
+    ):
+        convert.from_timm(source.state_dict(), num_heads=2)
 
 
 # (model options, what the weights cannot show and the caller states)

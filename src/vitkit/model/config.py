@@ -15,7 +15,12 @@ from typing import Any
 from .pos_embed import POS_EMBED_KINDS
 
 PATCH_EMBED_KINDS = ("conv", "unfold")
-GLOBAL_POOLS = ("token", "avg")
+# 'map' is attention pooling (SigLIP's multihead attention pooling head); 'none' keeps every
+# token (timm's global_pool='').
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "none")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+NORM_LAYERS = ("layernorm", "rmsnorm")
+MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
 ENCODERS = ("native", "torch")
 TOKEN_INITS = ("trunc_normal", "zeros")
 
@@ -106,6 +111,34 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "distilled": (bool,),
     "token_init": (str,),
     "norm_eps": _NUMBER,
+    "reg_tokens": (int,),
+    "no_embed_class": (bool,),
+    "pre_norm": (bool,),
+    "final_norm": (bool,),
+    "patch_bias": (bool,),
+    "dynamic_img_pad": (bool,),
+    "pool_include_prefix": (bool,),
+    "qk_norm": (bool,),
+    "scale_attn_norm": (bool,),
+    "scale_mlp_norm": (bool,),
+    "proj_bias": (bool,),
+    "act_layer": (str,),
+    "norm_layer": (str,),
+    "mlp_layer": (str,),
+    "res_post_norm": (bool,),
+}
+
+# Block options that nn.TransformerEncoderLayer cannot express (encoder='torch'), with their
+# defaults: the paper's block.
+_NATIVE_BLOCK_DEFAULTS = {
+    "qk_norm": False,
+    "scale_attn_norm": False,
+    "scale_mlp_norm": False,
+    "proj_bias": True,
+    "act_layer": "gelu",
+    "norm_layer": "layernorm",
+    "mlp_layer": "mlp",
+    "res_post_norm": False,
 }
 
 
@@ -119,6 +152,7 @@ SIZE_LIMITS = {
     "embed_dim": 65536,
     "depth": 1024,
     "num_heads": 65536,
+    "reg_tokens": 4096,
 }
 MAX_MLP_WIDTH = 1 << 20
 MAX_PATCHES = 1 << 20
@@ -148,8 +182,11 @@ class ViTConfig:
         attn_drop_rate: dropout on the attention weights.
         drop_path_rate: stochastic depth at the last block, rising linearly from 0.
         class_token: prepend a learnable class token.
-        global_pool: 'token' (class token) or 'avg' (mean of patch tokens).
-        fc_norm: norm after pooling instead of before (timm's `fc_norm`); None means 'avg' pool.
+        global_pool: 'token' (class token), 'avg' / 'max' / 'avgmax' (mean, max, or their
+            average over the patch tokens), 'map' (attention pooling with a learned query, as
+            SigLIP) or 'none' (forward_head gets every token).
+        fc_norm: norm after pooling instead of before (timm's `fc_norm`); None means on for
+            'avg', 'max' and 'avgmax'.
         pos_embed: 'learn', 'sinusoid' (1-D, fixed), 'sincos2d' (2-D, fixed) or 'none'.
         patch_embed: 'conv' (strided Conv2d) or 'unfold' (nn.Unfold + Linear).
         embed_norm: LayerNorm after the patch projection.
@@ -158,7 +195,31 @@ class ViTConfig:
         init_values: LayerScale init; None disables LayerScale.
         distilled: add DeiT's distillation token and head.
         token_init: 'trunc_normal' (std 0.02) or 'zeros' for class token and learned positions.
-        norm_eps: LayerNorm epsilon.
+        norm_eps: epsilon of every norm.
+        reg_tokens: register tokens after the class token (Darcet et al., "Vision Transformers
+            Need Registers", 2024).
+        no_embed_class: the position embedding covers the patches only; prefix tokens get none
+            (DeiT III, FlexiViT, DINOv2 with registers).
+        pre_norm: a norm before the encoder (`norm_pre`, as CLIP).
+        final_norm: the norm after the encoder (or after pooling, with `fc_norm`); False drops
+            it (RADIO, InternViT).
+        patch_bias: bias in the patch projection (CLIP has none).
+        dynamic_img_pad: with `dynamic_img_size`, pad the input right / bottom to whole
+            patches instead of refusing it.
+        pool_include_prefix: pool over the prefix tokens too (not for 'token').
+        qk_norm: normalise queries and keys per head (Dehghani et al., ViT-22B, 2023).
+        scale_attn_norm: a norm on the attention output before its projection (BEiT-3).
+        scale_mlp_norm: a norm on the MLP hidden layer before its output (BEiT-3).
+        proj_bias: biases in the attention output projection and the MLP layers.
+        act_layer: the MLP activation: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation),
+            'quick_gelu' (x * sigmoid(1.702 x), OpenAI CLIP) or 'silu'.
+        norm_layer: 'layernorm' or 'rmsnorm' (Zhang & Sennrich, 2019) for every norm.
+        mlp_layer: 'mlp' (Linear, act, Linear), 'swiglu' (act(x W_g) * (x W_x), then a Linear;
+            Shazeer, "GLU Variants Improve Transformer", 2020) with gate and value as separate
+            layers `fc1_g` / `fc1_x`, or 'swiglu_packed', the same with both in one `fc1`
+            (gate first) of width embed_dim * mlp_ratio, half of it gate.
+        res_post_norm: norm each residual branch's output, x + norm(f(x)), instead of its
+            input (Swin v2's res-post-norm; timm's `ResPostBlock`).
     """
 
     img_size: int | tuple[int, int] = 224
@@ -187,6 +248,21 @@ class ViTConfig:
     distilled: bool = False
     token_init: str = "trunc_normal"
     norm_eps: float = 1e-6
+    reg_tokens: int = 0
+    no_embed_class: bool = False
+    pre_norm: bool = False
+    final_norm: bool = True
+    patch_bias: bool = True
+    dynamic_img_pad: bool = False
+    pool_include_prefix: bool = False
+    qk_norm: bool = False
+    scale_attn_norm: bool = False
+    scale_mlp_norm: bool = False
+    proj_bias: bool = True
+    act_layer: str = "gelu"
+    norm_layer: str = "layernorm"
+    mlp_layer: str = "mlp"
+    res_post_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, types in _FIELD_TYPES.items():
@@ -208,7 +284,7 @@ class ViTConfig:
         for name, most in SIZE_LIMITS.items():
             value = getattr(self, name)
             sides = value if isinstance(value, tuple) else (value,)
-            low = 0 if name == "num_classes" else 1
+            low = 0 if name in ("num_classes", "reg_tokens") else 1
             if not all(low <= side <= most for side in sides):
                 raise ValueError(f"{name} must be in [{low}, {most:,}], got {value}")
         for name in ("mlp_ratio", "qk_scale", "norm_eps"):
@@ -255,6 +331,31 @@ class ViTConfig:
         check_choice("patch_embed", self.patch_embed, PATCH_EMBED_KINDS)
         check_choice("encoder", self.encoder, ENCODERS)
         check_choice("token_init", self.token_init, TOKEN_INITS)
+        check_choice("act_layer", self.act_layer, ACT_LAYERS)
+        check_choice("norm_layer", self.norm_layer, NORM_LAYERS)
+        check_choice("mlp_layer", self.mlp_layer, MLP_LAYERS)
+        if self.mlp_layer == "swiglu_packed" and int(self.embed_dim * self.mlp_ratio) % 2:
+            raise ValueError(
+                f"mlp_layer='swiglu_packed' splits fc1 in halves, but embed_dim "
+                f"{self.embed_dim} * mlp_ratio {self.mlp_ratio} is odd; choose an even width"
+            )
+        if self.encoder == "torch":
+            changed = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in _NATIVE_BLOCK_DEFAULTS.items()
+                if getattr(self, name) != default
+            ]
+            if changed:
+                raise ValueError(
+                    f"encoder='torch' (nn.TransformerEncoderLayer) cannot express "
+                    f"{', '.join(changed)}; use encoder='native'"
+                )
+        if self.dynamic_img_pad and not self.dynamic_img_size:
+            raise ValueError("dynamic_img_pad=True needs dynamic_img_size=True")
+        if self.dynamic_img_pad and self.conv_stem:
+            raise ValueError("dynamic_img_pad=True pads raw images; it cannot follow a conv_stem")
+        if self.pool_include_prefix and self.global_pool == "token":
+            raise ValueError("pool_include_prefix=True needs a global_pool other than 'token'")
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
@@ -264,6 +365,8 @@ class ViTConfig:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
         if self.distilled and self.global_pool != "token":
             raise ValueError("distilled=True needs global_pool='token' and class_token=True")
+        if self.distilled and self.reg_tokens:
+            raise ValueError("distilled=True takes no reg_tokens; use one or the other")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -277,8 +380,20 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: class token, then distillation token."""
-        return int(self.class_token) + int(self.distilled)
+        """Tokens before the patches: class token, then distillation or register tokens."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def pos_prefix_tokens(self) -> int:
+        """Prefix tokens that have a position embedding: none with `no_embed_class`."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
+
+    @property
+    def use_fc_norm(self) -> bool:
+        """Whether the final norm follows pooling (`fc_norm`) rather than the encoder."""
+        if self.fc_norm is not None:
+            return self.fc_norm
+        return self.global_pool in ("avg", "avgmax", "max")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (pairs become lists)."""

@@ -3,6 +3,9 @@
 Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at
 Scale" (ICLR 2021), Section 3.1 and Appendix B.1. LayerScale is from Touvron et al., "Going
 deeper with Image Transformers" (CaiT, 2021); stochastic depth from Huang et al. (2016).
+The variants later families use are options of the same layers, each named where it is built:
+q/k norm (ViT-22B), SwiGLU (Shazeer 2020), RMSNorm (Zhang & Sennrich 2019), residual post-norm
+(Swin v2) and attention pooling with a learned query (SigLIP's MAP head, Lee et al. 2019).
 
 Plain PyTorch only. The CPU fast path (`VisionTransformer.set_fast_path`) swaps subclasses of
 `Block` and `nn.Linear` in place of these modules and computes the same function.
@@ -14,7 +17,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import PATCH_EMBED_KINDS, check_choice, patch_grid, to_2tuple
+from .config import (
+    ACT_LAYERS,
+    MLP_LAYERS,
+    NORM_LAYERS,
+    PATCH_EMBED_KINDS,
+    check_choice,
+    patch_grid,
+    to_2tuple,
+)
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def make_act(kind: str) -> nn.Module:
+    """The activation module of `ViTConfig.act_layer`."""
+    check_choice("act_layer", kind, ACT_LAYERS)
+    if kind == "gelu":
+        return nn.GELU()
+    if kind == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if kind == "quick_gelu":
+        return QuickGELU()
+    return nn.SiLU()
+
+
+def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
+    """The norm module of `ViTConfig.norm_layer`: LayerNorm, or RMSNorm (scale, no bias)."""
+    check_choice("norm_layer", kind, NORM_LAYERS)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
+    return nn.LayerNorm(dim, eps=eps)
 
 
 def conv_to_unfold_weight(weight: Tensor) -> Tensor:
@@ -79,13 +117,17 @@ class PatchEmbed(nn.Module):
         kind: str = "conv",
         norm: bool = False,
         norm_eps: float = 1e-6,
+        norm_layer: str = "layernorm",
         dynamic_img_size: bool = False,
+        dynamic_img_pad: bool = False,
         conv_stem: tuple[int, ...] = (),
+        bias: bool = True,
     ) -> None:
         super().__init__()
         check_choice("patch_embed", kind, PATCH_EMBED_KINDS)
         self.img_size = to_2tuple(img_size, "img_size")
         self.patch_size = to_2tuple(patch_size, "patch_size")
+        self.dynamic_img_pad = dynamic_img_pad
         self.backbone = ConvStem(in_chans, tuple(conv_stem)) if conv_stem else None
         self.stem_layers = len(conv_stem)
         # Image pixels per token along each side (timm's feature "reduction").
@@ -102,17 +144,24 @@ class PatchEmbed(nn.Module):
         if kind == "conv":
             self.unfold = None
             self.proj = nn.Conv2d(
-                proj_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size
+                proj_chans,
+                embed_dim,
+                kernel_size=self.patch_size,
+                stride=self.patch_size,
+                bias=bias,
             )
         else:
             self.unfold = nn.Unfold(kernel_size=self.patch_size, stride=self.patch_size)
             patch_dim = proj_chans * self.patch_size[0] * self.patch_size[1]
-            self.proj = nn.Linear(patch_dim, embed_dim)
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm else nn.Identity()
+            self.proj = nn.Linear(patch_dim, embed_dim, bias=bias)
+        self.norm = make_norm(norm_layer, embed_dim, norm_eps) if norm else nn.Identity()
 
     def grid_for(self, height: int, width: int, what: str = "input") -> tuple[int, int]:
         """The patch grid (rows, columns) of a height x width image; a ValueError with the fix
-        when the image (or the stem's feature map) does not split into whole patches."""
+        when the image (or the stem's feature map) does not split into whole patches. With
+        `dynamic_img_pad`, a partial patch counts (the input is padded to it)."""
+        if self.dynamic_img_pad and what == "input":
+            return -(-height // self.patch_size[0]), -(-width // self.patch_size[1])
         return patch_grid(height, width, self.patch_size, self.stem_layers, what)
 
     def check_input(self, x: Tensor) -> None:
@@ -149,6 +198,10 @@ class PatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Return patch tokens (B, N, D) and the patch grid (rows, columns)."""
         self.check_input(x)
+        if self.dynamic_img_pad:  # pad right and bottom to whole patches, as timm
+            pad_h = -x.shape[-2] % self.patch_size[0]
+            pad_w = -x.shape[-1] % self.patch_size[1]
+            x = F.pad(x, (0, pad_w, 0, pad_h))  # (B, C, H + pad_h, W + pad_w)
         if self.backbone is not None:
             x = self.backbone(x)  # (B, C', H', W')
         grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])
@@ -166,6 +219,8 @@ class Attention(nn.Module):
 
     The default path calls `F.scaled_dot_product_attention` (fused kernels); the explicit path
     computes softmax(q k^T * scale) v itself and is the one that can hand back the weights.
+    `qk_norm` normalises each head's queries and keys (ViT-22B), `scale_norm` the merged heads
+    before the output projection (BEiT-3); both use `norm_layer`.
     """
 
     def __init__(
@@ -177,6 +232,11 @@ class Attention(nn.Module):
         qk_scale: float | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        norm_layer: str = "layernorm",
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -189,8 +249,11 @@ class Attention(nn.Module):
         self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
         self.fused_attn = True
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = make_norm(norm_layer, self.head_dim, norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = make_norm(norm_layer, self.head_dim, norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.norm = make_norm(norm_layer, dim, norm_eps) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def split_heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -206,10 +269,11 @@ class Attention(nn.Module):
         return x.transpose(1, 2).flatten(2)  # (B, N, D)
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.split_heads(self.qkv(x))
+        q, k, v = self.split_heads(self.qkv(x))
+        return self.q_norm(q), self.k_norm(k), v
 
     def _out(self, x: Tensor) -> Tensor:
-        return self.proj_drop(self.proj(self.merge_heads(x)))
+        return self.proj_drop(self.proj(self.norm(self.merge_heads(x))))
 
     def attention_weights(self, q: Tensor, k: Tensor) -> Tensor:
         """softmax(q k^T * scale), in fp32 even under autocast: (B, heads, N, N)."""
@@ -234,18 +298,93 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Linear -> GELU -> Dropout -> Linear -> Dropout (paper Eq. 3)."""
+    """Linear -> GELU -> Dropout -> Linear -> Dropout (paper Eq. 3); another activation and a
+    norm on the hidden layer (BEiT-3) are options."""
 
-    def __init__(self, dim: int, hidden_dim: int, *, drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        drop: float = 0.0,
+        act_layer: str = "gelu",
+        bias: bool = True,
+        norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+class SwiGLU(nn.Module):
+    """act(x W_g) * (x W_x) -> Dropout -> Linear -> Dropout (Shazeer, "GLU Variants Improve
+    Transformer", 2020): gate `fc1_g` and value `fc1_x`, each `hidden_dim` wide."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        drop: float = 0.0,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc1_x = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = make_act(act_layer)
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.act(self.fc1_g(x)) * self.fc1_x(x)  # (B, N, hidden)
+        return self.drop2(self.fc2(self.norm(self.drop1(hidden))))
+
+
+class SwiGLUPacked(nn.Module):
+    """`SwiGLU` with gate and value packed in one `fc1` of width `hidden_dim`, gate first
+    (timm's `GluMlp(gate_last=False)`, DINOv2-g); `fc2` takes `hidden_dim // 2`."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        drop: float = 0.0,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = make_act(act_layer)
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm if norm is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_dim // 2, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # each (B, N, hidden / 2)
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
+
+
+MLP_CLASSES = dict(zip(MLP_LAYERS, (Mlp, SwiGLU, SwiGLUPacked)))
+
+
+def mlp_hidden_width(mlp_layer: str, dim: int, mlp_ratio: float) -> int:
+    """The width of the hidden layer fed to the MLP's output (`fc2.in_features`)."""
+    hidden = int(dim * mlp_ratio)
+    return hidden // 2 if mlp_layer == "swiglu_packed" else hidden
 
 
 class DropPath(nn.Module):
@@ -279,7 +418,18 @@ class LayerScale(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper Eqs. 2-3)."""
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper Eqs. 2-3).
+
+    Args:
+        dim: token width.
+        num_heads, qkv_bias, qk_scale, qk_norm, scale_attn_norm: the `Attention`'s options.
+        mlp_ratio, mlp_layer, act_layer, scale_mlp_norm: the MLP's width, kind
+            ('mlp', 'swiglu', 'swiglu_packed'), activation and hidden-layer norm.
+        proj_bias: biases of the attention output and MLP layers.
+        proj_drop, attn_drop, drop_path: dropout rates and stochastic depth.
+        init_values: LayerScale init; None disables it.
+        norm_layer, norm_eps: 'layernorm' or 'rmsnorm', and its epsilon, for every norm.
+    """
 
     def __init__(
         self,
@@ -294,9 +444,17 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         init_values: float | None = None,
         norm_eps: float = 1e-6,
+        norm_layer: str = "layernorm",
+        act_layer: str = "gelu",
+        mlp_layer: str = "mlp",
+        qk_norm: bool = False,
+        scale_attn_norm: bool = False,
+        scale_mlp_norm: bool = False,
+        proj_bias: bool = True,
     ) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        check_choice("mlp_layer", mlp_layer, MLP_LAYERS)
+        self.norm1 = make_norm(norm_layer, dim, norm_eps)
         self.attn = Attention(
             dim,
             num_heads=num_heads,
@@ -304,11 +462,22 @@ class Block(nn.Module):
             qk_scale=qk_scale,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
+            qk_norm=qk_norm,
+            scale_norm=scale_attn_norm,
+            proj_bias=proj_bias,
+            norm_layer=norm_layer,
+            norm_eps=norm_eps,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.norm2 = make_norm(norm_layer, dim, norm_eps)
+        hidden = int(dim * mlp_ratio)
+        mlp_norm = None
+        if scale_mlp_norm:
+            mlp_norm = make_norm(norm_layer, mlp_hidden_width(mlp_layer, dim, mlp_ratio), norm_eps)
+        self.mlp = MLP_CLASSES[mlp_layer](
+            dim, hidden, drop=proj_drop, act_layer=act_layer, bias=proj_bias, norm=mlp_norm
+        )
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
@@ -323,3 +492,58 @@ class Block(nn.Module):
         x = x + self.drop_path1(self.ls1(attn_out))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x, weights
+
+
+class ResPostBlock(Block):
+    """Residual post-norm block: x + norm(MSA(x)), then x + norm(MLP(x)) (Liu et al., "Swin
+    Transformer V2", 2022; timm's `ResPostBlock`). Same layers and keys as `Block`; no
+    LayerScale (timm sets the norms' scale to `init_values` instead, at initialisation only)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x)))
+        x = x + self.drop_path2(self.norm2(self.mlp(x)))
+        return x
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        attn_out, weights = self.attn.forward_with_weights(x)
+        x = x + self.drop_path1(self.norm1(attn_out))
+        x = x + self.drop_path2(self.norm2(self.mlp(x)))
+        return x, weights
+
+
+class AttentionPool(nn.Module):
+    """Multihead attention pooling: one learned query attends over the tokens, then a residual
+    MLP (Lee et al., "Set Transformer", 2019; SigLIP's MAP head, timm's
+    `AttentionPoolLatent`). Tokens (B, N, D) -> (B, D)."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        act_layer: str = "gelu",
+        norm_layer: str = "layernorm",
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim * 2)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = make_norm(norm_layer, dim, norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, tokens, dim = x.shape
+        q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim)  # (1, 1, h, hd)
+        q = q.transpose(1, 2).expand(batch, -1, -1, -1)  # (B, heads, 1, head_dim)
+        kv = self.kv(x).reshape(batch, tokens, 2, self.num_heads, self.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, N, head_dim)
+        x = F.scaled_dot_product_attention(q, k, v)  # (B, heads, 1, head_dim)
+        x = self.proj(x.transpose(1, 2).reshape(batch, dim))  # (B, D)
+        return x + self.mlp(self.norm(x))

@@ -172,6 +172,27 @@ class OneDNNLinear(nn.Linear):
 # -- the fused inference block ---------------------------------------------------------------
 
 
+def unfused_option(block: Block) -> str:
+    """The block option the fused kernels do not implement ('' when there is none): they
+    compute exactly LN -> qkv -> SDPA -> proj + x -> LN -> fc1 -> exact GELU -> fc2 + x, so
+    any other layer in that chain sends the block down the plain path."""
+    attn, mlp = block.attn, block.mlp
+    if type(mlp) is not Mlp:
+        return f"the {type(mlp).__name__} MLP is not fused"
+    if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
+        return f"the {type(mlp.act).__name__} activation is not fused (only exact GELU)"
+    extra = {
+        "attn.q_norm": attn.q_norm,
+        "attn.k_norm": attn.k_norm,
+        "attn.norm": attn.norm,
+        "mlp.norm": mlp.norm,
+    }
+    for name, layer in extra.items():
+        if not isinstance(layer, nn.Identity):
+            return f"{name} is not fused"
+    return ""
+
+
 def _has_forward_hooks(module: nn.Module) -> bool:
     """Whether any forward (pre-)hook, global or on `module` or a sub-module, would run."""
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
@@ -263,6 +284,9 @@ class OneDNNBlock(Block):
             return "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
         if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
             return "LayerScale is not fused"
+        unfused = unfused_option(self)
+        if unfused:
+            return unfused
         if not self.attn.fused_attn:
             return "attn.fused_attn is False (explicit attention requested)"
         if x.device.type != "cpu":

@@ -2,6 +2,12 @@
 
 Sizes are the paper's Table 1 (Ti and S from DeiT); a name `vit_{size}_patch{P}_{res}` decodes
 into one row of `SIZES` plus the patch size and resolution, as big_vision decodes `B/16`.
+
+timm's other `VisionTransformer` families (DeiT III, CLIP, SigLIP, DINOv2, registers, AIMv2,
+BEiT-3, RADIO, ...) are rows of `FAMILIES`: a name template, the family's options, and the
+size / patch / resolution variants timm registers, decoded over `TIMM_SIZES`. The names are
+timm's and so are the architectures, parameter for parameter; the timm converter reads from a
+name what weights cannot show (the activation, the block's norm placement, the pooling).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ViTConfig
@@ -80,6 +87,310 @@ _SPECIAL: dict[str, ViTConfig] = {
     ),
 }
 
+# timm's widths beyond the paper's: name -> (embed_dim, depth, num_heads, mlp_ratio).
+TIMM_SIZES: dict[str, tuple[int, int, int, float]] = {
+    **{name: (*row, 4.0) for name, row in SIZES.items()},
+    "xsmall": (256, 10, 4, 4.0),
+    "medium": (512, 12, 8, 4.0),
+    "mediumd": (512, 20, 8, 4.0),
+    "betwixt": (640, 12, 10, 4.0),
+    "little": (320, 14, 5, 5.6),
+    "wee": (256, 14, 4, 5.0),
+    "giant": (1408, 40, 16, 48 / 11),
+    "gigantic": (1664, 48, 16, 64 / 13),
+    "giantopt": (1536, 40, 16, 4.0),
+    "so150m": (896, 18, 14, 2.572),
+    "so150m2": (832, 21, 13, 2.6153846153846154),
+    "so400m": (1152, 27, 16, 3.7362),
+    "intern300m": (1024, 24, 16, 4.0),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """timm names `template.format(size=, patch=, res=)`, one per variant.
+
+    Args:
+        template: the name pattern.
+        variants: space-separated 'size/patch/res', with ':classes' when timm's head differs
+            from `classes`.
+        options: `ViTConfig` fields on top of the size row.
+        sizes: this family's own size rows, over `TIMM_SIZES`.
+        classes: the head size of timm's model.
+    """
+
+    template: str
+    variants: str
+    options: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
+    classes: int = 1000
+
+    def configs(self) -> dict[str, ViTConfig]:
+        """Name -> config of every variant."""
+        out = {}
+        for variant in self.variants.split():
+            spec, _, classes = variant.partition(":")
+            size, patch, res = spec.split("/")
+            dim, depth, heads, ratio = {**TIMM_SIZES, **self.sizes}[size]
+            name = self.template.format(size=size, patch=patch, res=res)
+            out[name] = ViTConfig(
+                **{
+                    "img_size": int(res),
+                    "patch_size": int(patch),
+                    "embed_dim": dim,
+                    "depth": depth,
+                    "num_heads": heads,
+                    "mlp_ratio": ratio,
+                    "num_classes": int(classes) if classes else self.classes,
+                    **self.options,
+                }
+            )
+        return out
+
+
+_CLIP = dict(pre_norm=True, patch_bias=False, norm_eps=1e-5)
+_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
+_REG_GAP = dict(class_token=False, no_embed_class=True, global_pool="avg", init_values=1e-5)
+_MAP = dict(class_token=False, global_pool="map")
+_TANH = dict(act_layer="gelu_tanh")
+_SWIGLU_G = dict(mlp_layer="swiglu_packed", act_layer="silu")  # DINOv2-g's fused SwiGLU
+_DINO_G = {"giant": (1536, 40, 24, 5.33334)}
+_PLUS = {"base": (896, 12, 14, 4.0)}
+_RADIO = dict(no_embed_class=True, final_norm=False)
+_SO400M_TIPS = {"so400m": (1152, 27, 16, 4304 / 1152)}
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "vit_{size}_patch{patch}_{res}",
+        "tiny/16/224 tiny/16/384 small/32/224 small/32/384 small/16/224 small/16/384 "
+        "small/8/224:0 base/32/224 base/32/384 base/16/224 base/16/384 base/8/224 "
+        "large/32/224:0 large/32/384 large/16/224 large/16/384 large/14/224 huge/14/224:0 "
+        "giant/14/224 gigantic/14/224",
+    ),
+    Family("vit_{size}_patch{patch}_{res}_miil", "base/16/224:11221", dict(qkv_bias=False)),
+    Family(
+        "vit_{size}_patch{patch}_36x1_{res}",
+        "small/16/224",
+        dict(init_values=1e-5),
+        {"small": (384, 36, 6, 4.0)},
+    ),
+    Family(
+        "vit_{size}_patch{patch}_plus_{res}",
+        "base/16/240 base/32/256",
+        dict(init_values=1e-5),
+        _PLUS,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_rpn_{res}",
+        "base/16/224",
+        dict(
+            res_post_norm=True,
+            qkv_bias=False,
+            init_values=1e-5,
+            class_token=False,
+            global_pool="avg",
+        ),
+    ),
+    Family("deit_{size}_patch{patch}_{res}", "tiny/16/224 small/16/224 base/16/224 base/16/384"),
+    Family(
+        "deit3_{size}_patch{patch}_{res}",
+        "small/16/224 small/16/384 medium/16/224 base/16/224 base/16/384 large/16/224 "
+        "large/16/384 huge/14/224",
+        dict(no_embed_class=True, init_values=1e-6),
+    ),
+    Family("flexivit_{size}", "small/16/240 base/16/240 large/16/240", dict(no_embed_class=True)),
+    Family("eva_{size}_patch{patch}_{res}", "large/14/196 large/14/336", dict(global_pool="avg")),
+    Family(
+        "beit3_{size}_patch{patch}_{res}",
+        "base/16/224 large/16/224 giant/14/224 giant/14/336",
+        dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5),
+        {"giant": (1408, 40, 16, 4.3637)},
+    ),
+    Family(
+        "vit_{size}_patch{patch}_gap_{res}",
+        "medium/16/240:11821 medium/16/256 medium/16/384 betwixt/16/256",
+        dict(_GAP, qkv_bias=False, init_values=1e-6),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_gap_{res}",
+        "base/16/224 huge/14/224:0 huge/16/448:0 giant/16/224:0",
+        _GAP,
+        {"base": (768, 12, 16, 4.0)},
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg1_gap_{res}",
+        "betwixt/16/256 medium/16/256 little/16/256 wee/16/256",
+        dict(_REG_GAP, reg_tokens=1),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg4_gap_{res}",
+        "betwixt/16/256 betwixt/16/384 medium/16/256 mediumd/16/256 mediumd/16/384 little/16/256",
+        dict(_REG_GAP, reg_tokens=4),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg4_gap_{res}",
+        "base/16/256",
+        dict(class_token=False, no_embed_class=True, global_pool="avg", reg_tokens=4),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg4_gap_{res}",
+        "so150m/16/256 so150m/16/384",
+        dict(_GAP, reg_tokens=4),
+    ),
+    Family("vit_{size}_patch{patch}_reg4_map_{res}", "so150m/16/256", dict(_MAP, reg_tokens=4)),
+    Family(
+        "vit_{size}_patch{patch}_reg1_gap_{res}",
+        "so150m2/16/256 so150m2/16/384 so150m2/16/448",
+        dict(class_token=False, global_pool="avg", reg_tokens=1, qkv_bias=False, init_values=1e-5),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_clip_{res}",
+        "xsmall/16/224:512 medium/16/224:512 medium/32/224:512 betwixt/32/224:512 base/32/224 "
+        "base/32/256:512 base/32/384 base/32/448 base/16/224 base/16/384 large/14/224 "
+        "large/14/336 huge/14/224 huge/14/336 huge/14/378:1024 giant/14/224:1024 "
+        "gigantic/14/224:1280 gigantic/14/378:1280",
+        _CLIP,
+    ),
+    Family("vit_{size}_patch{patch}_plus_clip_{res}", "base/16/240:640", _CLIP, _PLUS),
+    Family(
+        "vit_{size}_patch{patch}_clip_quickgelu_{res}",
+        "base/16/224:512 base/32/224:512 large/14/224:768 large/14/336:768 huge/14/224:1024 "
+        "huge/14/378:1024 gigantic/14/224:1280",
+        dict(_CLIP, act_layer="quick_gelu"),
+    ),
+    Family(
+        "vit_{size}_patch{patch}_dinov2",
+        "small/14/518 base/14/518 large/14/518",
+        dict(init_values=1e-5),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_dinov2",
+        "giant/14/518",
+        dict(_SWIGLU_G, init_values=1e-5),
+        _DINO_G,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg4_dinov2",
+        "small/14/518 base/14/518 large/14/518",
+        dict(init_values=1e-5, reg_tokens=4, no_embed_class=True),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg4_dinov2",
+        "giant/14/518",
+        dict(_SWIGLU_G, init_values=1e-5, reg_tokens=4, no_embed_class=True),
+        _DINO_G,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg1_tipsv2",
+        "base/14/448 large/14/448 so400m/14/448",
+        dict(init_values=1.0, reg_tokens=1, no_embed_class=True),
+        _SO400M_TIPS,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_reg1_tipsv2",
+        "giant/14/448",
+        dict(_SWIGLU_G, init_values=1.0, reg_tokens=1, no_embed_class=True),
+        _DINO_G,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_radio_v3",
+        "base/16/512 large/16/512",
+        dict(_RADIO, reg_tokens=7, init_values=1e-5),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_radio_v3",
+        "huge/16/512 giant/16/512",
+        dict(_RADIO, reg_tokens=7),
+        {"giant": (1536, 40, 24, 4.0)},
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_radio_v4",
+        "huge/16/512 so400m/16/512",
+        dict(_RADIO, reg_tokens=9),
+        _SO400M_TIPS,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_{res}",
+        "intern300m/14/448",
+        dict(init_values=0.1, final_norm=False, dynamic_img_size=True),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_siglip_{res}",
+        "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
+        "so400m/14/224 so400m/14/378",
+        _MAP,
+        classes=0,
+    ),
+    Family(  # the SigLIP 2 weights: GELU's tanh approximation
+        "vit_{size}_patch{patch}_siglip_{res}",
+        "base/32/256 large/16/512 so400m/16/256 so400m/16/384 so400m/16/512 giantopt/16/256 "
+        "giantopt/16/384",
+        dict(_MAP, **_TANH),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_siglip_gap_{res}",
+        "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
+        "so400m/14/224 so400m/14/378 so400m/14/448 so400m/14/896",
+        _GAP,
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_siglip_gap_{res}",
+        "base/32/256 large/16/512 so400m/16/256 so400m/16/384 so400m/16/512 giantopt/16/256 "
+        "giantopt/16/384",
+        dict(_GAP, **_TANH),
+        classes=0,
+    ),
+    Family(
+        "aimv2_{size}_patch{patch}_{res}",
+        " ".join(f"{s}/14/{r}" for s in ("large", "huge", "1b", "3b") for r in (224, 336, 448)),
+        dict(
+            _GAP,
+            qkv_bias=False,
+            proj_bias=False,
+            act_layer="silu",
+            mlp_layer="swiglu",
+            norm_layer="rmsnorm",
+            norm_eps=1e-5,
+            embed_norm=True,
+        ),
+        {
+            "large": (1024, 24, 8, 2.75),
+            "huge": (1536, 24, 12, 2.6667),
+            "1b": (2048, 24, 16, 2.75),
+            "3b": (3072, 24, 24, 2.6667),
+        },
+        classes=0,
+    ),
+)
+
+_FAMILY_CONFIGS: dict[str, ViTConfig] = {
+    name: config for family in FAMILIES for name, config in family.configs().items()
+}
+
+# timm names whose architecture vitkit does not implement, with the reason.
+UNSUPPORTED_NAMES = {
+    "vit_dlittle_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
+    "vit_dwee_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
+    **{
+        f"vit_so400m_patch14_siglip{pool}_384": "an input of 384 pixels, not a multiple of its "
+        "14-pixel patches (the convolution drops the last 6); vitkit's "
+        f"vit_so400m_patch14_siglip{pool}_378 has the same weights"
+        for pool in ("", "_gap")
+    },
+}
+
 _NAME = re.compile(r"vit_(?P<size>[a-z]+)_patch(?P<patch>\d+)_(?P<res>\d+)")
 
 
@@ -98,16 +409,23 @@ def _decode(name: str) -> ViTConfig:
 
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching a shell-style `pattern`, sorted."""
-    names = sorted(_STANDARD_NAMES + tuple(_SPECIAL))
+    names = sorted(set(_STANDARD_NAMES) | set(_SPECIAL) | set(_FAMILY_CONFIGS))
     return [name for name in names if fnmatch.fnmatch(name, pattern)]
 
 
 def get_config(name: str) -> ViTConfig:
-    """The preset `ViTConfig` of a registered name."""
+    """The preset `ViTConfig` of a registered name (the paper's presets keep a 1000-class
+    head where timm's model has none)."""
     if name in _SPECIAL:
         return _SPECIAL[name]
     if name in _STANDARD_NAMES:
         return _decode(name)
+    if name in _FAMILY_CONFIGS:
+        return _FAMILY_CONFIGS[name]
+    if name in UNSUPPORTED_NAMES:
+        raise ValueError(
+            f"timm's {name} uses {UNSUPPORTED_NAMES[name]}, which vitkit does not implement"
+        )
     close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"unknown model name {name!r}; {hint}see vitkit.list_models() for all names")

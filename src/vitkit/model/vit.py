@@ -7,12 +7,17 @@ transformers & distillation through attention" (DeiT, 2021).
     image (B, C, H, W)
       [-> conv stem (hybrid)        (B, C', H', W')  H' = H / 2^layers, rounded up]
       -> patch embedding            (B, N, D)        N = (H / ph) * (W / pw)
-      -> [class, dist] tokens       (B, P + N, D)    P prefix tokens
-      -> + position embedding, dropout
-      -> depth x pre-norm block     (B, P + N, D)
+      -> [class, dist | registers]  (B, P + N, D)    P prefix tokens
+      -> + position embedding, dropout (patches only with no_embed_class: added before the
+                                        prefix tokens are joined)
+      [-> norm_pre (CLIP)]
+      -> depth x block              (B, P + N, D)    pre-norm, or res-post-norm
       -> final norm                 (B, P + N, D)    forward_features
-      -> pool (class token / mean)  (B, D)
-      -> head                       (B, num_classes) forward_head
+      -> pool                       (B, D)           class token / mean / max / attention
+      -> [fc_norm], head            (B, num_classes) forward_head
+
+Register tokens are Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); the
+attention-pooling head is SigLIP's (Zhai et al., 2023).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch import Tensor, nn
 
 from . import onednn
 from .config import ViTConfig
-from .layers import Block, LayerScale, PatchEmbed
+from .layers import AttentionPool, Block, LayerScale, PatchEmbed, ResPostBlock, make_norm
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
@@ -68,10 +73,12 @@ class VisionTransformer(nn.Module):
         self.config = config
         dim = config.embed_dim
         self.num_classes = config.num_classes
-        self.num_features = self.embed_dim = dim
+        self.num_features = self.head_hidden_size = self.embed_dim = dim
         self.global_pool = config.global_pool
         self.num_prefix_tokens = config.num_prefix_tokens
+        self.num_reg_tokens = config.reg_tokens
         self.grad_checkpointing = False
+        norm = config.norm_layer, dim, config.norm_eps
 
         self.patch_embed = PatchEmbed(
             img_size=config.img_size,
@@ -81,29 +88,37 @@ class VisionTransformer(nn.Module):
             kind=config.patch_embed,
             norm=config.embed_norm,
             norm_eps=config.norm_eps,
+            norm_layer=config.norm_layer,
             dynamic_img_size=config.dynamic_img_size,
+            dynamic_img_pad=config.dynamic_img_pad,
             conv_stem=config.conv_stem,
+            bias=config.patch_bias,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
-        num_positions = self.num_prefix_tokens + self.patch_embed.num_patches
+        self.reg_token = None
+        if config.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim))
+        num_positions = config.pos_prefix_tokens + self.patch_embed.num_patches
         if config.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim))
         elif config.pos_embed == "none":
             self.pos_embed = None
         else:  # a fixed table: a buffer, not trained, not saved
             table = fixed_pos_embed(
-                config.pos_embed, self.patch_embed.grid_size, dim, self.num_prefix_tokens
+                config.pos_embed, self.patch_embed.grid_size, dim, config.pos_prefix_tokens
             )
             self.register_buffer("pos_embed", table, persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate)
+        self.norm_pre = make_norm(*norm) if config.pre_norm else nn.Identity()
 
         if config.encoder == "native":
             last = max(config.depth - 1, 1)
             drop_path = [config.drop_path_rate * i / last for i in range(config.depth)]
+            block_class = ResPostBlock if config.res_post_norm else Block
             self.blocks = nn.Sequential(
                 *[
-                    Block(
+                    block_class(
                         dim,
                         num_heads=config.num_heads,
                         mlp_ratio=config.mlp_ratio,
@@ -112,8 +127,15 @@ class VisionTransformer(nn.Module):
                         proj_drop=config.drop_rate,
                         attn_drop=config.attn_drop_rate,
                         drop_path=drop_path[i],
-                        init_values=config.init_values,
+                        init_values=None if config.res_post_norm else config.init_values,
                         norm_eps=config.norm_eps,
+                        norm_layer=config.norm_layer,
+                        act_layer=config.act_layer,
+                        mlp_layer=config.mlp_layer,
+                        qk_norm=config.qk_norm,
+                        scale_attn_norm=config.scale_attn_norm,
+                        scale_mlp_norm=config.scale_mlp_norm,
+                        proj_bias=config.proj_bias,
                     )
                     for i in range(config.depth)
                 ]
@@ -127,9 +149,21 @@ class VisionTransformer(nn.Module):
                 dropout=config.drop_rate,
                 norm_eps=config.norm_eps,
             )
-        use_fc_norm = config.fc_norm if config.fc_norm is not None else config.global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(dim, eps=config.norm_eps)
-        self.fc_norm = nn.LayerNorm(dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
+        use_fc_norm = config.use_fc_norm
+        has_norm = config.final_norm and not use_fc_norm
+        self.norm = make_norm(*norm) if has_norm else nn.Identity()
+        self.attn_pool = None
+        if config.global_pool == "map":
+            self.attn_pool = AttentionPool(
+                dim,
+                num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio,
+                act_layer=config.act_layer,
+                norm_layer=config.norm_layer,
+                norm_eps=config.norm_eps,
+            )
+        has_fc_norm = config.final_norm and use_fc_norm
+        self.fc_norm = make_norm(*norm) if has_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = None
@@ -155,20 +189,29 @@ class VisionTransformer(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
             elif isinstance(module, LayerScale):
                 module.gamma.fill_(module.init_values)
             elif isinstance(module, nn.MultiheadAttention):
                 trunc_normal_(module.in_proj_weight)
                 nn.init.zeros_(module.in_proj_bias)
-        for param in (self.cls_token, self.dist_token, self.learned_pos_embed):
+        tokens = (self.cls_token, self.dist_token, self.reg_token, self.learned_pos_embed)
+        for param in tokens:
             if param is None:
                 continue
             if self.config.token_init == "zeros":
                 nn.init.zeros_(param)
             else:
                 trunc_normal_(param)
+        if self.attn_pool is not None:
+            trunc_normal_(self.attn_pool.latent, std=self.embed_dim**-0.5)
         if self.patch_embed.backbone is not None:
             self.patch_embed.backbone.reset_parameters()
+        if self.config.res_post_norm and self.config.init_values is not None:
+            for block in self.blocks:  # timm's ResPostBlock: the norms' scale starts there
+                block.norm1.weight.fill_(self.config.init_values)
+                block.norm2.weight.fill_(self.config.init_values)
 
     @property
     def learned_pos_embed(self) -> nn.Parameter | None:
@@ -177,7 +220,7 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names AdamW must not decay (biases and norms are left to the optimiser's
         grouping, which skips every 1-D parameter)."""
-        names = {"pos_embed", "cls_token", "dist_token"}
+        names = {"pos_embed", "cls_token", "dist_token", "reg_token"}
         return {name for name, _ in self.named_parameters() if name in names}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -194,8 +237,25 @@ class VisionTransformer(nn.Module):
         instead."""
         return onednn.enable_fast_path(self, enable)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning."""
+    def get_classifier(self) -> nn.Module:
+        """The classification head (timm's API)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning;
+        `global_pool` also changes the pooling, as timm's (the attention pool can be dropped
+        by another pooling, not added; the norm stays where it is)."""
+        if global_pool is not None and global_pool != self.global_pool:
+            if global_pool == "map":
+                raise ValueError(
+                    "reset_classifier cannot add an attention pool; build the model with "
+                    "global_pool='map'"
+                )
+            self.config = self.config.replace(
+                global_pool=global_pool, fc_norm=self.config.use_fc_norm
+            )
+            self.global_pool = global_pool
+            self.attn_pool = None
         self.config = self.config.replace(num_classes=num_classes)
         self.num_classes = num_classes
         for name in ("head", "head_dist"):
@@ -219,28 +279,31 @@ class VisionTransformer(nn.Module):
         static = all(isinstance(side, int) for side in grid)
         if self.pos_embed is None or (static and grid == self.patch_embed.grid_size):
             return self.pos_embed
+        prefix = self.config.pos_prefix_tokens
         if self.learned_pos_embed is not None:
             return resample_pos_embed(
                 self.pos_embed,
                 new_size=grid,
                 old_size=self.patch_embed.grid_size,
-                num_prefix_tokens=self.num_prefix_tokens,
+                num_prefix_tokens=prefix,
             )
-        table = fixed_pos_embed(self.config.pos_embed, grid, self.embed_dim, self.num_prefix_tokens)
+        table = fixed_pos_embed(self.config.pos_embed, grid, self.embed_dim, prefix)
         return table.to(self.pos_embed)
 
     def embed(self, x: Tensor) -> Tensor:
-        """Image (B, C, H, W) -> tokens with positions (B, P + N, D), before the encoder."""
+        """Image (B, C, H, W) -> tokens with positions (B, P + N, D), through `norm_pre`: what
+        the first block receives."""
         x, grid = self.patch_embed(x)  # (B, N, D)
-        prefix = [
-            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token) if t is not None
-        ]
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
+        pos_embed = self.position_embedding(grid)
+        if pos_embed is not None and self.config.no_embed_class:
+            x = x + pos_embed  # (B, N, D): positions for the patches only
         if prefix:
             x = torch.cat(prefix + [x], dim=1)  # (B, P + N, D)
-        pos_embed = self.position_embedding(grid)
-        if pos_embed is not None:
+        if pos_embed is not None and not self.config.no_embed_class:
             x = x + pos_embed
-        return self.pos_drop(x)
+        return self.norm_pre(self.pos_drop(x))
 
     def forward_features(
         self, x: Tensor, return_attention: bool = False
@@ -267,11 +330,22 @@ class VisionTransformer(nn.Module):
         return (x, attentions) if return_attention else x
 
     def pool(self, x: Tensor) -> Tensor:
-        """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`."""
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)
-        else:
-            x = x[:, 0]
+        """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`; with
+        global_pool='none', every token (B, P + N, D)."""
+        if self.global_pool == "token":
+            return self.fc_norm(x[:, 0])
+        if self.global_pool == "none":
+            return self.fc_norm(x)
+        if not self.config.pool_include_prefix:
+            x = x[:, self.num_prefix_tokens :]  # (B, N, D)
+        if self.global_pool == "map":
+            x = self.attn_pool(x)
+        elif self.global_pool == "avg":
+            x = x.mean(dim=1)
+        elif self.global_pool == "max":
+            x = x.amax(dim=1)
+        else:  # avgmax
+            x = 0.5 * (x.amax(dim=1) + x.mean(dim=1))
         return self.fc_norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

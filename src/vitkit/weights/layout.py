@@ -6,10 +6,16 @@ torchvision and JAX converters map their keys into this layout, then call `infer
 `check_state_dict` here, and the exporters start from `native_state_dict`. Keeping it apart
 means `hf.py` does not import `timm.py` to reach code that is not about timm.
 
-The config is inferred from the weights: embed_dim, depth, MLP width, patch size, input
-channels, class / distillation token, final norm vs `fc_norm`, LayerScale, number of classes,
-and the resolution from the position-embedding grid (assumed square; pass `img_size` for a
-non-square grid). The number of attention heads leaves no trace in timm, Hugging Face or
+The config is inferred from the weights: embed_dim, depth, MLP width and kind (plain, SwiGLU,
+packed SwiGLU), patch size and bias, input channels, class / distillation / register tokens,
+`norm_pre`, final norm vs `fc_norm` (or none), LayerScale, q/k and per-branch norms, LayerNorm
+vs RMSNorm, projection biases, the attention-pool head, number of classes, and the resolution
+from the position-embedding grid (assumed square; pass `img_size` for a non-square grid), which
+also tells whether the prefix tokens have positions (`no_embed_class`). What the weights cannot
+show (the activation, pre- or post-norm blocks, the norm epsilon, mean / max pooling) comes
+from `overrides`, or from a timm model name (`arch=` of `from_timm`); weights of families where
+the usual guess is often wrong (CLIP's `norm_pre`, SigLIP's attention pool, RMSNorm) are
+refused without them. The number of attention heads leaves no trace in timm, Hugging Face or
 torchvision weights (q, k and v are stored as full D x D matrices), so it comes from, in order:
 the `num_heads` argument, a Hugging Face `config.json` when one is given, the standard head
 count for the width (192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16; ViT paper Table 1
@@ -39,13 +45,20 @@ _LAYER_SCALE_INIT = 1e-5
 
 # timm layers vitkit does not have, named in the error message.
 _UNSUPPORTED = {
-    "reg_token": "register tokens (reg_token)",
-    "norm_pre.weight": "a norm before the encoder (norm_pre, as CLIP)",
-    "attn_pool.latent": "attention pooling (attn_pool)",
-    "blocks.0.attn.q_norm.weight": "q/k normalisation (attn.q_norm)",
-    "blocks.0.attn.norm.weight": "an attention output norm (attn.norm)",
-    "blocks.0.mlp.norm.weight": "an MLP norm (mlp.norm)",
+    "blocks.0.attn.gate.weight": "gated attention (attn.gate)",
+    "blocks.0.attn.lambda_q1": "differential attention (attn.lambda_q1)",
+    "attn_pool.pos_embed": "an attention pool with its own position embedding",
+    "attn_pool.q_norm.weight": "an attention pool with q/k norms",
 }
+
+# Weights whose family chose options the weights do not show, differently from model to model:
+# (marker key, the family, the options that must be given). RMSNorm's marker is a norm
+# without bias.
+_NEEDS_OPTIONS = (
+    ("norm_pre.weight", "CLIP-style norm_pre", ("act_layer", "norm_eps")),
+    ("attn_pool.latent", "an attention-pool (SigLIP) head", ("act_layer",)),
+    ("rmsnorm", "RMSNorm", ("norm_eps",)),
+)
 
 
 def default_num_heads(embed_dim: int) -> int:
@@ -79,6 +92,18 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
         raise CheckpointError(
             f"the weights have {', '.join(unsupported)}, which vitkit's ViT does not support"
         )
+    markers = set(sd)
+    if "blocks.0.norm1.weight" in sd and "blocks.0.norm1.bias" not in sd:
+        markers.add("rmsnorm")
+        overrides.setdefault("norm_layer", "rmsnorm")
+    for marker, family, options in _NEEDS_OPTIONS:
+        present = marker in markers
+        missing = [name for name in options if name not in overrides]
+        if present and missing:
+            raise CheckpointError(
+                f"the weights have {family}, whose {' and '.join(missing)} they do not record; "
+                "pass arch='<timm model name>' or " + ", ".join(f"{m}=" for m in missing)
+            )
     proj = sd["patch_embed.proj.weight"]
     embed_dim = proj.shape[0]
     cfg: dict[str, Any] = {"embed_dim": embed_dim}
@@ -103,48 +128,87 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
     if not block_ids:
         raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
     cfg["depth"] = max(block_ids) + 1
-    cfg["mlp_ratio"] = sd["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim
+    cfg.update(_mlp_options(sd, embed_dim))
     cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    cfg["proj_bias"] = "blocks.0.attn.proj.bias" in sd
+    cfg["patch_bias"] = "patch_embed.proj.bias" in sd
+    cfg["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd
+    cfg["scale_attn_norm"] = "blocks.0.attn.norm.weight" in sd
+    cfg["scale_mlp_norm"] = "blocks.0.mlp.norm.weight" in sd
     cfg["init_values"] = _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None
     cfg["embed_norm"] = "patch_embed.norm.weight" in sd
+    cfg["pre_norm"] = "norm_pre.weight" in sd
     cfg["class_token"] = "cls_token" in sd
     cfg["distilled"] = "dist_token" in sd
+    cfg["reg_tokens"] = sd["reg_token"].shape[1] if "reg_token" in sd else 0
     cfg["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
     has_fc_norm = "fc_norm.weight" in sd
-    cfg["global_pool"] = "token" if cfg["class_token"] and not has_fc_norm else "avg"
+    cfg["final_norm"] = has_fc_norm or "norm.weight" in sd
+    if "attn_pool.latent" in sd:
+        cfg["global_pool"] = "map"
+    else:
+        cfg["global_pool"] = "token" if cfg["class_token"] and not has_fc_norm else "avg"
     cfg["pos_embed"] = "learn" if "pos_embed" in sd else "none"
 
     num_heads = overrides.pop("num_heads", None)
     cfg["num_heads"] = num_heads or default_num_heads(embed_dim)
     cfg.update(overrides)
-    if "img_size" not in overrides:
-        cfg["img_size"] = _img_size_from_pos_embed(sd, cfg)
+    if "img_size" not in overrides or "no_embed_class" not in overrides:
+        _grid_from_pos_embed(sd, cfg, img_given="img_size" in overrides)
     if cfg["global_pool"] == "token" and not cfg["class_token"]:
         cfg["global_pool"] = "avg"
-    if "fc_norm" not in overrides:  # None: the default rule (fc_norm exactly for 'avg') holds
-        default_rule = has_fc_norm == (cfg["global_pool"] == "avg")
-        cfg["fc_norm"] = None if default_rule else has_fc_norm
+    if "fc_norm" not in overrides:  # None: the default rule (fc_norm for avg / max) holds
+        default_rule = has_fc_norm == (cfg["global_pool"] in ("avg", "avgmax", "max"))
+        cfg["fc_norm"] = None if default_rule or not cfg["final_norm"] else has_fc_norm
     return ViTConfig.from_dict(cfg)
 
 
-def _img_size_from_pos_embed(
-    sd: Mapping[str, Tensor], cfg: dict[str, Any]
-) -> int | tuple[int, int]:
-    """The resolution whose patch grid the position embedding covers (the inverse of
-    `ViTConfig.grid_size`, for a square grid); 224 rounded down to whole patches without one."""
+def _mlp_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
+    """mlp_layer and mlp_ratio from the MLP's weights: split gate and value layers (`fc1_g`,
+    `fc1_x`) are SwiGLU; an `fc1` twice as wide as `fc2`'s input is the packed SwiGLU."""
+    if "blocks.0.mlp.fc1_g.weight" in sd:
+        hidden = sd["blocks.0.mlp.fc1_g.weight"].shape[0]
+        return {"mlp_layer": "swiglu", "act_layer": "silu", "mlp_ratio": hidden / embed_dim}
+    hidden = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    if hidden == 2 * sd["blocks.0.mlp.fc2.weight"].shape[1]:
+        return {"mlp_layer": "swiglu_packed", "act_layer": "silu", "mlp_ratio": hidden / embed_dim}
+    return {"mlp_ratio": hidden / embed_dim}
+
+
+def _grid_from_pos_embed(sd: Mapping[str, Tensor], cfg: dict[str, Any], img_given: bool) -> None:
+    """Set `img_size` (the resolution whose patch grid the position embedding covers, square
+    unless given) and `no_embed_class` (whether the prefix tokens have positions) in `cfg`."""
     patch = cfg["patch_size"]
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
     if "pos_embed" not in sd:
-        return _int_if_square((224 // ph * ph, 224 // pw * pw))
-    prefix = int(cfg["class_token"]) + int(cfg["distilled"])
-    num_grid = sd["pos_embed"].shape[1] - prefix
-    side = math.isqrt(num_grid)
-    if side * side != num_grid:
+        if not img_given:
+            cfg["img_size"] = _int_if_square((224 // ph * ph, 224 // pw * pw))
+        return
+    prefix = int(cfg["class_token"]) + int(cfg["distilled"]) + cfg["reg_tokens"]
+    length = sd["pos_embed"].shape[1]
+    if img_given:
+        h, w = to_2tuple(cfg["img_size"], "img_size")
+        cfg.setdefault("no_embed_class", prefix > 0 and length == (h // ph) * (w // pw))
+        return
+    options = [False, True] if prefix else [False]
+    if "no_embed_class" in cfg:
+        options = [cfg["no_embed_class"]]
+    fits = {
+        no_embed: math.isqrt(length - (0 if no_embed else prefix))
+        for no_embed in options
+        if math.isqrt(length - (0 if no_embed else prefix)) ** 2
+        == length - (0 if no_embed else prefix)
+    }
+    if len(fits) != 1:
+        found = "fits both" if fits else "is not a square grid"
         raise CheckpointError(
-            f"the position embedding has {num_grid} patch positions, not a square grid; pass "
-            "img_size=(h, w), the resolution the weights were trained at"
+            f"the position embedding's {length} positions ({prefix} prefix tokens) {found}; "
+            "pass img_size=(h, w), the resolution the weights were trained at"
+            + (", or no_embed_class=" if prefix else "")
         )
-    return _int_if_square((side * ph, side * pw))
+    ((no_embed, side),) = fits.items()
+    cfg["no_embed_class"] = no_embed
+    cfg["img_size"] = _int_if_square((side * ph, side * pw))
 
 
 def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:

@@ -16,22 +16,58 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..model import ViTConfig
+from ..model import ViTConfig, get_config
 from ..model.pos_embed import fixed_pos_embed
 from ..model.torch_encoder import torch_to_native_state_dict
 from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
 
+# What a timm model name tells and its weights do not: the `ViTConfig` fields `arch=` supplies.
+ARCH_FIELDS = (
+    "num_heads",
+    "act_layer",
+    "res_post_norm",
+    "norm_eps",
+    "global_pool",
+    "fc_norm",
+    "pool_include_prefix",
+    "no_embed_class",
+    "dynamic_img_size",
+    "dynamic_img_pad",
+)
+
+
+def arch_options(arch: str) -> dict[str, Any]:
+    """The options of timm model `arch` (a name of `vitkit.list_models()`) its weights cannot
+    show; a ValueError naming the problem for another name."""
+    config = get_config(arch)
+    return {name: getattr(config, name) for name in ARCH_FIELDS}
+
 
 def from_timm(
-    state_dict: Mapping[str, Tensor], *, num_heads: int | None = None, **overrides: Any
+    state_dict: Mapping[str, Tensor],
+    *,
+    num_heads: int | None = None,
+    arch: str | None = None,
+    **overrides: Any,
 ) -> tuple[dict[str, Tensor], ViTConfig]:
-    """A timm `vit_*` / `deit_*` state dict: the keys are vitkit's, so this infers the config
-    and checks every key and shape. `overrides` are `ViTConfig` fields the weights cannot show
-    (e.g. `global_pool`, `img_size` for a non-square grid, `norm_eps`)."""
+    """A timm `VisionTransformer` state dict: the keys are vitkit's, so this infers the config
+    and checks every key and shape.
+
+    Args:
+        state_dict: the weights.
+        num_heads: the head count, which timm's weights do not record.
+        arch: the timm model name the weights belong to (e.g.
+            'vit_base_patch16_siglip_gap_224'): it supplies what the weights cannot show
+            (`ARCH_FIELDS`: heads, activation, pre- or post-norm blocks, norm epsilon, pooling).
+        overrides: `ViTConfig` fields, over both (e.g. `img_size` for a non-square grid).
+    """
     sd = strip_prefix(state_dict, "module.")
     if any(k.startswith("blocks.layers.") for k in sd):  # vitkit encoder='torch' weights
         sd = torch_to_native_state_dict(sd)
-    config = infer_config(sd, num_heads=num_heads, **overrides)
+    options = arch_options(arch) if arch is not None else {}
+    if num_heads is not None:
+        options["num_heads"] = num_heads
+    config = infer_config(sd, **{**options, **overrides})
     check_state_dict(sd, config, "timm")
     return sd, config
 
@@ -57,6 +93,10 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments for timm's `VisionTransformer` (or `VisionTransformerDistilled` when
     `config.distilled`) that build the same architecture as `config`."""
     _check_no_conv_stem(config)
+    from timm import layers as timm_layers  # timm is needed only to build its model
+    from timm.models import vision_transformer as timm_vit
+
+    norm = timm_layers.RmsNorm if config.norm_layer == "rmsnorm" else nn.LayerNorm
     kwargs: dict[str, Any] = {
         "img_size": config.img_size,
         "patch_size": config.patch_size,
@@ -73,12 +113,41 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         "fc_norm": config.fc_norm,
         "pos_embed": "none" if config.pos_embed == "none" else "learn",
         "dynamic_img_size": config.dynamic_img_size,
-        "norm_layer": partial(nn.LayerNorm, eps=config.norm_eps),
+        "norm_layer": partial(norm, eps=config.norm_eps),
     }
+    if config.global_pool == "none":
+        kwargs["global_pool"] = ""
     if config.embed_norm:
-        kwargs["embed_norm_layer"] = partial(nn.LayerNorm, eps=config.norm_eps)
+        kwargs["embed_norm_layer"] = partial(norm, eps=config.norm_eps)
     if config.qk_scale is not None:
         raise ValueError("timm's ViT has no qk_scale option; use qk_scale=None")
+    if not config.patch_bias and not config.pre_norm:
+        raise ValueError("timm's ViT drops the patch bias only with pre_norm=True (CLIP)")
+    if config.pre_norm and config.patch_bias:
+        raise ValueError("timm's ViT with pre_norm=True has no patch bias; use patch_bias=False")
+    extra = {
+        "reg_tokens": config.reg_tokens,
+        "no_embed_class": config.no_embed_class,
+        "pre_norm": config.pre_norm,
+        "final_norm": config.final_norm,
+        "dynamic_img_pad": config.dynamic_img_pad,
+        "pool_include_prefix": config.pool_include_prefix,
+        "qk_norm": config.qk_norm,
+        "scale_attn_norm": config.scale_attn_norm,
+        "scale_mlp_norm": config.scale_mlp_norm,
+        "proj_bias": config.proj_bias,
+    }
+    kwargs.update(
+        {k: v for k, v in extra.items() if v != ViTConfig.__dataclass_fields__[k].default}
+    )
+    if config.act_layer != "gelu":
+        kwargs["act_layer"] = config.act_layer
+    if config.mlp_layer == "swiglu":
+        kwargs["mlp_layer"] = timm_layers.SwiGLU
+    elif config.mlp_layer == "swiglu_packed":
+        kwargs["mlp_layer"] = partial(timm_layers.GluMlp, gate_last=False)
+    if config.res_post_norm:
+        kwargs["block_fn"] = timm_vit.ResPostBlock
     return kwargs
 
 

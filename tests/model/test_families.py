@@ -1,0 +1,206 @@
+"""The options later ViT families need: each against timm's model built from the same options
+(timm's `VisionTransformer` run beside ours), the CPU fast path standing aside with its reason,
+and timm's parameter counts for the registered family names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import vitkit
+from vitkit import convert
+from vitkit.model import onednn
+from vitkit.model.layers import QuickGELU, make_act
+from vitkit.model.registry import FAMILIES
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
+
+# (options, the fast-path blocker's reason for a block option, or '' when the fused path runs)
+OPTIONS = [
+    pytest.param(dict(reg_tokens=3), "", id="registers"),
+    pytest.param(dict(reg_tokens=2, no_embed_class=True), "", id="no-embed-class"),
+    pytest.param(dict(class_token=False, global_pool="avg"), "", id="no-cls"),
+    pytest.param(dict(pre_norm=True, patch_bias=False, norm_eps=1e-5), "", id="norm-pre"),
+    pytest.param(dict(final_norm=False), "", id="no-final-norm"),
+    pytest.param(dict(global_pool="max"), "", id="max"),
+    pytest.param(dict(global_pool="avgmax", fc_norm=False), "", id="avgmax"),
+    pytest.param(dict(global_pool="map", class_token=False), "", id="map"),
+    pytest.param(dict(global_pool="map", reg_tokens=1, pool_include_prefix=True), "", id="map+"),
+    pytest.param(dict(pos_embed="none", class_token=False, global_pool="avg"), "", id="no-pos"),
+    pytest.param(dict(proj_bias=False, qkv_bias=False), "", id="no-proj-bias"),
+    pytest.param(dict(qk_norm=True), "attn.q_norm is not fused", id="qk-norm"),
+    pytest.param(dict(scale_attn_norm=True), "attn.norm is not fused", id="attn-norm"),
+    pytest.param(dict(scale_mlp_norm=True), "mlp.norm is not fused", id="mlp-norm"),
+    pytest.param(dict(act_layer="gelu_tanh"), "the GELU activation is not fused", id="gelu-tanh"),
+    pytest.param(dict(act_layer="quick_gelu"), "the QuickGELU activation", id="quick-gelu"),
+    pytest.param(dict(act_layer="silu"), "the SiLU activation is not fused", id="silu"),
+    pytest.param(dict(norm_layer="rmsnorm", norm_eps=1e-5), "", id="rmsnorm"),
+    pytest.param(dict(mlp_layer="swiglu", act_layer="silu"), "the SwiGLU MLP", id="swiglu"),
+    pytest.param(dict(mlp_layer="swiglu_packed", act_layer="silu"), "the SwiGLUPacked", id="glu"),
+    pytest.param(dict(res_post_norm=True), None, id="res-post-norm"),
+    pytest.param(dict(init_values=1e-2), "LayerScale is not fused", id="layer-scale"),
+]
+
+
+def randomized(**options) -> vitkit.VisionTransformer:
+    torch.manual_seed(0)
+    model = vitkit.VisionTransformer(**{**TINY, **options})
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize("options, reason", OPTIONS)
+def test_each_option_equals_timm_and_the_fast_path_equals_the_plain_path(options, reason):
+    model = randomized(**options)
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        fast = model(x)
+        tokens = model.embed(x)
+        block = model.blocks[0]
+        if reason is None:  # the post-norm block is not swapped: only the plain path exists
+            assert type(block).__name__ == "ResPostBlock"
+        elif not onednn.unsupported_reason():
+            assert block.fast_path_blocker(tokens).startswith(reason)
+    model.set_fast_path(False)
+    with torch.inference_mode():
+        plain = model(x)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=0)
+
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    source = convert.source_model("timm", model.config, convert.to_timm(model))
+    assert type(source) is timm.models.vision_transformer.VisionTransformer
+    with torch.no_grad():
+        torch.testing.assert_close(plain, source(x), atol=1e-5, rtol=1e-5)
+    back, config = convert.from_timm(source.state_dict(), **_hidden(model.config))
+    assert config == model.config.replace(init_values=config.init_values)
+
+
+def _hidden(config: vitkit.ViTConfig) -> dict:
+    """The options timm's weights do not record, as a caller states them."""
+    size = dict(img_size=config.img_size) if config.pos_embed == "none" else {}
+    return dict(
+        **size,
+        num_heads=config.num_heads,
+        act_layer=config.act_layer,
+        norm_eps=config.norm_eps,
+        res_post_norm=config.res_post_norm,
+        global_pool=config.global_pool,
+        fc_norm=config.fc_norm,
+        pool_include_prefix=config.pool_include_prefix,
+    )
+
+
+def test_activations_are_the_formulas():
+    x = torch.linspace(-4, 4, 17)
+    torch.testing.assert_close(make_act("quick_gelu")(x), x * torch.sigmoid(1.702 * x))
+    tanh = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+    torch.testing.assert_close(make_act("gelu_tanh")(x), tanh)
+    torch.testing.assert_close(make_act("silu")(x), x * torch.sigmoid(x))
+    assert isinstance(make_act("quick_gelu"), QuickGELU)
+
+
+def test_swiglu_weights_and_widths():
+    model = vitkit.VisionTransformer(**TINY, mlp_layer="swiglu", act_layer="silu", mlp_ratio=2.0)
+    mlp = model.blocks[0].mlp
+    assert (mlp.fc1_g.out_features, mlp.fc1_x.out_features, mlp.fc2.in_features) == (128,) * 3
+    x = torch.randn(2, 5, 64)
+    expected = mlp.fc2(nn.functional.silu(mlp.fc1_g(x)) * mlp.fc1_x(x))
+    torch.testing.assert_close(mlp(x), expected)
+    packed = vitkit.VisionTransformer(**TINY, mlp_layer="swiglu_packed", mlp_ratio=2.0)
+    mlp = packed.blocks[0].mlp
+    assert (mlp.fc1.out_features, mlp.fc2.in_features) == (128, 64)
+    gate, value = mlp.fc1(x).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp(x), mlp.fc2(nn.functional.gelu(gate) * value))
+
+
+def test_no_embed_class_positions_and_registers_at_another_size_equal_timm():
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    options = dict(reg_tokens=4, no_embed_class=True, dynamic_img_size=True, dynamic_img_pad=True)
+    model = randomized(**options)
+    assert model.pos_embed.shape == (1, 16, 64) and model.reg_token.shape == (1, 4, 64)
+    assert model.num_prefix_tokens == 5
+    source = convert.source_model("timm", model.config, convert.to_timm(model))
+    assert isinstance(source, timm.models.vision_transformer.VisionTransformer)
+    x = torch.randn(2, 3, 37, 45)  # padded to 40 x 48: a 5 x 6 grid, positions resampled
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), atol=1e-5, rtol=1e-5)
+        assert model.forward_features(x).shape == (2, 5 + 30, 64)
+    with pytest.raises(ValueError, match="^dynamic_img_pad=True needs dynamic_img_size=True$"):
+        vitkit.VisionTransformer(**TINY, dynamic_img_pad=True)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(encoder="torch", qk_norm=True), r"^encoder='torch' .* cannot express qk_norm=True;"),
+        (dict(distilled=True, reg_tokens=1), "^distilled=True takes no reg_tokens"),
+        (dict(act_layer="relu"), "^unknown act_layer 'relu'; expected one of 'gelu', "),
+        (dict(mlp_layer="swiglu_packed", mlp_ratio=1.5 + 1 / 64), "swiglu_packed' splits fc1"),
+        (dict(global_pool="token", pool_include_prefix=True), "pool_include_prefix=True needs"),
+        (dict(reg_tokens=-1), r"reg_tokens must be in \[0, 4,096\]"),
+    ],
+)
+def test_bad_family_options_are_one_line(options, message):
+    with pytest.raises(ValueError, match=message):
+        vitkit.VisionTransformer(**{**TINY, **options})
+
+
+def test_reset_classifier_get_classifier_and_head_size():
+    model = randomized(global_pool="map", class_token=False)
+    assert model.head_hidden_size == model.num_features == 64
+    assert model.get_classifier() is model.head
+    model.reset_classifier(3, global_pool="avg")
+    assert model.attn_pool is None and model.config.global_pool == "avg"
+    assert model.get_classifier().out_features == 3
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    with pytest.raises(ValueError, match="cannot add an attention pool"):
+        model.reset_classifier(3, global_pool="map")
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        model.reset_classifier(3, global_pool="token")
+    model.reset_classifier(0, global_pool="none")
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 16, 64)
+
+
+# -- the registered timm names --------------------------------------------------------------
+
+_NAMES = {name: family for family in FAMILIES for name in family.configs()}
+# The names whose sizes are their family's own (the rest: the slow test).
+_QUIRKY_SIZES = [
+    "aimv2_1b_patch14_224",
+    "beit3_giant_patch14_224",
+    "vit_base_patch16_gap_224",
+    "vit_giant_patch14_dinov2",
+    "vit_giant_patch16_radio_v3",
+    "vit_mediumd_patch16_reg4_gap_256",
+    "vit_so150m2_patch16_reg1_gap_256",
+    "vit_so400m_patch14_reg1_tipsv2",
+    "vit_xsmall_patch16_clip_224",
+]
+
+
+def _same_as_timm(name: str) -> None:
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    config = vitkit.get_config(name)
+    with torch.device("meta"):  # shapes only
+        ours = vitkit.create_model(name)
+        theirs = timm.create_model(name, pretrained=False, num_classes=config.num_classes)
+        default = timm.create_model(name, pretrained=False)
+    ours_sd, theirs_sd = ours.state_dict(), theirs.state_dict()
+    assert {k: v.shape for k, v in ours_sd.items()} == {k: v.shape for k, v in theirs_sd.items()}
+    if name not in ("vit_large_patch32_224", "vit_huge_patch14_224"):  # the paper's presets
+        assert config.num_classes == default.num_classes
+
+
+@pytest.mark.parametrize("name", _QUIRKY_SIZES)
+def test_family_sizes_have_timms_parameters(name):
+    _same_as_timm(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_NAMES))
+def test_every_family_name_has_timms_parameters(name):
+    _same_as_timm(name)
