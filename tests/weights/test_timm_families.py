@@ -179,3 +179,21 @@ def test_an_unknown_or_unsupported_arch_is_one_line():
         ValueError, match=r"^timm's vit_dwee_patch16_reg1_gap_256 uses differential"
     ):
         vitkit.create_model("vit_dwee_patch16_reg1_gap_256")
+
+
+def test_exporters_without_the_options_refuse_them():
+    model = vitkit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, act_layer="gelu_tanh"
+    )
+    assert model.config.family_options() == ["act_layer='gelu_tanh'"]
+    with pytest.raises(
+        ValueError, match=r"it needs the paper's layers \(not act_layer='gelu_tanh'"
+    ):
+        convert.to_hf(model)
+
+
+def test_weights_without_a_name_log_what_they_assume(caplog):
+    source = _timm_model("vit_small_patch16_224", embed_dim=96, num_heads=4)
+    with caplog.at_level(logging.INFO, logger="vitkit.weights.timm"):
+        convert.from_timm(source.state_dict(), num_heads=4)
+    assert "assuming exact GELU, pre-norm blocks and the norm epsilon 1e-06" in caplog.text

@@ -128,6 +128,24 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "res_post_norm": (bool,),
 }
 
+# The options later families added, with the paper's choice.
+_FAMILY_DEFAULTS = {
+    "reg_tokens": 0,
+    "no_embed_class": False,
+    "pre_norm": False,
+    "final_norm": True,
+    "patch_bias": True,
+    "pool_include_prefix": False,
+    "qk_norm": False,
+    "scale_attn_norm": False,
+    "scale_mlp_norm": False,
+    "proj_bias": True,
+    "act_layer": "gelu",
+    "norm_layer": "layernorm",
+    "mlp_layer": "mlp",
+    "res_post_norm": False,
+}
+
 # Block options that nn.TransformerEncoderLayer cannot express (encoder='torch'), with their
 # defaults: the paper's block.
 _NATIVE_BLOCK_DEFAULTS = {
@@ -394,6 +412,15 @@ class ViTConfig:
         if self.fc_norm is not None:
             return self.fc_norm
         return self.global_pool in ("avg", "avgmax", "max")
+
+    def family_options(self) -> list[str]:
+        """The options beyond the paper's ViT and DeiT that this config sets, as 'name=value':
+        exporters to libraries that lack them refuse these by name."""
+        return [
+            f"{name}={getattr(self, name)!r}"
+            for name, default in _FAMILY_DEFAULTS.items()
+            if getattr(self, name) != default
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (pairs become lists)."""

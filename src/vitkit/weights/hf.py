@@ -241,6 +241,8 @@ def _check_hf_compatible(config: ViTConfig) -> None:
         problems.append("qk_scale=None")
     if config.conv_stem:
         problems.append("no conv_stem")
+    if config.family_options():
+        problems.append("the paper's layers (not " + ", ".join(config.family_options()) + ")")
     if problems:
         raise ValueError(
             "Hugging Face's ViT cannot express this model; it needs " + ", ".join(problems)

@@ -10,6 +10,7 @@ unfold patch embedding as the convolution.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -20,6 +21,8 @@ from ..model import ViTConfig, get_config
 from ..model.pos_embed import fixed_pos_embed
 from ..model.torch_encoder import torch_to_native_state_dict
 from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
+
+log = logging.getLogger(__name__)
 
 # What a timm model name tells and its weights do not: the `ViTConfig` fields `arch=` supplies.
 ARCH_FIELDS = (
@@ -65,6 +68,13 @@ def from_timm(
     if any(k.startswith("blocks.layers.") for k in sd):  # vitkit encoder='torch' weights
         sd = torch_to_native_state_dict(sd)
     options = arch_options(arch) if arch is not None else {}
+    if arch is None:
+        log.info(
+            "timm weights without arch=: assuming exact GELU, pre-norm blocks and the norm "
+            "epsilon %s (the weights do not record them); pass arch='<timm model name>' to "
+            "take them from the name",
+            overrides.get("norm_eps", 1e-6),
+        )
     if num_heads is not None:
         options["num_heads"] = num_heads
     config = infer_config(sd, **{**options, **overrides})
