@@ -149,15 +149,10 @@ _FAMILY_DEFAULTS = {
 # Block options that nn.TransformerEncoderLayer cannot express (encoder='torch'), with their
 # defaults: the paper's block.
 _NATIVE_BLOCK_DEFAULTS = {
-    "qk_norm": False,
-    "scale_attn_norm": False,
-    "scale_mlp_norm": False,
-    "proj_bias": True,
-    "act_layer": "gelu",
-    "norm_layer": "layernorm",
-    "mlp_layer": "mlp",
-    "res_post_norm": False,
-}
+    name: _FAMILY_DEFAULTS[name]
+    for name in ("qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "act_layer",
+                 "norm_layer", "mlp_layer", "res_post_norm")
+}  # fmt: skip
 
 
 # Upper bounds of the sizes, far above any published ViT (ViT-22B: width 6144, depth 48), so
