@@ -204,3 +204,19 @@ def test_family_sizes_have_timms_parameters(name):
 @pytest.mark.parametrize("name", sorted(_NAMES))
 def test_every_family_name_has_timms_parameters(name):
     _same_as_timm(name)
+
+
+def test_intermediates_with_registers_and_norm_pre_equal_timms():
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    model = randomized(reg_tokens=2, pre_norm=True, patch_bias=False, norm_eps=1e-5)
+    source = convert.source_model("timm", model.config, convert.to_timm(model))
+    assert isinstance(source, timm.models.vision_transformer.VisionTransformer)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = model.forward_intermediates(x, [0, 1], return_prefix_tokens=True, norm=True)
+        theirs = source.forward_intermediates(x, [0, 1], return_prefix_tokens=True, norm=True)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-5)
+    for (maps, prefix), (their_maps, their_prefix) in zip(ours[1], theirs[1]):
+        assert prefix.shape == (2, 3, 64) and maps.shape == (2, 64, 4, 4)
+        torch.testing.assert_close(maps, their_maps, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(prefix, their_prefix, atol=1e-5, rtol=1e-5)

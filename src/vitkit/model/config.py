@@ -205,7 +205,8 @@ class ViTConfig:
         embed_norm: LayerNorm after the patch projection.
         encoder: 'native' blocks or 'torch' (nn.TransformerEncoderLayer).
         dynamic_img_size: accept other input sizes, resampling the position grid.
-        init_values: LayerScale init; None disables LayerScale.
+        init_values: LayerScale init; None disables LayerScale. With `res_post_norm` the
+            blocks have no LayerScale and it is the initial scale of their norms (as timm).
         distilled: add DeiT's distillation token and head.
         token_init: 'trunc_normal' (std 0.02) or 'zeros' for class token and learned positions.
         norm_eps: epsilon of every norm.
