@@ -149,7 +149,7 @@ def test_same_seed_gives_the_same_weights_after_training_steps():
 def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, value):
     """Each size has a declared range (`SIZE_LIMITS`); a value outside it is one error naming
     the range, raised by the config alone (no model, nothing allocated)."""
-    low, most = (0 if name == "num_classes" else 1), SIZE_LIMITS[name]
+    low, most = SIZE_LIMITS[name]
     # (a size below 1 meets `to_2tuple`'s check first, with its own wording)
     message = rf"^{name} must be (in \[{low}, {most:,}\]|a positive int).*, got \(?{value}"
     if low <= value <= most:

@@ -157,15 +157,15 @@ _NATIVE_BLOCK_DEFAULTS = {
 
 # Upper bounds of the sizes, far above any published ViT (ViT-22B: width 6144, depth 48), so
 # that a typo or a doctored file is refused at once instead of allocating for hours.
-SIZE_LIMITS = {
-    "img_size": 65536,
-    "patch_size": 65536,
-    "in_chans": 4096,
-    "num_classes": 10_000_000,
-    "embed_dim": 65536,
-    "depth": 1024,
-    "num_heads": 65536,
-    "reg_tokens": 4096,
+SIZE_LIMITS = {  # name: (least, most)
+    "img_size": (1, 65536),
+    "patch_size": (1, 65536),
+    "in_chans": (1, 4096),
+    "num_classes": (0, 10_000_000),
+    "embed_dim": (1, 65536),
+    "depth": (1, 1024),
+    "num_heads": (1, 65536),
+    "reg_tokens": (0, 4096),
 }
 MAX_MLP_WIDTH = 1 << 20
 MAX_PATCHES = 1 << 20
@@ -295,10 +295,9 @@ class ViTConfig:
         if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in stem):
             raise ValueError(f"conv_stem must be positive channel counts, got {self.conv_stem!r}")
         object.__setattr__(self, "conv_stem", stem)
-        for name, most in SIZE_LIMITS.items():
+        for name, (low, most) in SIZE_LIMITS.items():
             value = getattr(self, name)
             sides = value if isinstance(value, tuple) else (value,)
-            low = 0 if name in ("num_classes", "reg_tokens") else 1
             if not all(low <= side <= most for side in sides):
                 raise ValueError(f"{name} must be in [{low}, {most:,}], got {value}")
         for name in ("mlp_ratio", "qk_scale", "norm_eps"):
@@ -333,10 +332,9 @@ class ViTConfig:
                 f"img_size {self.img_size} in patches of {self.patch_size} makes {patches:,} "
                 f"patches; the most is {MAX_PATCHES:,}: use larger patches or a smaller image"
             )
-        if any(channels > SIZE_LIMITS["embed_dim"] for channels in stem):
-            raise ValueError(
-                f"conv_stem channels must be <= {SIZE_LIMITS['embed_dim']:,}, got {stem}"
-            )
+        widest = SIZE_LIMITS["embed_dim"][1]
+        if any(channels > widest for channels in stem):
+            raise ValueError(f"conv_stem channels must be <= {widest:,}, got {stem}")
         for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
