@@ -206,3 +206,19 @@ def test_position_grid_resampling_as_hugging_face_and_torchvision_do():
     torch.testing.assert_close(model.pos_embed.detach(), expected, **TOL)
     with pytest.raises(ValueError, match="unknown pos_resample 'jax'; expected one of timm"):
         vitkit.load_pretrained(source.state_dict(), img_size=48, pos_resample="jax", num_heads=4)
+
+
+def test_no_embed_class_weights_resample_to_another_size_as_timm():
+    """DeiT III keeps its class token off the position grid (no_embed_class): the grid alone
+    is resampled, as timm's checkpoint_filter_fn does."""
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    options = dict(pretrained=False, depth=2, img_size=32, patch_size=8)
+    source = randomize(timm.create_model("deit3_small_patch16_224", **options))
+    model = vitkit.load_pretrained(source.state_dict(), img_size=48, arch="deit3_small_patch16_224")
+    big = timm.create_model("deit3_small_patch16_224", **{**options, "img_size": 48}).eval()
+    big.load_state_dict(checkpoint_filter_fn(source.state_dict(), big))
+    x = images(48, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), big(x), **TOL)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import VisionTransformer, ViTConfig
+from ..model import VisionTransformer, ViTConfig, list_models
 from ..model.config import to_2tuple
 from ..model.pos_embed import resample_pos_embed
 from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
@@ -83,9 +83,12 @@ def load_pretrained(
     if format == "hf" and folder_config is not None and folder_config.is_file():
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
     if format == "timm" and folder_config is not None and folder_config.is_file():
-        model_args = read_json_object(folder_config).get("model_args")  # a timm Hub folder
+        hub = read_json_object(folder_config)  # a timm Hub folder
+        model_args = hub.get("model_args")
         if isinstance(model_args, Mapping) and "num_heads" in model_args:
             convert_options.setdefault("num_heads", model_args["num_heads"])
+        if hub.get("architecture") in list_models():  # what the weights cannot show
+            convert_options.setdefault("arch", hub["architecture"])
     if model is not None and format != "jax":  # the given model knows its head count
         convert_options.setdefault("num_heads", model.config.num_heads)
     if source_config is None:
@@ -177,7 +180,7 @@ def adapt_state_dict(
             state_dict["pos_embed"],
             new_size=new_grid,
             old_size=old_grid,
-            num_prefix_tokens=source.num_prefix_tokens,
+            num_prefix_tokens=source.pos_prefix_tokens,  # no_embed_class: none on the grid
             **POS_RESAMPLE_MODES[pos_resample],
         )
     return state_dict
