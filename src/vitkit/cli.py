@@ -110,23 +110,33 @@ def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
     return saved.replace(**taken)
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _run_config(
+    args: argparse.Namespace, name_of: Callable[[str], str | None] = lambda data: None
+) -> tuple[TrainConfig, Path]:
+    """The settings and folder of a `train` / `pretrain` run: the saved settings on --resume,
+    else the options over --config over the recipe. Without --out the folder is
+    `runs/<--name>`, else `runs/<name_of(data)>`, else `runs/<data>-<model>`, the same
+    whether the run starts or resumes."""
     given = given_options(args)
     if args.resume:
-        if args.config:
-            raise UserError(
-                "--config starts a new run from a settings file; --resume continues with the "
-                "settings in the run's config.json: drop one of them"
-            )
         data = given.get("data", TrainConfig.data)
         model = given.get("model") or default_model(data)
-        out = Path(args.out) if args.out else default_out(data, model, args.name)
-        config = _resumed_config(out, given)
     else:
-        source = f"--config {args.config}"
-        values = read_settings(args.config, source=source) if args.config else {}
+        settings = getattr(args, "config", None)
+        values = read_settings(settings, source=f"--config {settings}") if settings else {}
         config = resolve_config(given, values)
-        out = Path(args.out) if args.out else default_out(config.data, config.model, args.name)
+        data, model = config.data, config.model
+    out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
+    return (_resumed_config(out, given) if args.resume else config), out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    if args.resume and args.config:
+        raise UserError(
+            "--config starts a new run from a settings file; --resume continues with the "
+            "settings in the run's config.json: drop one of them"
+        )
+    config, out = _run_config(args)
     outcome = run_training(
         config,
         out,
@@ -148,21 +158,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     from .train.pretrain import ENCODER, run_pretraining
 
-    given = given_options(args)
-    if args.resume:
-        data = given.get("data", TrainConfig.data)
-        model = given.get("model") or default_model(data)
-        out = Path(args.out) if args.out else default_out(data, model, args.name or None)
-        config = _resumed_config(out, given)
-    else:
-        config = resolve_config(given, {})
-        out = (
-            Path(args.out)
-            if args.out
-            else default_out(
-                config.data, config.model, args.name or f"mae-{Path(config.data).name}"
-            )
-        )
+    config, out = _run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
     history = run_pretraining(
         config, out, resume=args.resume, overwrite=args.overwrite,
         progress=_progress(not args.no_progress),

@@ -51,3 +51,13 @@ def test_pretrain_refuses_fine_tuning_options(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "--layer-decay, --freeze tune or distil a classifier; MAE pretraining" in err
+
+
+def test_pretrain_resumes_in_its_default_folder(tmp_path, monkeypatch, capsys):
+    """Without --out, a run and its --resume use the same folder, runs/mae-<data>."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["pretrain", "--epochs", "1", *TINY, *MAE]) == 0, capsys.readouterr().err
+    resume = ["pretrain", "--resume", "--epochs", "2", "--no-progress"]
+    assert cli.main(resume) == 0, capsys.readouterr().err
+    rows = (tmp_path / "runs" / "mae-digits" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["epoch"] for row in rows] == [1, 2]
