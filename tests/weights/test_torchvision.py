@@ -9,6 +9,7 @@ from _parity import TOL, images, randomize
 
 import vitkit
 from vitkit import CheckpointError, convert
+from vitkit.weights.reference import source_model
 
 
 def test_torchvision_small_parity():
@@ -61,3 +62,121 @@ def test_torchvision_representation_layer_is_reported():
     )
     with pytest.raises(CheckpointError, match=r"representation layer is not supported"):
         convert.from_torchvision(source.state_dict())
+
+
+# -- the conv stem (`conv_stem_configs`, Xiao et al. 2021) -----------------------------------
+
+
+def _stem_vit(*stem, **kwargs) -> torch.nn.Module:
+    """A small torchvision ViT with a conv stem, random weights and BatchNorm statistics."""
+    from torchvision.models.vision_transformer import VisionTransformer as TVViT
+
+    torch.manual_seed(0)
+    args = dict(image_size=32, patch_size=4, num_layers=2, num_heads=4, hidden_dim=64)
+    model = TVViT(**{**args, "mlp_dim": 128, "num_classes": 7, **kwargs}, conv_stem_configs=stem)
+    randomize(model)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.copy_(torch.rand(module.num_features, generator=gen) - 0.5)
+                module.running_var.copy_(torch.rand(module.num_features, generator=gen) + 0.5)
+                module.num_batches_tracked.fill_(123)
+    return model.eval()
+
+
+def test_torchvision_conv_stem_parity_and_round_trip(tmp_path):
+    pytest.importorskip("torchvision", reason="torchvision not installed")
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    source = _stem_vit(ConvStemConfig(16, 3, 2), ConvStemConfig(32, 3, 2))
+    tv_sd = source.state_dict()
+    sd, config = convert.from_torchvision(tv_sd, num_heads=4)
+    assert (config.conv_stem, config.patch_size, config.img_size) == ((16, 32), 1, 32)
+    assert (config.in_chans, config.embed_dim, config.num_classes) == (3, 64, 7)
+    for theirs, ours in [
+        ("conv_proj.conv_bn_relu_1.0.weight", "patch_embed.backbone.3.weight"),
+        ("conv_proj.conv_bn_relu_1.1.running_mean", "patch_embed.backbone.4.running_mean"),
+        ("conv_proj.conv_bn_relu_1.1.running_var", "patch_embed.backbone.4.running_var"),
+        ("conv_proj.conv_bn_relu_0.1.num_batches_tracked",
+         "patch_embed.backbone.1.num_batches_tracked"),
+        ("conv_proj.conv_last.bias", "patch_embed.proj.bias"),
+    ]:  # fmt: skip
+        assert torch.equal(sd[ours], tv_sd[theirs]), ours
+    torch.save(tv_sd, tmp_path / "tv_stem.pth")  # a file: the format is told from its keys
+    model = vitkit.load_pretrained(tmp_path / "tv_stem.pth", num_heads=4)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), **TOL)  # 1e-5, see _parity.TOL
+    # torchvision_kwargs builds the same torchvision model: the original weights load into it.
+    rebuilt = source_model("torchvision", model.config, tv_sd)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), source(x), rtol=0, atol=0)
+
+
+def test_torchvision_conv_stem_other_than_vitkits_is_refused():
+    pytest.importorskip("torchvision", reason="torchvision not installed")
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    bn = torch.nn.BatchNorm2d
+    cases = {
+        r"layer 1 has a 5x5 kernel; vitkit's conv_stem is 3x3 stride-2 convolutions": (
+            ConvStemConfig(16, 3, 2), ConvStemConfig(32, 5, 2, bn)
+        ),
+        r"layer 0 has a convolution bias and no norm \(norm_layer=None\)": (
+            ConvStemConfig(16, 3, 2, None),
+        ),
+        r"layer 0 has a norm without running statistics \(not BatchNorm\)": (
+            ConvStemConfig(16, 3, 2, lambda c: torch.nn.GroupNorm(4, c)),
+        ),
+        r"layer 0 has weights vitkit's stem lacks \(conv_proj.conv_bn_relu_0.2.weight: ": (
+            ConvStemConfig(16, 3, 2, bn, lambda inplace: torch.nn.PReLU()),
+        ),
+    }  # fmt: skip
+    for message, stem in cases.items():
+        patch = 2 ** len(stem)
+        with pytest.raises(CheckpointError, match=message):
+            convert.from_torchvision(_stem_vit(*stem, patch_size=patch).state_dict(), num_heads=4)
+
+
+def test_torchvision_kwargs_of_a_conv_stem_model():
+    pytest.importorskip("torchvision", reason="torchvision not installed")
+    stem = dict(conv_stem=(8, 16), patch_size=1, embed_dim=32, depth=1, num_heads=2)
+    kwargs = convert.torchvision_kwargs(vitkit.ViTConfig(img_size=32, **stem))
+    assert (kwargs["image_size"], kwargs["patch_size"]) == (32, 4)  # 2 stride-2 layers
+    assert [tuple(c[:3]) for c in kwargs["conv_stem_configs"]] == [(8, 3, 2), (16, 3, 2)]
+    assert [c.norm_layer for c in kwargs["conv_stem_configs"]] == [torch.nn.BatchNorm2d] * 2
+    with pytest.raises(
+        ValueError, match=r"needs img_size divisible by 4 .*not 30; use img_size=28"
+    ):
+        convert.torchvision_kwargs(vitkit.ViTConfig(img_size=30, **stem))
+    with pytest.raises(ValueError, match=r"no conv stem followed by 2x2 patches"):
+        convert.torchvision_kwargs(vitkit.ViTConfig(img_size=32, **{**stem, "patch_size": 2}))
+    with pytest.raises(ValueError, match=r"takes 3-channel images; it needs in_chans=3, not 1"):
+        convert.torchvision_kwargs(vitkit.ViTConfig(img_size=32, in_chans=1, **stem))
+
+
+def test_train_pretrained_on_a_torchvision_conv_stem_file(tmp_path, capsys):
+    pytest.importorskip("torchvision", reason="torchvision not installed")
+    from PIL import Image
+    from torchvision.models.vision_transformer import ConvStemConfig
+
+    from vitkit import cli
+
+    torch.save(_stem_vit(ConvStemConfig(16, 3, 2), ConvStemConfig(32, 3, 2)).state_dict(),
+               tmp_path / "tv.pth")  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    for name in ("cat", "dog"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = torch.randint(0, 256, (36, 40, 3), dtype=torch.uint8, generator=gen).numpy()
+            Image.fromarray(pixels).save(tmp_path / "data" / name / f"{i}.png")
+    argv = ["train", "--pretrained", str(tmp_path / "tv.pth"), "--data", str(tmp_path / "data")]
+    argv += ["--img-size", "48", "--model-opt", "num_heads=4", "--epochs", "1"]
+    argv += ["--batch-size", "4", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    model = vitkit.load(tmp_path / "run" / "model.safetensors")
+    assert (model.config.conv_stem, model.config.patch_size, model.config.num_classes) == (
+        (16, 32), 1, 2
+    )  # fmt: skip
+    assert model.pos_embed.shape == (1, 1 + 12 * 12, 64)  # 8x8 grid resampled: 48 -> 24 -> 12

@@ -6,10 +6,21 @@ torchvision keeps the patch projection in `conv_proj`, the blocks in
 `in_proj_weight` is vitkit's `qkv`), the final norm in `encoder.ln` and the classifier in
 `heads.head`. Its LayerNorms use eps 1e-6 and exact GELU, as vitkit's do; the head count is not
 in the weights (see `layout.py`).
+
+A conv stem (`conv_stem_configs`, the convolutional stem of Xiao et al., "Early Convolutions
+Help Transformers See Better", 2021) is `conv_proj.conv_bn_relu_N` (`Conv2dNormActivation`:
+a convolution without bias, BatchNorm, activation) then the 1x1 `conv_proj.conv_last`. It is
+vitkit's `conv_stem` (`patch_embed.backbone`) followed by a patch projection of patch size 1
+when every layer is a 3x3 convolution with BatchNorm. The weights show the channels, the kernel
+size and the norm's parameters, not the stride, the BatchNorm eps or the activation: those are
+taken to be stride 2, eps 1e-5 and ReLU (`ConvStemConfig`'s defaults with `kernel_size=3,
+stride=2`), the only stem vitkit has; a stem of other strides loads without error but computes
+another function.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +54,16 @@ _TV_BLOCK = {
 }
 
 
+# `conv_proj.conv_bn_relu_{layer}.{module}.{name}`: module 0 the convolution, 1 the norm.
+_TV_STEM = re.compile(r"conv_proj\.conv_bn_relu_(\d+)\.(\d+)\.(.+)")
+_TV_STEM_LAST = {
+    "conv_proj.conv_last.weight": "patch_embed.proj.weight",
+    "conv_proj.conv_last.bias": "patch_embed.proj.bias",
+}
+# vitkit's `ConvStem` holds conv, BatchNorm, ReLU per layer: conv `3 * layer`, norm `3 * layer + 1`.
+_STEM_NORM_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
 def _tv_block_name(name: str) -> str | None:
     for theirs, ours in _TV_BLOCK.items():
         if name == theirs or name.startswith(theirs + "."):
@@ -54,14 +75,20 @@ def from_torchvision(
     state_dict: Mapping[str, Tensor], *, num_heads: int | None = None, **overrides: Any
 ) -> tuple[dict[str, Tensor], ViTConfig]:
     """A torchvision `vit_b_16`-style state dict (`conv_proj`, `encoder.layers.encoder_layer_N`,
-    `heads.head`). torchvision's LayerNorms use eps 1e-6 and exact GELU, as vitkit's do;
-    heads are guessed as described in the module doc unless given."""
+    `heads.head`), with or without a conv stem (`conv_proj.conv_bn_relu_N`, see the module
+    doc). torchvision's LayerNorms use eps 1e-6 and exact GELU, as vitkit's do; heads are
+    guessed as described in the module doc unless given."""
     out: dict[str, Tensor] = {}
+    stem: dict[str, Tensor] = {}
     rest = {}
     block = re.compile(r"encoder\.layers\.encoder_layer_(\d+)\.(.+)")
     for key, value in state_dict.items():
         if key in _TV_TOP:
             out[_TV_TOP[key]] = value
+        elif key in _TV_STEM_LAST:
+            out[_TV_STEM_LAST[key]] = value
+        elif _TV_STEM.fullmatch(key):
+            stem[key] = value
         elif (match := block.fullmatch(key)) and (name := _tv_block_name(match[2])):
             out[f"blocks.{match[1]}.{name}"] = value
         else:
@@ -75,19 +102,125 @@ def from_torchvision(
         raise CheckpointError(
             f"torchvision weights not understood: {', '.join(sorted(rest)[:5])}{hint}"
         )
-    config = infer_config(out, num_heads=num_heads, **{"norm_eps": 1e-6, **overrides})
+    options: dict[str, Any] = {"norm_eps": 1e-6}
+    if stem or any(key in state_dict for key in _TV_STEM_LAST):
+        channels, in_chans = _convert_stem(stem, out)
+        options.update(conv_stem=channels, in_chans=in_chans)
+        if "img_size" not in overrides and (side := _square_grid(out)) is not None:
+            options["img_size"] = side * 2 ** len(channels)  # each layer halves the image
+    config = infer_config(out, num_heads=num_heads, **{**options, **overrides})
     check_state_dict(out, config, "torchvision")
     return out, config
 
 
+def _convert_stem(
+    stem: Mapping[str, Tensor], out: dict[str, Tensor]
+) -> tuple[tuple[int, ...], int]:
+    """Move the conv stem's weights into `out` (vitkit's `patch_embed.backbone`); (channels,
+    input channels). Refuses, naming the difference, a stem vitkit's 3x3 conv + BatchNorm + ReLU
+    layers cannot hold."""
+    fix = "vitkit's conv_stem is 3x3 stride-2 convolutions without bias, BatchNorm and ReLU"
+    layers = sorted({int(_TV_STEM.fullmatch(k)[1]) for k in stem})
+    if not layers:
+        raise CheckpointError(
+            "torchvision weights have a 1x1 conv_proj.conv_last but no conv_proj.conv_bn_relu_N "
+            f"layers; {fix}, at least one"
+        )
+    if layers != list(range(len(layers))):
+        raise CheckpointError(
+            f"torchvision conv stem layers {layers} are not numbered 0 to {len(layers) - 1}; "
+            "pass the whole state dict"
+        )
+    channels: list[int] = []
+    in_chans = 0
+    for layer in layers:
+        prefix = f"conv_proj.conv_bn_relu_{layer}."
+        weight = stem.get(prefix + "0.weight")
+        if weight is None or weight.ndim != 4:
+            raise CheckpointError(f"torchvision conv stem layer {layer} has no convolution; {fix}")
+        kernel = tuple(weight.shape[2:])
+        if kernel != (3, 3):
+            raise CheckpointError(
+                f"torchvision conv stem layer {layer} has a {kernel[0]}x{kernel[1]} kernel; {fix}"
+            )
+        if prefix + "0.bias" in stem:
+            raise CheckpointError(
+                f"torchvision conv stem layer {layer} has a convolution bias and no norm "
+                f"(norm_layer=None); {fix}"
+            )
+        norm = {
+            name: stem[prefix + "1." + name]
+            for name in _STEM_NORM_KEYS
+            if prefix + "1." + name in stem
+        }
+        if "running_var" not in norm or "weight" not in norm:
+            what = "a norm without running statistics (not BatchNorm)" if norm else "no norm"
+            raise CheckpointError(f"torchvision conv stem layer {layer} has {what}; {fix}")
+        known = {prefix + "0.weight"} | {prefix + "1." + name for name in norm}
+        if other := sorted(set(k for k in stem if k.startswith(prefix)) - known):
+            raise CheckpointError(
+                f"torchvision conv stem layer {layer} has weights vitkit's stem lacks "
+                f"({', '.join(other)}: an activation or norm with parameters?); {fix}"
+            )
+        if layer and weight.shape[1] != channels[-1]:
+            raise CheckpointError(
+                f"torchvision conv stem layer {layer} takes {weight.shape[1]} channels but "
+                f"layer {layer - 1} gives {channels[-1]}; the weights are not one model"
+            )
+        in_chans = in_chans or weight.shape[1]
+        out[f"patch_embed.backbone.{3 * layer}.weight"] = weight
+        for name, value in norm.items():
+            out[f"patch_embed.backbone.{3 * layer + 1}.{name}"] = value
+        channels.append(weight.shape[0])
+    last = out.get("patch_embed.proj.weight")
+    if last is None or tuple(last.shape[2:]) != (1, 1):
+        raise CheckpointError(
+            "torchvision conv stem without a 1x1 conv_proj.conv_last; pass the whole state dict"
+        )
+    return tuple(channels), in_chans
+
+
+def _square_grid(out: Mapping[str, Tensor]) -> int | None:
+    """The side of the square token grid of the position embedding (after the class token)."""
+    if "pos_embed" not in out:
+        return None
+    tokens = out["pos_embed"].shape[1] - 1
+    side = math.isqrt(max(tokens, 0))
+    return side if side * side == tokens else None
+
+
 def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments for torchvision's `VisionTransformer` of the same architecture (square
-    images and patches, class token, token pooling, eps 1e-6 only)."""
+    images and patches, class token, token pooling, eps 1e-6 only). A conv stem becomes
+    `conv_stem_configs` (3x3, stride 2, BatchNorm, ReLU; torchvision is imported for its
+    `ConvStemConfig`), whose 1x1 `conv_last` is vitkit's projection of patch size 1."""
     size, patch = config.img_size, config.patch_size
     if not isinstance(size, int) or not isinstance(patch, int):
         raise ValueError("torchvision's ViT needs int img_size and patch_size")
+    if config.in_chans != 3:
+        raise ValueError(
+            f"torchvision's ViT takes 3-channel images; it needs in_chans=3, not {config.in_chans}"
+        )
+    kwargs: dict[str, Any] = {}
     if config.conv_stem:
-        raise ValueError("torchvision's ViT has no conv stem; it needs conv_stem=()")
+        if patch != 1:
+            raise ValueError(
+                f"torchvision's ViT has no conv stem followed by {patch}x{patch} patches (its "
+                "stem ends in a 1x1 convolution); it needs patch_size=1 or conv_stem=()"
+            )
+        reduction = 2 ** len(config.conv_stem)
+        if size % reduction:
+            raise ValueError(
+                f"torchvision's conv stem needs img_size divisible by {reduction} (2 per stem "
+                f"layer), not {size}; use img_size={size // reduction * reduction or reduction}"
+            )
+        from torchvision.models.vision_transformer import ConvStemConfig
+
+        patch = reduction  # torchvision's patch_size is the stem's total stride
+        kwargs["conv_stem_configs"] = [
+            ConvStemConfig(out_channels=channels, kernel_size=3, stride=2)
+            for channels in config.conv_stem
+        ]
     return {
         "image_size": size,
         "patch_size": patch,
@@ -96,4 +229,5 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
         "hidden_dim": config.embed_dim,
         "mlp_dim": int(config.embed_dim * config.mlp_ratio),
         "num_classes": config.num_classes,
+        **kwargs,
     }
