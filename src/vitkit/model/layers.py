@@ -197,7 +197,9 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Return patch tokens (B, N, D) and the patch grid (rows, columns)."""
-        self.check_input(x)
+        if not torch.jit.is_scripting():  # Python checks: not compiled by TorchScript,
+            if not isinstance(x, torch.fx.Proxy):  # nor traced by torch.fx
+                self.check_input(x)
         if self.dynamic_img_pad:  # pad right and bottom to whole patches, as timm
             pad_h = -x.shape[-2] % self.patch_size[0]
             pad_w = -x.shape[-1] % self.patch_size[1]
@@ -261,7 +263,8 @@ class Attention(nn.Module):
         batch, tokens, _ = qkv.shape
         qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, heads, N, head_dim)
-        return qkv.unbind(0)
+        q, k, v = qkv.unbind(0)
+        return q, k, v
 
     @staticmethod
     def merge_heads(x: Tensor) -> Tensor:

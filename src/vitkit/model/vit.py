@@ -35,6 +35,8 @@ from .layers import AttentionPool, Block, LayerScale, PatchEmbed, ResPostBlock, 
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
+_NEEDS_PLAIN = "{tool} needs the plain modules; call model.set_fast_path(False) first"
+
 
 @torch.no_grad()
 def trunc_normal_(tensor: Tensor, std: float = 0.02) -> Tensor:
@@ -54,6 +56,8 @@ class VisionTransformer(nn.Module):
     The options are `ViTConfig`'s fields (names as in timm); state-dict keys follow timm's
     (`patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv`, `norm`, `head`, ...).
     """
+
+    __jit_unused_properties__ = ["learned_pos_embed"]  # Python-side only, read `config`
 
     def __init__(self, config: ViTConfig | None = None, /, **options: Any) -> None:
         super().__init__()
@@ -78,6 +82,11 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.num_reg_tokens = config.reg_tokens
         self.grad_checkpointing = False
+        # Plain attributes for the forward pass: TorchScript cannot read `config`.
+        self.no_embed_class = config.no_embed_class
+        self.pos_prefix_tokens = config.pos_prefix_tokens
+        self.pos_embed_kind = config.pos_embed
+        self.pool_include_prefix = config.pool_include_prefix
         norm = config.norm_layer, dim, config.norm_eps
 
         self.patch_embed = PatchEmbed(
@@ -215,7 +224,7 @@ class VisionTransformer(nn.Module):
 
     @property
     def learned_pos_embed(self) -> nn.Parameter | None:
-        return self.pos_embed if isinstance(self.pos_embed, nn.Parameter) else None
+        return self.pos_embed if self.config.pos_embed == "learn" else None
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names AdamW must not decay (biases and norms are left to the optimiser's
@@ -236,6 +245,16 @@ class VisionTransformer(nn.Module):
         modules stay. `encoder='torch'` layers follow `torch.backends.mha.set_fastpath_enabled`
         instead."""
         return onednn.enable_fast_path(self, enable)
+
+    def fast_path_in_use(self) -> bool:
+        """Whether any block runs the CPU fast path (`set_fast_path`)."""
+        return any(isinstance(m, onednn.OneDNNBlock) for m in self.blocks.modules())
+
+    def __prepare_scriptable__(self) -> VisionTransformer:
+        """Called by `torch.jit.script`: the fast path's modules are Python-only."""
+        if self.fast_path_in_use():
+            raise ValueError(_NEEDS_PLAIN.format(tool="torch.jit.script"))
+        return self
 
     def get_classifier(self) -> nn.Module:
         """The classification head (timm's API)."""
@@ -273,61 +292,94 @@ class VisionTransformer(nn.Module):
         """The position embedding for a patch grid: the stored one at the native grid, else
         the learned grid resampled (bicubic) or the fixed table recomputed.
 
-        A symbolic grid (torch.export / ONNX export with dynamic sizes) is never compared with
-        the native one, which would bake the native size into the graph; resampling to the
-        native grid is the identity."""
-        static = all(isinstance(side, int) for side in grid)
-        if self.pos_embed is None or (static and grid == self.patch_embed.grid_size):
+        A model without `dynamic_img_size` only takes its native size (the patch embedding
+        checks it), so it uses the stored table as it is: no comparison for TorchScript or
+        torch.fx to trip on. A symbolic grid (torch.export / ONNX export with dynamic sizes)
+        is never compared with the native one, which would bake the native size into the
+        graph; resampling to the native grid is the identity."""
+        if self.pos_embed is None or not self.patch_embed.dynamic_img_size:
             return self.pos_embed
-        prefix = self.config.pos_prefix_tokens
-        if self.learned_pos_embed is not None:
-            return resample_pos_embed(
-                self.pos_embed,
-                new_size=grid,
-                old_size=self.patch_embed.grid_size,
-                num_prefix_tokens=prefix,
-            )
-        table = fixed_pos_embed(self.config.pos_embed, grid, self.embed_dim, prefix)
-        return table.to(self.pos_embed)
+        if torch.jit.is_scripting():  # resampling is Python-side; a scripted model stays native
+            if grid != self.patch_embed.grid_size:
+                raise ValueError(
+                    "a TorchScript model takes its img_size only; resize the input, or script "
+                    "a model built at this size"
+                )
+            return self.pos_embed
+        else:
+            symbolic = not all(isinstance(side, int) for side in grid)
+            if not symbolic and grid == self.patch_embed.grid_size:
+                return self.pos_embed
+            if self.pos_embed_kind == "learn":
+                return resample_pos_embed(
+                    self.pos_embed,
+                    new_size=grid,
+                    old_size=self.patch_embed.grid_size,
+                    num_prefix_tokens=self.pos_prefix_tokens,
+                )
+            kind, prefix = self.pos_embed_kind, self.pos_prefix_tokens
+            return fixed_pos_embed(kind, grid, self.embed_dim, prefix).to(self.pos_embed)
 
     def embed(self, x: Tensor) -> Tensor:
         """Image (B, C, H, W) -> tokens with positions (B, P + N, D), through `norm_pre`: what
         the first block receives."""
         x, grid = self.patch_embed(x)  # (B, N, D)
-        tokens = (self.cls_token, self.dist_token, self.reg_token)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
+        batch = x.shape[0]
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(batch, -1, -1))
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(batch, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(batch, -1, -1))
         pos_embed = self.position_embedding(grid)
-        if pos_embed is not None and self.config.no_embed_class:
+        if pos_embed is not None and self.no_embed_class:
             x = x + pos_embed  # (B, N, D): positions for the patches only
-        if prefix:
+        if len(prefix) > 0:
             x = torch.cat(prefix + [x], dim=1)  # (B, P + N, D)
-        if pos_embed is not None and not self.config.no_embed_class:
+        if pos_embed is not None and not self.no_embed_class:
             x = x + pos_embed
         return self.norm_pre(self.pos_drop(x))
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Tokens (B, P + N, D) through every block, checkpointed when that is on and
+        training."""
+        if not torch.jit.is_scripting():  # TorchScript has no activation checkpointing
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                for block in self.block_list():
+                    x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                return x
+        return self.blocks(x)
+
+    def block_list(self) -> list[nn.Module]:
+        """The encoder blocks in order (native blocks, or `nn.TransformerEncoderLayer`s)."""
+        return list(self.blocks.layers if self.config.encoder == "torch" else self.blocks)
 
     def forward_features(
         self, x: Tensor, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """All tokens after the final norm, (B, P + N, D); with `return_attention`, also each
         block's attention weights, a list of (B, heads, P + N, P + N)."""
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if return_attention:
+                return self.features_with_attention(x)
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
+        return self.norm(self.encode(self.embed(x)))
+
+    def features_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """`forward_features` and each block's attention weights (B, heads, P + N, P + N)."""
+        if self.config.encoder != "native":
+            raise ValueError(
+                "return_attention=True needs encoder='native'; nn.TransformerEncoderLayer "
+                "does not expose its attention weights"
+            )
         x = self.embed(x)
         attentions: list[Tensor] = []
-        if return_attention:
-            if self.config.encoder != "native":
-                raise ValueError(
-                    "return_attention=True needs encoder='native'; nn.TransformerEncoderLayer "
-                    "does not expose its attention weights"
-                )
-            for block in self.blocks:
-                x, weights = block.forward_with_weights(x)
-                attentions.append(weights)
-        elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
-            for block in self.blocks.layers if self.config.encoder == "torch" else self.blocks:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-        else:
-            x = self.blocks(x)
-        x = self.norm(x)
-        return (x, attentions) if return_attention else x
+        for block in self.blocks:
+            x, weights = block.forward_with_weights(x)
+            attentions.append(weights)
+        return self.norm(x), attentions
 
     def pool(self, x: Tensor) -> Tensor:
         """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`; with
@@ -336,9 +388,9 @@ class VisionTransformer(nn.Module):
             return self.fc_norm(x[:, 0])
         if self.global_pool == "none":
             return self.fc_norm(x)
-        if not self.config.pool_include_prefix:
+        if not self.pool_include_prefix:
             x = x[:, self.num_prefix_tokens :]  # (B, N, D)
-        if self.global_pool == "map":
+        if self.attn_pool is not None:
             x = self.attn_pool(x)
         elif self.global_pool == "avg":
             x = x.mean(dim=1)
@@ -365,7 +417,7 @@ class VisionTransformer(nn.Module):
         """DeiT training: logits of the class head and of the distillation head, separately."""
         if self.head_dist is None:
             raise ValueError("forward_distill needs a model built with distilled=True")
-        x = self.forward_features(x)
+        x = self.norm(self.encode(self.embed(x)))
         cls_logits = self.head(self.head_drop(self.pool(x)))
         dist_logits = self.head_dist(self.head_drop(self.fc_norm(x[:, 1])))
         return cls_logits, dist_logits
@@ -374,10 +426,17 @@ class VisionTransformer(nn.Module):
         self, x: Tensor, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits (B, num_classes); with `return_attention`, also every block's weights."""
-        if return_attention:
-            feats, attentions = self.forward_features(x, return_attention=True)
-            return self.forward_head(feats), attentions
-        return self.forward_head(self.forward_features(x))
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if isinstance(x, torch.fx.Proxy) and self.fast_path_in_use():
+                raise ValueError(_NEEDS_PLAIN.format(tool="torch.fx tracing"))
+            if isinstance(return_attention, torch.fx.Proxy):
+                return_attention = False  # torch.fx makes every argument a proxy: trace logits
+            if return_attention:
+                feats, attentions = self.features_with_attention(x)
+                return self.forward_head(feats), attentions
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
+        return self.forward_head(self.norm(self.encode(self.embed(x))))
 
     # -- intermediate features --------------------------------------------------------------
 
@@ -421,7 +480,7 @@ class VisionTransformer(nn.Module):
                 "stop_early=True skips the last blocks, so there are no final features; "
                 "pass intermediates_only=True with it"
             )
-        blocks = list(self.blocks.layers if self.config.encoder == "torch" else self.blocks)
+        blocks = self.block_list()
         take = take_indices(len(blocks), indices)
         if stop_early:
             blocks = blocks[: max(take) + 1]
