@@ -5,6 +5,7 @@
   big_vision's `posemb_sincos_2d`.
 - Resampling a learned grid to another resolution: Dosovitskiy et al. (2021), Section 3.2,
   "2D interpolation of the pre-trained position embeddings".
+- Resampling the patch embedding's kernel to another patch size: FlexiViT's PI-resize.
 """
 
 from __future__ import annotations
@@ -126,3 +127,27 @@ def resample_pos_embed(
     )
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos_embed.dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def resample_patch_embed(
+    weight: Tensor, new_size: tuple[int, int], interpolation: str = "bicubic"
+) -> Tensor:
+    """A patch-embedding kernel (D, C, h, w) for another patch size: FlexiViT's PI-resize
+    (Beyer et al. 2023, Section 3.4), as timm's `resample_patch_embed`.
+
+    With B the linear map that resizes an h x w patch to the new size, the new kernel is
+    pinv(B^T) applied to the old one, so that <resize(x), new kernel> = <x, old kernel>: the
+    token of a resized patch equals the old token of the original patch (exactly when
+    upsampling).
+    """
+    old_size = tuple(weight.shape[-2:])
+    if old_size == tuple(new_size):
+        return weight
+    old_area = old_size[0] * old_size[1]
+    basis = torch.eye(old_area, dtype=torch.float32).reshape(old_area, 1, *old_size)
+    resized = F.interpolate(basis, size=tuple(new_size), mode=interpolation, antialias=True)
+    resize = resized.reshape(old_area, -1).double()  # (h*w, h'*w'): row i = resize(e_i)
+    inverse = torch.linalg.pinv(resize)  # (h'*w', h*w): pinv(B^T)
+    kernels = weight.double().reshape(-1, old_area)  # (D*C, h*w)
+    new = kernels @ inverse.T  # (D*C, h'*w')
+    return new.reshape(*weight.shape[:2], *new_size).to(weight.dtype)  # (D, C, h', w')

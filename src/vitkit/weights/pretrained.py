@@ -14,13 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import VisionTransformer, ViTConfig, list_models
 from ..model.config import to_2tuple
-from ..model.pos_embed import resample_pos_embed
+from ..model.pos_embed import resample_patch_embed, resample_pos_embed
 from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
 from .checkpoint import (
     CheckpointError,
@@ -184,30 +182,6 @@ def adapt_state_dict(
             **POS_RESAMPLE_MODES[pos_resample],
         )
     return state_dict
-
-
-def resample_patch_embed(
-    weight: Tensor, new_size: tuple[int, int], interpolation: str = "bicubic"
-) -> Tensor:
-    """A patch-embedding kernel (D, C, h, w) for another patch size: FlexiViT's PI-resize
-    (Beyer et al. 2023, Section 3.4), as timm's `resample_patch_embed`.
-
-    With B the linear map that resizes an h x w patch to the new size, the new kernel is
-    pinv(B^T) applied to the old one, so that <resize(x), new kernel> = <x, old kernel>: the
-    token of a resized patch equals the old token of the original patch (exactly when
-    upsampling).
-    """
-    old_size = tuple(weight.shape[-2:])
-    if old_size == tuple(new_size):
-        return weight
-    old_area = old_size[0] * old_size[1]
-    basis = torch.eye(old_area, dtype=torch.float32).reshape(old_area, 1, *old_size)
-    resized = F.interpolate(basis, size=tuple(new_size), mode=interpolation, antialias=True)
-    resize = resized.reshape(old_area, -1).double()  # (h*w, h'*w'): row i = resize(e_i)
-    inverse = torch.linalg.pinv(resize)  # (h'*w', h*w): pinv(B^T)
-    kernels = weight.double().reshape(-1, old_area)  # (D*C, h*w)
-    new = kernels @ inverse.T  # (D*C, h'*w')
-    return new.reshape(*weight.shape[:2], *new_size).to(weight.dtype)  # (D, C, h', w')
 
 
 def _read(
