@@ -1,9 +1,11 @@
 """Which library a checkpoint comes from, its converter, and where a hub folder keeps it.
 
 The format is told from the key names: timm `vision_transformer.py` (and vitkit) name the
-patch projection `patch_embed.proj`, Hugging Face `modeling_vit.py`
-`embeddings.patch_embeddings.projection`, torchvision `vision_transformer.py` `conv_proj`, and
-the npz files of google-research/vision_transformer `embedding/kernel`.
+patch projection `patch_embed.proj`, Hugging Face `modeling_vit.py` and `modeling_dinov2.py`
+`embeddings.patch_embeddings.projection` (CLIP's and SigLIP's `embeddings.patch_embedding`),
+torchvision `vision_transformer.py` `conv_proj`, and the npz files of
+google-research/vision_transformer `embedding/kernel`. Hugging Face's families (ViT, DINOv2,
+CLIP, SigLIP) are one format, 'hf', whose converter tells them apart (`hf_families.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import Tensor
 
 from ..model import ViTConfig
 from .checkpoint import CheckpointError
-from .hf import from_hf
+from .hf_families import from_hf_any
 from .jax import from_jax
 from .timm import from_timm
 from .torchvision import from_torchvision
@@ -31,7 +33,7 @@ WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], ViTConfig]]] = {
     "timm": from_timm,
     "vitkit": from_timm,
-    "hf": from_hf,
+    "hf": from_hf_any,
     "torchvision": from_torchvision,
     "jax": from_jax,
 }
@@ -47,7 +49,11 @@ def detect_format(state_dict: Mapping[str, Any]) -> str:
         for k in keys
     ):
         return "torchvision"
-    if any("embeddings.patch_embeddings.projection" in k for k in keys):
+    if any(
+        "embeddings.patch_embeddings.projection" in k
+        or k.endswith("embeddings.patch_embedding.weight")
+        for k in keys
+    ):
         return "hf"
     if any(k.removeprefix("module.") == "patch_embed.proj.weight" for k in keys):
         return "timm"

@@ -77,7 +77,7 @@ def from_hf(
     The pooler (`ViTModel`'s tanh layer on the class token) and the masked-modelling token are
     dropped: classification does not use them.
     """
-    hf = _hf_config_dict(config)
+    hf = hf_config_dict(config)
     sd = dict(state_dict)
     head = {}
     for key in ("classifier.weight", "classifier.bias"):
@@ -107,11 +107,7 @@ def from_hf(
     if dropped:
         log.info("dropped Hugging Face weights with no vitkit counterpart: %s", ", ".join(dropped))
     if sd:
-        raise CheckpointError(
-            f"Hugging Face weights not understood: {', '.join(sorted(sd)[:5])}"
-            + (f", ... ({len(sd)} in all)" if len(sd) > 5 else "")
-            + "; only ViTModel / ViTForImageClassification weights are supported"
-        )
+        raise unknown_weights_error(sd, "ViTModel / ViTForImageClassification")
     out.update(head)
     cfg: dict[str, Any] = {"norm_eps": hf.get("layer_norm_eps", 1e-12)}
     if "num_attention_heads" in hf:
@@ -133,7 +129,9 @@ def from_hf(
     return out, config_out
 
 
-def _hf_config_dict(config: Any) -> dict[str, Any]:
+def hf_config_dict(config: Any) -> dict[str, Any]:
+    """A Hugging Face config (a `config.json` path, a dict or a transformers config) as a
+    dict; {} for None."""
     if config is None:
         return {}
     if isinstance(config, (str, os.PathLike)):
@@ -153,6 +151,17 @@ def _hf_config_dict(config: Any) -> dict[str, Any]:
     if hasattr(config, "to_dict"):
         return config.to_dict()
     return dict(config)
+
+
+def unknown_weights_error(keys: Mapping[str, Any], supported: str) -> CheckpointError:
+    """The one-line error for Hugging Face weights no rule maps: the first keys, and the models
+    that are read."""
+    names = sorted(keys)
+    return CheckpointError(
+        f"Hugging Face weights not understood: {', '.join(names[:5])}"
+        + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+        + f"; only {supported} weights are supported"
+    )
 
 
 def to_hf(

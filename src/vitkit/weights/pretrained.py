@@ -80,6 +80,8 @@ def load_pretrained(
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
         convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
+    if format == "hf" and (num_classes is not None or model is not None):
+        convert_options.setdefault("new_head", True)  # DINOv2's classifier gives way to it
     if format == "timm" and folder_config is not None and folder_config.is_file():
         hub = read_json_object(folder_config)  # a timm Hub folder
         model_args = hub.get("model_args")
