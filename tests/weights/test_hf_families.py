@@ -279,3 +279,36 @@ def test_detection_and_the_processor_data_config(tmp_path):
     assert data.input_size == (3, 32, 32) and data.crop_pct == 32 / 40
     assert data.crop_mode == "center" and data.interpolation == "bicubic"
     assert data.mean == tuple(processor.image_mean) and data.std == tuple(processor.image_std)
+
+
+def test_train_fine_tunes_from_a_dinov2_classifier_folder(tmp_path, capsys):
+    """`vitkit train --pretrained DIR` on a Dinov2WithRegistersForImageClassification folder:
+    the backbone loads under a new head for the data's classes, the patch grid is resampled
+    (the registers have no positions) and the processor's statistics are the run's."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit import cli
+
+    data = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog", "eel"):
+        (data / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(data / name / f"{i}.png")
+    config = transformers.Dinov2WithRegistersConfig(
+        **SMALL, mlp_ratio=2, num_register_tokens=2, num_labels=5
+    )
+    transformers.Dinov2WithRegistersForImageClassification(config).save_pretrained(tmp_path / "hf")
+    processor = transformers.BitImageProcessor(
+        size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}
+    )
+    processor.save_pretrained(tmp_path / "hf")
+    argv = ["train", "--pretrained", str(tmp_path / "hf"), "--data", str(data)]
+    argv += ["--img-size", "48", "--epochs", "1", "--batch-size", "8", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    model = vitkit.load(tmp_path / "run" / "model.safetensors")
+    assert (model.config.num_classes, model.config.reg_tokens) == (3, 2)
+    assert model.pos_embed.shape == (1, 6 * 6, 64)  # the 4x4 patch grid resampled to 6x6
+    assert model.data_config.mean == tuple(processor.image_mean)
