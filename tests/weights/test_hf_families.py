@@ -52,7 +52,6 @@ def check_parity(model, tokens, pooled, x):
 
 DINOV2 = {
     "plain": (transformers.Dinov2Model, dict(mlp_ratio=2)),
-    "swiglu": (transformers.Dinov2Model, dict(mlp_ratio=2, use_swiglu_ffn=True)),
     "registers": (transformers.Dinov2WithRegistersModel, dict(mlp_ratio=2, num_register_tokens=2)),
     "registers_swiglu": (
         transformers.Dinov2WithRegistersModel,
@@ -312,3 +311,27 @@ def test_train_fine_tunes_from_a_dinov2_classifier_folder(tmp_path, capsys):
     assert (model.config.num_classes, model.config.reg_tokens) == (3, 2)
     assert model.pos_embed.shape == (1, 6 * 6, 64)  # the 4x4 patch grid resampled to 6x6
     assert model.data_config.mean == tuple(processor.image_mean)
+
+
+@pytest.mark.parametrize("family", ["dinov2", "clip", "siglip"])
+def test_convert_command_checks_parity_against_transformers(family, tmp_path, capsys):
+    """`vitkit convert --from hf DIR` builds transformers' own model of the family for its
+    parity line: DINOv2 with registers and SwiGLU, a two-tower CLIPModel, SigLIP's MAP head."""
+    from vitkit import cli
+
+    vision = dict(**SMALL, intermediate_size=128)
+    if family == "dinov2":
+        config = transformers.Dinov2WithRegistersConfig(
+            **SMALL, mlp_ratio=2, num_register_tokens=2, use_swiglu_ffn=True
+        )
+        source = transformers.Dinov2WithRegistersModel(config)
+    elif family == "clip":
+        config = transformers.CLIPConfig(vision_config=vision, text_config=TEXT, projection_dim=16)
+        source = transformers.CLIPModel(config)
+    else:
+        source = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision))
+    scrambled(source).save_pretrained(tmp_path / "hf")
+    argv = ["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "vit.safetensors")]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert "parity vs transformers" in capsys.readouterr().out
+    assert (tmp_path / "vit.safetensors").is_file()

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..model import ViTConfig
+from ..model.config import to_2tuple
+from ..model.layers import mlp_hidden_width
 from .checkpoint import CheckpointError
 from .hf import from_hf, hf_config_dict, unknown_weights_error
 from .layout import check_state_dict, infer_config
@@ -301,6 +305,101 @@ def _siglip_layout(sd: dict[str, Tensor], new_head: bool) -> dict[str, Any]:
 
 
 _FAMILY_LAYOUT = {"dinov2": _dinov2_layout, "clip": _clip_layout, "siglip": _siglip_layout}
+
+
+# -- transformers' own model, for parity checks ----------------------------------------------
+
+
+def hf_family_model(config: ViTConfig, weights: Mapping[str, Tensor]) -> nn.Module:
+    """transformers' model of the DINOv2 / CLIP / SigLIP `weights` converted to `config`,
+    holding those weights (read by `from_pretrained`, which knows both key layouts), in eval
+    mode. Its forward returns what vitkit's model does with a head (logits, `image_embeds`),
+    else the final tokens (`last_hidden_state`). Raises ImportError without transformers."""
+    import transformers
+    from safetensors.torch import save_file
+
+    class_name, hf_config = _hf_model_config(hf_family(weights), config, transformers)
+    with tempfile.TemporaryDirectory() as folder:
+        hf_config.save_pretrained(folder)
+        tensors = {k: v.contiguous() for k, v in weights.items()}
+        save_file(tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+        model = getattr(transformers, class_name).from_pretrained(folder)
+    return _HFOutput(model, head=config.num_classes > 0).eval()
+
+
+def _hf_model_config(family: str, config: ViTConfig, transformers: Any) -> tuple[str, Any]:
+    """(transformers class name, its config) of the model `config` was converted from."""
+    height, width = to_2tuple(config.img_size, "img_size")
+    patch_h, patch_w = to_2tuple(config.patch_size, "patch_size")
+    if height != width or patch_h != patch_w:
+        raise ValueError(f"Hugging Face's {family} models take square images and patches")
+    hidden = mlp_hidden_width(config.mlp_layer, config.embed_dim, config.mlp_ratio)
+    act = {v: k for k, v in reversed(HF_ACTIVATIONS.items())}[config.act_layer]
+    common = {
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "image_size": height,
+        "patch_size": patch_h,
+        "layer_norm_eps": config.norm_eps,
+        "hidden_act": act,
+    }
+    if family == "dinov2":
+        swiglu = config.mlp_layer != "mlp"
+        dim = config.embed_dim
+        # HF's config holds an int mlp_ratio; its SwiGLU width is 2/3 of the MLP's, rounded up
+        # to a multiple of 8.
+        ratios = [
+            r
+            for r in range(1, 65)
+            if hidden == ((int(dim * r * 2 / 3) + 7) // 8 * 8 if swiglu else dim * r)
+        ]
+        if not ratios:
+            raise ValueError(f"no Hugging Face DINOv2 config has an MLP of width {hidden}")
+        ratio = ratios[0]
+        common.update(mlp_ratio=ratio, use_swiglu_ffn=swiglu, qkv_bias=config.qkv_bias)
+        if config.reg_tokens:
+            hf = transformers.Dinov2WithRegistersConfig(
+                **common, num_register_tokens=config.reg_tokens
+            )
+            return "Dinov2WithRegistersModel", hf
+        return "Dinov2Model", transformers.Dinov2Config(**common)
+    if family == "clip":
+        vision = transformers.CLIPVisionConfig(
+            **common, intermediate_size=hidden, projection_dim=config.num_classes or 512
+        )
+        if config.num_classes and config.global_pool == "avg":
+            hf = transformers.CLIPConfig(
+                vision_config=vision.to_dict(), num_labels=config.num_classes
+            )
+            return "CLIPForImageClassification", hf
+        return (
+            "CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"
+        ), vision
+    vision = transformers.SiglipVisionConfig(
+        **common, intermediate_size=hidden, vision_use_head=config.global_pool == "map"
+    )
+    if config.num_classes:
+        hf = transformers.SiglipConfig(
+            vision_config=vision.to_dict(), num_labels=config.num_classes
+        )
+        return "SiglipForImageClassification", hf
+    return "SiglipVisionModel", vision
+
+
+class _HFOutput(nn.Module):
+    """A transformers vision model whose forward returns one tensor, as vitkit's model."""
+
+    def __init__(self, inner: nn.Module, head: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.head = head
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.inner(pixel_values=x)
+        if not self.head:
+            return out.last_hidden_state
+        return out.logits if getattr(out, "logits", None) is not None else out.image_embeds
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The source library's own model holding the original weights, for parity checks: timm
 `vision_transformer.py` (also for the npz files of google-research/vision_transformer, read by
-timm's own npz loader), Hugging Face `modeling_vit.py` and torchvision `vision_transformer.py`.
+timm's own npz loader), Hugging Face `modeling_vit.py` (DINOv2, CLIP and SigLIP:
+`hf_families.hf_family_model`) and torchvision `vision_transformer.py`.
 
 `vitkit convert` and the parity tests run it beside the converted vitkit model on the same
 input. The libraries are optional extras (`pip install -e '.[interop]'`), so each is imported
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from ..model import ViTConfig
 from .detect import FORMATS
 from .hf import LAYOUTS, from_hf, to_hf, to_hf_config
+from .hf_families import hf_family, hf_family_model
 from .layout import strip_prefix
 from .timm import timm_kwargs
 from .torchvision import torchvision_kwargs
@@ -45,6 +47,8 @@ def source_model(format: str, config: ViTConfig, weights: Any) -> nn.Module:
         model = TVViT(**torchvision_kwargs(config))
         model.load_state_dict(weights, strict=True)
         return model.eval()
+    if format == "hf" and hf_family(weights) != "vit":  # DINOv2, CLIP, SigLIP
+        return hf_family_model(config, weights)
     if format == "hf":
         import transformers
 
