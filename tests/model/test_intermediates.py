@@ -188,9 +188,9 @@ def test_backbone_maps_and_info(img_size, patch):
     assert backbone.out_indices == [0, 2]
     assert backbone.channels == [16, 16]
     assert backbone.reductions == [patch, patch]
-    assert backbone.feature_info == [
-        {"num_chs": 16, "reduction": patch, "module": "blocks.0"},
-        {"num_chs": 16, "reduction": patch, "module": "blocks.2"},
+    assert backbone.feature_info.get_dicts() == [
+        {"num_chs": 16, "reduction": patch, "module": "blocks.0", "index": 0},
+        {"num_chs": 16, "reduction": patch, "module": "blocks.2", "index": 2},
     ]
     assert torch.equal(maps[0], to_map(ref[0][:, 1:], grid))
     assert torch.equal(maps[1], to_map(ref[2][:, 1:], grid))

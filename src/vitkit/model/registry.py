@@ -15,10 +15,12 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ViTConfig
+from .features import ViTBackbone
 from .vit import VisionTransformer
 
 # size name -> (embed_dim, depth, num_heads); MLP ratio 4 throughout (paper Table 1).
@@ -431,6 +433,35 @@ def get_config(name: str) -> ViTConfig:
     raise ValueError(f"unknown model name {name!r}; {hint}see vitkit.list_models() for all names")
 
 
-def create_model(name: str, **overrides: Any) -> VisionTransformer:
-    """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`."""
-    return VisionTransformer(get_config(name).replace(**overrides))
+def create_model(
+    name: str,
+    *,
+    features_only: bool = False,
+    out_indices: int | Sequence[int] = 3,
+    feature_cls: str = "getter",
+    output_fmt: str = "NCHW",
+    **overrides: Any,
+) -> VisionTransformer | ViTBackbone:
+    """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`.
+
+    With `features_only=True`, as timm: a pruned `ViTBackbone` whose forward returns the maps
+    of blocks `out_indices` (an int n: the last n, timm's default 3), 'NCHW' or 'NLC' by
+    `output_fmt`, described by `feature_info`. `feature_cls` is timm's name of the wrapper;
+    a ViT has only 'getter' (features read through `forward_intermediates`).
+    """
+    if overrides.get("global_pool") == "":
+        overrides["global_pool"] = "none"  # timm's spelling
+    if not features_only:
+        if out_indices != 3 or feature_cls != "getter" or output_fmt != "NCHW":
+            raise ValueError(
+                "out_indices, feature_cls and output_fmt describe a feature extractor; pass "
+                "features_only=True with them"
+            )
+        return VisionTransformer(get_config(name).replace(**overrides))
+    if feature_cls != "getter":
+        raise ValueError(
+            f"feature_cls={feature_cls!r} is not available for a ViT, whose maps are read "
+            "through forward_intermediates; pass feature_cls='getter' (the default)"
+        )
+    model = VisionTransformer(get_config(name).replace(**overrides))
+    return ViTBackbone(model, out_indices, output_fmt=output_fmt, prune=True)

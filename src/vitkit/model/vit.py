@@ -31,8 +31,17 @@ from torch import Tensor, nn
 
 from . import onednn
 from .config import ViTConfig
-from .layers import AttentionPool, Block, LayerScale, PatchEmbed, ResPostBlock, make_norm
-from .pos_embed import fixed_pos_embed, resample_pos_embed
+from .layers import (
+    AttentionPool,
+    Block,
+    LayerScale,
+    PatchEmbed,
+    ResPostBlock,
+    conv_to_unfold_weight,
+    make_norm,
+    unfold_to_conv_weight,
+)
+from .pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
 
 _NEEDS_PLAIN = "{tool} needs the plain modules; call model.set_fast_path(False) first"
@@ -57,7 +66,8 @@ class VisionTransformer(nn.Module):
     (`patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv`, `norm`, `head`, ...).
     """
 
-    __jit_unused_properties__ = ["learned_pos_embed"]  # Python-side only, read `config`
+    # Python-side only (they read `config`): TorchScript compiles properties otherwise.
+    __jit_unused_properties__ = ["learned_pos_embed", "pretrained_cfg", "default_cfg"]
 
     def __init__(self, config: ViTConfig | None = None, /, **options: Any) -> None:
         super().__init__()
@@ -180,6 +190,16 @@ class VisionTransformer(nn.Module):
             self.head_dist = (
                 nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
             )
+        red_h, red_w = self.patch_embed.reduction  # image pixels per token
+        reduction: int | tuple[int, int] = red_h if red_h == red_w else (red_h, red_w)
+        prefix = "blocks.layers" if config.encoder == "torch" else "blocks"
+        # timm's per-block feature description (`FeatureInfo` reads it).
+        self.feature_info: list[dict[str, Any]] = [
+            {"module": f"{prefix}.{i}", "num_chs": dim, "reduction": reduction}
+            for i in range(config.depth)
+        ]
+        self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self._pretrained_cfg: dict[str, Any] | None = None
         self.init_weights()
         self.set_fast_path(True)
 
@@ -256,6 +276,138 @@ class VisionTransformer(nn.Module):
             raise ValueError(_NEEDS_PLAIN.format(tool="torch.jit.script"))
         return self
 
+    # -- timm's model API -------------------------------------------------------------------
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's `pretrained_cfg`: how inputs are prepared (the loaded weights' data config,
+        else timm's ViT default: mean = std = 0.5, bicubic, crop 0.9) and where the first conv
+        and the classifier are, so `timm.data.resolve_data_config(model=model)` works."""
+        if self._pretrained_cfg is not None:
+            return self._pretrained_cfg
+        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
+        data = {
+            "input_size": (chans, height, width),
+            "interpolation": "bicubic",
+            "crop_pct": 0.9,
+            "crop_mode": "center",
+            "mean": (0.5,) * chans,
+            "std": (0.5,) * chans,
+        }
+        if self.data_config is not None:
+            data = {key: getattr(self.data_config, key) for key in data}
+        return {
+            **data,
+            "fixed_input_size": not self.patch_embed.dynamic_img_size,
+            "num_classes": self.num_classes,
+            "pool_size": None,
+            "first_conv": "patch_embed.proj",
+            "classifier": ("head", "head_dist") if self.head_dist is not None else "head",
+        }
+
+    @pretrained_cfg.setter
+    def pretrained_cfg(self, value: dict[str, Any]) -> None:
+        self._pretrained_cfg = dict(value)
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name for `pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    @default_cfg.setter
+    def default_cfg(self, value: dict[str, Any]) -> None:
+        self.pretrained_cfg = value
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter-name patterns of timm's layer groups (the embedding stem, then each block,
+        the final norm last), as timm's layer-wise learning-rate decay reads them."""
+        blocks = r"^blocks\.layers\.(\d+)" if self.config.encoder == "torch" else r"^blocks\.(\d+)"
+        return {
+            "stem": r"^cls_token|dist_token|reg_token|pos_embed|patch_embed|norm_pre",
+            "blocks": [(blocks, None), (r"^norm", (99999,))],
+        }
+
+    def prune_intermediate_layers(
+        self,
+        indices: int | list[int] | tuple[int, ...] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> list[int]:
+        """Drop the blocks after the last of `indices` (and the final norm, and the pooling and
+        head) for a backbone that only reads intermediates, as timm's; returns the kept block
+        indices, counted from the start. `config` follows (depth, norms, head)."""
+        blocks = self.block_list()
+        take = take_indices(len(blocks), indices)
+        depth = max(take) + 1
+        if self.config.encoder == "torch":
+            self.blocks.layers = self.blocks.layers[:depth]
+            self.blocks.num_layers = depth
+        else:
+            self.blocks = self.blocks[:depth]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "none")
+        has_norm = not isinstance(self.norm, nn.Identity)
+        has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
+        self.config = self.config.replace(
+            depth=depth, final_norm=has_norm or has_fc_norm, fc_norm=has_fc_norm
+        )
+        return take
+
+    def set_input_size(
+        self,
+        img_size: int | tuple[int, int] | None = None,
+        patch_size: int | tuple[int, int] | None = None,
+    ) -> None:
+        """Take another image size and / or patch size from now on, as timm's: the learned
+        position grid is resampled (bicubic) and, for a new patch size, the patch projection
+        too (FlexiViT's PI-resize, `resample_patch_embed`); fixed tables are recomputed."""
+        old_grid = self.patch_embed.grid_size
+        config = self.config.replace(
+            img_size=self.config.img_size if img_size is None else img_size,
+            patch_size=self.config.patch_size if patch_size is None else patch_size,
+        )
+        old = self.patch_embed
+        new = PatchEmbed(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            embed_dim=self.embed_dim,
+            kind=config.patch_embed,
+            norm=config.embed_norm,
+            norm_eps=config.norm_eps,
+            norm_layer=config.norm_layer,
+            dynamic_img_size=config.dynamic_img_size,
+            dynamic_img_pad=config.dynamic_img_pad,
+            conv_stem=config.conv_stem,
+            bias=config.patch_bias,
+        )
+        state = old.state_dict()
+        if new.patch_size != old.patch_size:
+            proj_chans = old.backbone.out_chans if old.backbone is not None else old.in_chans
+            kernel = unfold_to_conv_weight(old.proj.weight, proj_chans, old.patch_size)
+            kernel = resample_patch_embed(kernel.detach(), new.patch_size)  # (D, C, ph', pw')
+            state["proj.weight"] = kernel if new.kind == "conv" else conv_to_unfold_weight(kernel)
+        new.load_state_dict(state)
+        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        self.config = config
+        grid = new.grid_size
+        if self.pos_embed_kind == "learn" and grid != old_grid:
+            table = resample_pos_embed(
+                self.pos_embed.detach(),
+                new_size=grid,
+                old_size=old_grid,
+                num_prefix_tokens=self.pos_prefix_tokens,
+            )
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        elif self.pos_embed is not None and grid != old_grid:
+            fixed = fixed_pos_embed(
+                self.pos_embed_kind, grid, self.embed_dim, self.pos_prefix_tokens
+            )
+            self.pos_embed = fixed.to(self.pos_embed)  # a buffer: assignment keeps it one
+
     def get_classifier(self) -> nn.Module:
         """The classification head (timm's API)."""
         return self.head
@@ -263,7 +415,9 @@ class VisionTransformer(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning;
         `global_pool` also changes the pooling, as timm's (the attention pool can be dropped
-        by another pooling, not added; the norm stays where it is)."""
+        by another pooling, not added; the norm stays where it is; timm's '' is 'none')."""
+        if global_pool == "":
+            global_pool = "none"
         if global_pool is not None and global_pool != self.global_pool:
             if global_pool == "map":
                 raise ValueError(
