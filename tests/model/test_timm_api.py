@@ -216,6 +216,7 @@ def test_set_input_size(name, img_size, patch_size):
     with torch.no_grad():
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
     assert ours.pretrained_cfg["input_size"] == (3, height, width)
+    assert [info["reduction"] for info in ours.feature_info] == [patch_size or 16] * 2
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")

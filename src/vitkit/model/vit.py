@@ -393,6 +393,9 @@ class VisionTransformer(nn.Module):
         new.load_state_dict(state)
         self.patch_embed = new.to(old.proj.weight.device).train(old.training)
         self.config = config
+        red_h, red_w = new.reduction
+        for entry in self.feature_info:  # the maps' stride follows the patch size
+            entry["reduction"] = red_h if red_h == red_w else (red_h, red_w)
         grid = new.grid_size
         if self.pos_embed_kind == "learn" and grid != old_grid:
             table = resample_pos_embed(
