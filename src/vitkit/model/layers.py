@@ -200,6 +200,7 @@ class PatchEmbed(nn.Module):
         if not torch.jit.is_scripting():  # Python checks: not compiled by TorchScript,
             if not isinstance(x, torch.fx.Proxy):  # nor traced by torch.fx
                 self.check_input(x)
+                x = x.to(self.proj.weight.dtype)  # e.g. float32 images into a bf16 model, as HF
         if self.dynamic_img_pad:  # pad right and bottom to whole patches, as timm
             pad_h = -x.shape[-2] % self.patch_size[0]
             pad_w = -x.shape[-1] % self.patch_size[1]

@@ -179,6 +179,9 @@ def unfused_option(block: Block) -> str:
     attn, mlp = block.attn, block.mlp
     if type(mlp) is not Mlp:
         return f"the {type(mlp).__name__} MLP is not fused"
+    for name, layer in (("qkv", attn.qkv), ("proj", attn.proj), ("fc1", mlp.fc1), ("fc2", mlp.fc2)):
+        if type(layer) not in (nn.Linear, OneDNNLinear):
+            return f"{name} is a {type(layer).__name__} (e.g. quantised), not a plain Linear"
     if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
         return f"the {type(mlp.act).__name__} activation is not fused (only exact GELU)"
     extra = {
@@ -200,20 +203,24 @@ def _has_forward_hooks(module: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
-# oneDNN-packed copies of the fused path's Linear weights, per layer: kept off the module (no
-# state-dict entry; deepcopy and pickle never see them) and dropped with it.
-_PACKED: weakref.WeakKeyDictionary[nn.Linear, tuple[Tensor, int, Tensor]] = (
+# oneDNN-packed copies of the fused path's Linear weights, per layer and compute dtype: kept
+# off the module (no state-dict entry; deepcopy and pickle never see them) and dropped with it.
+_PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[torch.dtype, tuple[Tensor, int, Tensor]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _packed_weight(layer: nn.Linear, tokens: int) -> Tensor:
-    """`layer.weight` reordered into oneDNN's blocked layout once rather than in every call
-    (~10% of ViT-S inference); packed again when the weight changes (an in-place update, new
-    data, another dtype). The entry holds a view of the weight it packed, so that memory
-    cannot be reused by another weight while the entry lives."""
+def _packed_weight(layer: nn.Linear, tokens: int, dtype: torch.dtype) -> Tensor:
+    """`layer.weight` in `dtype` (bf16 under autocast), reordered into oneDNN's blocked layout
+    once rather than in every call (~10% of ViT-S inference); packed again when the weight
+    changes (an in-place update, new data, another dtype). The entry holds a view of the weight
+    it packed, so that memory cannot be reused by another weight while the entry lives."""
     weight = layer.weight
-    cached = _PACKED.get(layer)
+    if weight.is_inference():
+        # Made under torch.inference_mode(): no version counter tells in-place updates (such as
+        # load_state_dict's) apart, so a cached copy could go stale; pack in every call.
+        return torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), tokens)
+    cached = _PACKED.setdefault(layer, {}).get(dtype)
     if cached is not None:
         source, version, packed = cached
         if (
@@ -223,8 +230,8 @@ def _packed_weight(layer: nn.Linear, tokens: int) -> Tensor:
             and version == weight._version
         ):
             return packed
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), tokens)
-    _PACKED[layer] = (weight.detach(), weight._version, packed)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), tokens)
+    _PACKED[layer][dtype] = (weight.detach(), weight._version, packed)
     return packed
 
 
@@ -235,23 +242,50 @@ def fused_slices(batch: int, tokens: int, hidden: int, itemsize: int, budget: in
     return max(1, min(batch, -(-hidden_bytes // budget)))
 
 
+def _weight_bias(x: Tensor, layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """The packed weight and the bias in `x`'s dtype (bf16 under autocast)."""
+    bias = layer.bias
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    return _packed_weight(layer, x.shape[0] * x.shape[1], x.dtype), bias
+
+
 def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
     """x W^T + b with oneDNN's inner-product kernel (faster than MKL's addmm here)."""
-    return _onednn_inner_product(x, _packed_weight(layer, x.shape[0] * x.shape[1]), layer.bias)
+    return _onednn_inner_product(x, *_weight_bias(x, layer))
 
 
 def _linear_gelu(x: Tensor, layer: nn.Linear, in_epilogue: bool) -> Tensor:
     """GELU(x W^T + b): oneDNN's product, the GELU in its epilogue or in place after it."""
     if not in_epilogue:
         return torch.ops.aten.gelu_(_linear(x, layer))
-    weight = _packed_weight(layer, x.shape[0] * x.shape[1])
-    return torch.ops.mkldnn._linear_pointwise(x, weight, layer.bias, "gelu", [], "none")
+    weight, bias = _weight_bias(x, layer)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
 
 
 def _linear_add(x: Tensor, layer: nn.Linear, residual: Tensor) -> Tensor:
     """residual + (x W^T + b) in one oneDNN kernel (the residual add runs in the epilogue)."""
-    weight = _packed_weight(layer, x.shape[0] * x.shape[1])
-    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, layer.bias, "add")
+    weight, bias = _weight_bias(x, layer)
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
+
+
+def _fused_dtype(x: Tensor, weight: Tensor) -> torch.dtype | None:
+    """The dtype the fused kernels would compute in: the input's, or bf16 under bf16 autocast
+    over float32 weights; None under any other autocast."""
+    if not torch.is_autocast_enabled("cpu"):
+        return x.dtype
+    if torch.get_autocast_dtype("cpu") == torch.bfloat16 and weight.dtype == torch.float32:
+        return torch.bfloat16
+    return None
+
+
+def _norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """`norm(x)` in x's dtype where the norm's weights are float32 (bf16 autocast): LayerNorm
+    takes mixed dtypes (computing in float32); other norms run on float32 and are cast back."""
+    weight = getattr(norm, "weight", None)
+    if weight is None or weight.dtype == x.dtype or isinstance(norm, nn.LayerNorm):
+        return norm(x)
+    return norm(x.float()).to(x.dtype)
 
 
 class OneDNNBlock(Block):
@@ -272,7 +306,6 @@ class OneDNNBlock(Block):
         left whenever something needs them to run: training, autograd, hooks (e.g.
         `vitkit.summary`), a dispatch mode (e.g. FlopCounterMode), tracing or compiling.
         """
-        weight = self.attn.qkv.weight
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return "compiling or tracing (the compiler does its own fusion)"
         unsupported = unsupported_reason()
@@ -291,14 +324,19 @@ class OneDNNBlock(Block):
             return "attn.fused_attn is False (explicit attention requested)"
         if x.device.type != "cpu":
             return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
-        if x.ndim != 3 or x.dtype != weight.dtype:
+        weight = self.attn.qkv.weight
+        dtype = _fused_dtype(x, weight)
+        if dtype is None:
+            return (
+                f"autocast to {torch.get_autocast_dtype('cpu')} over {weight.dtype} weights "
+                "(only bf16 autocast over float32 weights is fused)"
+            )
+        if x.ndim != 3 or (x.dtype != weight.dtype and not torch.is_autocast_enabled("cpu")):
             return f"input {x.dtype} {x.ndim}-D does not match 3-D {weight.dtype} weights"
-        if x.dtype not in (torch.float32, torch.bfloat16) or (
-            x.dtype == torch.bfloat16 and not _bf16_supported()
+        if dtype not in (torch.float32, torch.bfloat16) or (
+            dtype == torch.bfloat16 and not _bf16_supported()
         ):
-            return f"oneDNN has no fast {x.dtype} kernel on this CPU"
-        if torch.is_autocast_enabled("cpu"):
-            return "autocast is enabled"
+            return f"oneDNN has no fast {dtype} kernel on this CPU"
         if _get_current_dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):
             return "a dispatch mode or tensor subclass is active"
         if _has_forward_hooks(self):
@@ -308,6 +346,9 @@ class OneDNNBlock(Block):
     def forward(self, x: Tensor) -> Tensor:
         if self.fast_path_blocker(x):
             return super().forward(x)
+        if torch.is_autocast_enabled("cpu"):  # bf16 kernels on float32 weights, packed once
+            with torch.autocast("cpu", enabled=False):
+                return self.forward_fused(x.to(torch.bfloat16)).to(x.dtype)
         return self.forward_fused(x)
 
     def forward_fused(self, x: Tensor) -> Tensor:
@@ -325,10 +366,10 @@ class OneDNNBlock(Block):
         attn, in_epilogue = self.attn, self.gelu_in_epilogue
         if in_epilogue is None:
             in_epilogue = default_gelu_in_epilogue()
-        q, k, v = attn.split_heads(_linear(self.norm1(x), attn.qkv))  # (B, heads, N, head_dim)
+        q, k, v = attn.split_heads(_linear(_norm(self.norm1, x), attn.qkv))  # (B, heads, N, hd)
         h = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, heads, N, head_dim)
         x = _linear_add(attn.merge_heads(h), attn.proj, x)  # (B, N, D)
-        h = _linear_gelu(self.norm2(x), self.mlp.fc1, in_epilogue)  # (B, N, hidden)
+        h = _linear_gelu(_norm(self.norm2, x), self.mlp.fc1, in_epilogue)  # (B, N, hidden)
         return _linear_add(h, self.mlp.fc2, x)
 
 

@@ -1,0 +1,90 @@
+"""Inference in lower precision: bfloat16 where the CPU computes it natively, int8 anywhere.
+
+- `bf16`: the model's weights become bfloat16 (inputs are cast by the patch embedding, as
+  Hugging Face's ViT does), and the CPU fast path (`onednn.py`) runs its fused blocks on
+  oneDNN's bf16 kernels with weights packed once. On a CPU without native bf16 (AVX-512 BF16
+  or AMX), bf16 products are emulated and slower than float32, so `set_precision` keeps
+  float32 there and logs why; on a GPU bf16 always applies. `torch.autocast('cpu',
+  torch.bfloat16)` over a float32 model takes the same fused bf16 kernels.
+- `int8`: dynamic quantisation (`torch.ao.quantization.quantize_dynamic`) of every Linear of
+  the encoder blocks and the head, weights per output channel, activations quantised per
+  batch: 4x smaller Linear weights, CPU only. The fast path's Linear subclasses are switched
+  back to `nn.Linear` first, since quantize_dynamic maps exact classes only (it skipped them).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (oneDNN's bf16 kernels: AVX-512 BF16 or
+    AMX). Asked of a private torch op; a torch without it answers False."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def set_precision(model: nn.Module, precision: str) -> str:
+    """Put `model` (in place, for inference) in `precision` ('fp32', 'bf16' or 'int8') and
+    return the precision it now runs in: 'fp32' where bf16 is asked for on a CPU without
+    native bf16 (logged as a warning, with the reason). The model is put in eval mode.
+
+    int8 models are CPU-only and cannot be trained or saved as vitkit checkpoints; keep the
+    float32 weights and quantise after loading.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    model.eval()
+    device = model_device(model)
+    if precision == "fp32":
+        model.float()
+        return "fp32"
+    if precision == "bf16":
+        if device.type == "cpu" and not native_bf16():
+            log.warning(
+                "this CPU has no native bf16 (AVX-512 BF16 or AMX), where bf16 runs slower "
+                "than fp32; running fp32"
+            )
+            return "fp32"
+        model.to(torch.bfloat16)
+        return "bf16"
+    if device.type != "cpu":
+        raise ValueError(
+            f"int8 (dynamic quantisation) runs on CPU only; the model is on {device}: move it "
+            "with model.cpu() or use --device cpu"
+        )
+    quantize_int8(model)
+    return "int8"
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantisation of every `nn.Linear` in `model`'s encoder blocks and head
+    (not the patch embedding, whose input is pixels), in place; returns `model`."""
+    if hasattr(model, "set_fast_path"):
+        model.set_fast_path(False)  # OneDNNLinear -> nn.Linear, which quantize_dynamic maps
+    model.float()
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
+    spec = {name: qconfig for name in ("blocks", "attn_pool", "head") if hasattr(model, name)}
+    with warnings.catch_warnings():  # the torchao migration notice of torch >= 2.10
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+    return model
