@@ -146,6 +146,54 @@ def test_cli_export_onnx(tmp_path, capsys):
     np.testing.assert_allclose(run_onnx(out, x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
 
 
+@needs_onnx
+def test_cli_export_onnx_int8(tmp_path, capsys):
+    """--precision int8: onnxruntime's dynamic quantiser over the float32 graph (verified
+    first): MatMulInteger nodes, a smaller file, logits near the float model's."""
+    model = tiny(embed_dim=64, num_heads=4)
+    save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "m.onnx"
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--precision", "int8"]
+    assert main(argv + ["--verify", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.safetensors"]
+    ops = {node.op_type for node in onnx.load(str(out)).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+    float_path = export_onnx(model, tmp_path / "float" / "m.onnx")
+    assert out.stat().st_size < 0.5 * float_path.stat().st_size
+    x = torch.randn(4, 3, 60, 100)
+    with torch.no_grad():
+        want = model(x)
+    got = run_onnx(out, x)
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+
+
+def test_cli_export_precision_refusals(tmp_path, capsys):
+    save(tiny(), tmp_path / "m.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors")]
+    assert main(argv + ["--precision", "bf16", str(tmp_path / "m.onnx")]) == 2
+    assert "--precision bf16 is not offered for ONNX" in capsys.readouterr().err
+    assert main(argv + ["--format", "hf", "--precision", "int8", str(tmp_path / "hf")]) == 2
+    assert "--precision int8 exports ONNX only" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "hf").exists()
+
+
+def test_cli_export_pt2_bf16(tmp_path, capsys):
+    """--precision bf16 writes bf16 weights; the program takes float32 images (the patch
+    embedding casts them)."""
+    model = tiny()
+    save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "m.pt2"
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--format", "pt2"]
+    assert main(argv + ["--precision", "bf16", str(out)]) == 0
+    program = torch.export.load(str(out))
+    assert {t.dtype for t in program.state_dict.values()} == {torch.bfloat16}
+    x = torch.randn(2, 3, 60, 100)
+    with torch.no_grad():
+        got, want = program.module()(x), model(x)
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() < 0.05 * want.abs().max() + 0.02
+
+
 def test_cli_export_errors(tmp_path, capsys):
     out = str(tmp_path / "o.onnx")
     missing = str(tmp_path / "missing.safetensors")

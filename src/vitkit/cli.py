@@ -23,6 +23,7 @@ from .data.data_config import DataConfig
 from .explain import attention_maps, draw_explanation, plot_confusion
 from .files import DiskFullError
 from .model import VisionTransformer, registry
+from .model.precision import PRECISIONS, set_precision
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
 from .train.config import GROWS, RUNTIME, TrainConfig, resolve_device
@@ -173,10 +174,11 @@ def _json(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def _checkpoint_model(path: str, device: str) -> VisionTransformer:
+def _checkpoint_model(path: str, device: str, precision: str = "fp32") -> VisionTransformer:
     model = load(path, map_location=device)
     if not model.meta.get("class_names"):
         log.warning("%s has no class names in its metadata; printing class indices", path)
+    set_precision(model, precision)
     return model
 
 
@@ -208,7 +210,7 @@ def _model_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    model = _checkpoint_model(args.checkpoint, device)
+    model = _checkpoint_model(args.checkpoint, device, args.precision)
     meta = model.meta
     spec = args.data or meta.get("data")
     if not spec:
@@ -279,7 +281,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    model = _checkpoint_model(args.checkpoint, device)
+    model = _checkpoint_model(args.checkpoint, device, args.precision)
     names = model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
     rows = []
     for start in range(0, len(args.images), 64):
@@ -434,6 +436,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
             f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}); vitkit exports "
             "ViTs: export the CNN with timm or torch.onnx.export"
         )
+    if args.precision == "int8" and args.format != "onnx":
+        raise UserError(
+            f"--precision int8 exports ONNX only (onnxruntime's quantiser); a {args.format} "
+            "export keeps float weights: quantise after loading (vitkit predict / eval "
+            "--precision int8, or vitkit.model.precision.set_precision)"
+        )
+    if args.precision == "bf16":
+        if args.format == "onnx":
+            raise UserError(
+                "--precision bf16 is not offered for ONNX (onnxruntime's CPU provider has no "
+                "bf16 kernels for the model's products); export fp32, or --precision int8"
+            )
+        model.to(torch.bfloat16)
     if args.format in ("hf", "timm"):
         from .weights.folders import save_hf_folder, save_timm_folder
 
@@ -459,6 +474,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             dynamic_img_size=dynamic_img_size,
             opset=args.opset,
             verify=args.verify,
+            precision=args.precision,
         )
     else:
         program = export_program(
@@ -556,6 +572,19 @@ def _run_arguments(p: argparse.ArgumentParser, default_out: str) -> argparse._Ar
     return g
 
 
+def _precision_argument(p: argparse.ArgumentParser, export: bool = False) -> None:
+    what = (
+        "bf16 weights (folders, pt2) or an int8-quantised ONNX file (onnxruntime's dynamic "
+        "quantiser)"
+        if export
+        else "bf16 where the CPU has native bf16 (else fp32, with a note), or int8 dynamic "
+        "quantisation of every Linear (CPU)"
+    )
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help=f"{what} (default: fp32)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vitkit", description="Vision Transformers: train, evaluate, predict, explain."
@@ -603,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-size", type=_int_in(1), default=256)
     p.add_argument("--device")
+    _precision_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     p.set_defaults(func=_cmd_eval)
 
@@ -611,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--topk", type=_int_in(1), default=5)
     p.add_argument("--device")
+    _precision_argument(p)
     p.add_argument("--json", action="store_true", help="a JSON list instead of text")
     p.set_defaults(func=_cmd_predict)
 
@@ -694,8 +725,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept any multiple of the patch size (default: as the model was built)",
     )
     p.add_argument(
-        "--verify", action="store_true", help="compare onnxruntime with PyTorch (within 1e-4)"
+        "--verify",
+        action="store_true",
+        help="compare onnxruntime with PyTorch (within 1e-4; int8: top-1 agreement)",
     )
+    _precision_argument(p, export=True)
     p.set_defaults(func=_cmd_export)
 
     # -- models / summary parsers --

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
 PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
 DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data config (JSON)
+ONNX_PRECISIONS = ("fp32", "int8")
 
 Exportable = VisionTransformer | ViTBackbone
 
@@ -104,7 +105,8 @@ def _sample(module: Exportable, dynamic_batch: bool, dynamic_img_size: bool) -> 
     if dynamic_img_size:
         (grid_h, grid_w), (patch_h, patch_w) = vit.patch_embed.grid_size, vit.patch_embed.patch_size
         size = (patch_h * max(grid_h, 2), patch_w * max(grid_w, 2))
-    return example_input(module, batch_size=2 if dynamic_batch else 1, size=size)
+    # float32 whatever the weights: a bf16 model's program casts its images (PatchEmbed)
+    return example_input(module, batch_size=2 if dynamic_batch else 1, size=size).float()
 
 
 @contextlib.contextmanager
@@ -158,6 +160,7 @@ def export_onnx(
     dynamic_img_size: bool | None = None,
     opset: int = MIN_OPSET,
     verify: bool = False,
+    precision: str = "fp32",
 ) -> Path:
     """Write a model or a `ViTBackbone` as an ONNX graph: one file, or for weights over
     2 GiB the graph plus the weights in `<path>.data` beside it (protobuf's limit).
@@ -174,8 +177,16 @@ def export_onnx(
             same weights that takes other sizes.
         opset: the ONNX opset, 18 or newer.
         verify: run the file in onnxruntime and raise if it differs from PyTorch by more than
-            1e-4 (needs `onnxruntime`).
+            1e-4 (needs `onnxruntime`); with int8, the float32 graph before quantising.
+        precision: 'fp32', or 'int8': the float32 graph quantised by onnxruntime's dynamic
+            quantiser (`quantize_onnx`).
     """
+    if precision not in ONNX_PRECISIONS:
+        raise ValueError(
+            f"ONNX precision {precision!r} is not supported; choose one of "
+            f"{', '.join(ONNX_PRECISIONS)} (onnxruntime's CPU provider has no bf16 kernels for "
+            "the model's products)"
+        )
     if opset < MIN_OPSET:
         raise ValueError(
             f"opset {opset} is too old: the position-embedding resample needs ONNX Resize with "
@@ -194,12 +205,13 @@ def export_onnx(
         dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    graph = path if precision == "fp32" else path.with_name(f".{path.name}.fp32.onnx")
     with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
         # Passing the module (not an ExportedProgram) keeps the dim names in the ONNX file.
         torch.onnx.export(
             exported,
             (sample,),
-            str(path),
+            str(graph),
             dynamo=True,
             dynamic_shapes=shapes,
             opset_version=opset,
@@ -208,21 +220,42 @@ def export_onnx(
             external_data=_weight_bytes(exported) >= PROTOBUF_LIMIT,
             verbose=False,
         )
+    if verify:
+        check_onnx(module, graph, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
+    if graph != path:
+        try:
+            quantize_onnx(graph, path)
+        finally:
+            graph.unlink(missing_ok=True)
+            graph.with_name(graph.name + ".data").unlink(missing_ok=True)
     data_config = getattr(_vit(module), "data_config", None)
     if data_config is not None:  # the preprocessing travels with the file
         proto = onnx.load(str(path), load_external_data=False)
         onnx.helper.set_model_props(proto, {DATA_CONFIG_PROP: json.dumps(data_config.to_dict())})
         onnx.save(proto, str(path))
     log.debug(
-        "wrote %s (opset %d, dynamic batch: %s, dynamic image size: %s)",
+        "wrote %s (opset %d, %s, dynamic batch: %s, dynamic image size: %s)",
         path,
         opset,
+        precision,
         dynamic_batch,
         dynamic_img_size,
     )
-    if verify:
-        check_onnx(module, path, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
     return path
+
+
+def quantize_onnx(source: str | Path, target: str | Path) -> Path:
+    """onnxruntime's dynamic int8 quantisation of a float32 ONNX file: the weights of every
+    MatMul / Gemm in int8 per output channel, activations quantised per batch at run time, as
+    `torch.ao`'s dynamic quantisation does (needs `onnxruntime`)."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as err:
+        raise ImportError(
+            "int8 ONNX export needs onnxruntime: pip install 'vitkit[onnx]'", name="onnxruntime"
+        ) from err
+    quantize_dynamic(str(source), str(target), per_channel=True, weight_type=QuantType.QInt8)
+    return Path(target)
 
 
 def check_onnx(
