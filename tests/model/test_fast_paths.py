@@ -624,3 +624,25 @@ def test_compile_fullgraph_training_step_has_no_graph_breaks():
     x, y = images(2), torch.tensor([0, 1])
     F.cross_entropy(compiled(x), y).backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_packed_weights_follow_a_fused_optimiser():
+    """torch's fused AdamW updates weights without bumping their version counters, so the
+    packed copies are dropped when the model enters training: after train / step / eval the
+    fused path computes with the new weights (it served the first epoch's weights before)."""
+    torch.manual_seed(0)
+    model = vitkit.VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=1, num_heads=3)
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    with torch.inference_mode():
+        model(x)  # packs the weights
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    model.train()
+    model(x).sum().backward()
+    optimizer.step()
+    model.eval()
+    with torch.inference_mode():
+        got = model(x)
+        model.set_fast_path(False)
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -10,14 +10,15 @@ do too; `disable_fast_path(model)` changes the classes back and frees the packed
   weight gradient on `torch.mm` (float32 on CPU, training included).
 - `OneDNNBlock`: in eval mode with grad off, oneDNN GEMMs with the bias, GELU and residual add
   fused in, on weights packed once into oneDNN's layout, plus SDPA attention; large batches run
-  in cache-sized slices of whole images.
+  in cache-sized slices of whole images. float32, or bf16 (bf16 weights, or bf16 autocast over
+  float32 weights) where the CPU has native bf16.
 
 Both call private torch APIs (`torch.ops.mkldnn.*` and a few internals). `unsupported_reason`
 looks them up once: where one is missing, or oneDNN is not built in, `enable_fast_path` keeps
 the plain modules, so a torch upgrade can cost speed but never break the model. Every call also
-checks that nothing needs the plain modules to run (training, autograd, hooks, autocast, dispatch
-modes, tensor subclasses, tracing, compiling, dtype, device), so outputs and gradients always
-equal the plain path's.
+checks that nothing needs the plain modules to run (training, autograd, hooks, autocast other
+than bf16, dispatch modes, tensor subclasses, tracing, compiling, dtype, device), so outputs and
+gradients always equal the plain path's (bf16 autocast: within bf16 rounding).
 """
 
 from __future__ import annotations
@@ -298,6 +299,15 @@ class OneDNNBlock(Block):
 
     gelu_in_epilogue: bool | None = None
     slice_bytes: int = SLICE_BYTES
+
+    def train(self, mode: bool = True) -> OneDNNBlock:
+        """Entering training drops the packed weights: an optimiser may update them in ways
+        no version counter records (torch's fused AdamW does not bump it), so they are
+        packed afresh at the next inference."""
+        if mode:
+            for layer in self.modules():
+                _PACKED.pop(layer, None)
+        return super().train(mode)
 
     def fast_path_blocker(self, x: Tensor) -> str:
         """Why `forward(x)` takes the plain path rather than the fused one ('' if it does not).
