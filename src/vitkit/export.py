@@ -254,6 +254,14 @@ def quantize_onnx(source: str | Path, target: str | Path) -> Path:
         raise ImportError(
             "int8 ONNX export needs onnxruntime: pip install 'vitkit[onnx]'", name="onnxruntime"
         ) from err
+    import onnx
+
+    # The exporter's recorded intermediate shapes can trip the quantiser's own shape inference
+    # (seen with torch 2.11 / onnxruntime 1.30: "Inferred shape and existing shape differ");
+    # it infers them again from the graph.
+    proto = onnx.load(str(source))
+    del proto.graph.value_info[:]
+    onnx.save(proto, str(source))
     quantize_dynamic(str(source), str(target), per_channel=True, weight_type=QuantType.QInt8)
     return Path(target)
 
