@@ -63,7 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--train-batch", type=int, default=32, help="training step batch (0: skip)")
     p.add_argument("--train-repeats", type=int, default=3)
-    p.add_argument("--profile", action="store_true", help="print vitkit's training step profile")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print profiles of vitkit's steps (fp32, int8, training)",
+    )
     p.add_argument("--agreement-images", type=int, default=64)
     p.add_argument("--checkpoint", help="a trained vitkit checkpoint (Fashion-MNIST)")
     p.add_argument("--data-dir", help="the folder of its idx test files (t10k-*)")
@@ -164,6 +168,9 @@ def speed_case(name: str, batch: int, impls: dict[str, object], args) -> dict[st
     x = torch.randn(batch, 3, *size)
     steps = {label: step_for(label, impl, x) for label, impl in impls.items()}
     times = alternate(steps, args, torch.device("cpu"))
+    if args.profile:
+        for label in ("vitkit fp32", "vitkit int8"):
+            print_profile(f"{name} batch {batch} inference, {label}", steps[label])
     out = {k: {"images_per_s": batch / statistics.median(v)} for k, v in times.items()}
     for base in ("vitkit fp32", "timm fp32", "onnxruntime fp32"):
         if base in times:
@@ -171,6 +178,14 @@ def speed_case(name: str, batch: int, impls: dict[str, object], args) -> dict[st
                 ratios = [b / s for s, b in zip(seconds, times[base])]
                 out[label][f"vs {base}"] = statistics.median(ratios)
     return out
+
+
+def print_profile(what: str, step: Callable[[], object]) -> None:
+    """The operators of one step, by their own CPU time."""
+    with torch.profiler.profile() as prof:
+        step()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    print(f"{what}, by operator:\n{table}", flush=True)
 
 
 def optimiser_step(model: nn.Module, optimizer, x: torch.Tensor) -> Callable[[], object]:
@@ -206,10 +221,7 @@ def train_case(name: str, args) -> dict | None:
     cpu = torch.device("cpu")
     times = alternate(steps, rounds, cpu)
     if args.profile:
-        with torch.profiler.profile() as prof:
-            steps["vitkit"]()
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-        print(f"{name} training step, vitkit, by operator:\n{table}", flush=True)
+        print_profile(f"{name} training step, vitkit", steps["vitkit"])
     return {
         "batch": args.train_batch,
         "vitkit_images_per_s": args.train_batch / statistics.median(times["vitkit"]),
