@@ -4,8 +4,9 @@ The format is told from the key names: timm `vision_transformer.py` (and vitkit)
 patch projection `patch_embed.proj`, Hugging Face `modeling_vit.py` and `modeling_dinov2.py`
 `embeddings.patch_embeddings.projection` (CLIP's and SigLIP's `embeddings.patch_embedding`),
 torchvision `vision_transformer.py` `conv_proj`, and the npz files of
-google-research/vision_transformer `embedding/kernel`. Hugging Face's families (ViT, DINOv2,
-CLIP, SigLIP) are one format, 'hf', whose converter tells them apart (`hf_families.py`).
+google-research/vision_transformer and big_vision `embedding/kernel` (also under `params/img/`).
+Hugging Face's families (ViT, DINOv2, CLIP, SigLIP) are one format, 'hf', whose converter tells
+them apart (`hf_families.py`).
 """
 
 from __future__ import annotations
