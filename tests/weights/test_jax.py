@@ -140,8 +140,9 @@ def write_big_vision_npz(model, path, prefix: str = "params/img/", scan: bool = 
     out = {
         "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # (ph, pw, C, D)
         "embedding/bias": sd["patch_embed.proj.bias"],
-        "pos_embedding": sd["pos_embed"],
     }
+    if "pos_embed" in sd:  # big_vision's posemb='sincos2d' has no array
+        out["pos_embedding"] = sd["pos_embed"]
     norm(out, "Transformer/encoder_norm", "norm")
     if "cls_token" in sd:
         out["cls"] = sd["cls_token"]
@@ -222,6 +223,23 @@ def test_big_vision_npz_matches_timm(tmp_path, name, options, prefix, scan, arch
         torch.testing.assert_close(reference(x), source(x), atol=0, rtol=0)  # writer = inverse
         torch.testing.assert_close(loaded(x), reference(x), **TOL)
         torch.testing.assert_close(loaded.forward_features(x), reference.forward_features(x), **TOL)
+
+
+def test_big_vision_without_a_position_table_is_sincos2d(tmp_path):
+    """big_vision's posemb='sincos2d' stores no table: vitkit's sincos2d is big_vision's."""
+    model = randomize(
+        VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5,
+            class_token=False, global_pool="avg", fc_norm=False, pos_embed="sincos2d",
+        )
+    )  # fmt: skip
+    write_big_vision_npz(model, tmp_path / "bv.npz", prefix="params/")
+    assert convert.from_jax(tmp_path / "bv.npz")[1].img_size == 224  # not recorded: assumed
+    loaded = vitkit.load_pretrained(tmp_path / "bv.npz", img_size=32)
+    assert loaded.config == model.config
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), **TOL)
 
 
 def _siglip(tmp_path, **options):
