@@ -117,9 +117,8 @@ def from_jax(
             + "; vitkit's ViT has no such layer: remove them, or load a plain ViT checkpoint"
         )
     cfg: dict[str, Any] = {"num_heads": num_heads, "norm_eps": 1e-6}
-    if "cls_token" not in out and "attn_pool.latent" not in out:  # 'gap': final norm, then
-        # the mean of the patch tokens
-        cfg.update(global_pool="avg", fc_norm=False)
+    if "cls_token" not in out and "attn_pool.latent" not in out:
+        cfg.update(global_pool="avg", fc_norm=False)  # 'gap': final norm, then the patch mean
     if layout == "big_vision" and "pos_embed" not in out:
         cfg["pos_embed"] = "sincos2d"  # big_vision's posemb='sincos2d' has no array
     if arch is not None:
