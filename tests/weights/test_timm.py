@@ -157,3 +157,19 @@ def test_cli_convert_timm_with_parity(tmp_path, capsys):
     x = images(32, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), source(x), **TOL)
+
+
+def test_cli_convert_headless_timm_with_parity(tmp_path, capsys):
+    """A headless model's parity check compares pooled features (timm's num_classes=0 output);
+    it used to compare vitkit's tokens with them and fail with a shape error."""
+    pytest.importorskip("timm", reason="timm not installed")
+    source = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2,
+                                         num_heads=4, num_classes=0))  # fmt: skip
+    torch.save(convert.to_timm(source), tmp_path / "in.pth")
+    out = tmp_path / "out.safetensors"
+    code = main(
+        ["convert", "--from", "timm", str(tmp_path / "in.pth"), str(out), "--num-heads", "4"]
+    )
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "0 classes" in text and "(ok, tolerance 1e-04)" in text
