@@ -206,3 +206,14 @@ def test_weights_loaded_in_inference_mode_are_not_served_stale():
         want = second.eval()(x)
     assert not torch.equal(out_first, out_second)
     torch.testing.assert_close(out_second, want, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_packs_for_onednn_and_restores_the_global_engine(digits):
+    """The weights are packed for oneDNN's int8 kernels where torch has them; the process-wide
+    quantized engine is left as it was."""
+    before = torch.backends.quantized.engine
+    model = quantize_int8(_copy(digits[0]))
+    assert torch.backends.quantized.engine == before
+    assert precision.INT8_ENGINE in torch.backends.quantized.supported_engines
+    with torch.inference_mode():
+        assert model(digits[1][:4]).shape == (4, 10)

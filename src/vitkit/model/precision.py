@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -24,6 +26,11 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "int8")
+
+# oneDNN's int8 products (AMX / VNNI where the CPU has them) rather than torch's default 'x86'
+# engine (FBGEMM for these layers): measured on an AMX Xeon, 4 threads, batch 32, one run:
+# ViT-S/16 56.4 against 45.1 img/s, ViT-B/16 23.0 against 15.8; alike on an AVX2 CPU.
+INT8_ENGINE = "onednn"
 
 
 @functools.cache
@@ -84,7 +91,20 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
     spec = {name: qconfig for name in ("blocks", "attn_pool", "head") if hasattr(model, name)}
-    with warnings.catch_warnings():  # the torchao migration notice of torch >= 2.10
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(), _quantized_engine(INT8_ENGINE):
+        warnings.simplefilter("ignore")  # the torchao migration notice of torch >= 2.10
         torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
     return model
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str) -> Iterator[None]:
+    """Pack the int8 weights for `engine` where torch has it (the packed weights keep their
+    kernels; the global setting is restored)."""
+    previous = torch.backends.quantized.engine
+    if engine in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
