@@ -87,17 +87,90 @@ def test_timm_loads_the_timm_folder(tmp_path):
     assert back.data_config == model.data_config
 
 
-def test_what_a_folder_cannot_express_is_refused(tmp_path):
-    model = _model()
-    model.config = model.config.replace(norm_eps=1e-5)
-    with pytest.raises(ValueError, match="timm's ViT uses LayerNorm eps 1e-6"):
-        save_timm_folder(model, tmp_path / "timm")
-    pooled = vitkit.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, global_pool="avg"
-    )
-    with pytest.raises(ValueError, match="Hugging Face's ViT cannot express this model"):
-        save_hf_folder(pooled, tmp_path / "hf")
-    assert not (tmp_path / "hf").exists()
+# Model options a timm folder carries, each family's mix: the block / MLP class comes from the
+# architecture named in config.json, every other option from model_args.
+TIMM_FOLDER_OPTIONS = {
+    "registers": dict(reg_tokens=2, no_embed_class=True),
+    "aimv2": dict(mlp_layer="swiglu", norm_layer="rmsnorm", embed_norm=True, act_layer="silu",
+                  class_token=False, global_pool="avg", qkv_bias=False, proj_bias=False),
+    "dinov2": dict(mlp_layer="swiglu_packed", reg_tokens=4, init_values=1e-5, act_layer="silu"),
+    "res_post_norm": dict(res_post_norm=True, init_values=1e-5, class_token=False,
+                          global_pool="avg", qkv_bias=False),
+    "map_qk_norm": dict(global_pool="map", qk_norm=True, act_layer="gelu_tanh"),
+    "clip_avgmax": dict(global_pool="avgmax", act_layer="quick_gelu", pre_norm=True,
+                        patch_bias=False, scale_attn_norm=True, scale_mlp_norm=True),
+    "tokens": dict(global_pool="none", num_classes=0, final_norm=False, class_token=False),
+    "distilled": dict(distilled=True, dynamic_img_size=True, dynamic_img_pad=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", TIMM_FOLDER_OPTIONS.values(), ids=TIMM_FOLDER_OPTIONS)
+def test_timm_folders_carry_every_option_timm_can_express(tmp_path, options):
+    timm = pytest.importorskip("timm")
+    model = randomize(vitkit.VisionTransformer(
+        **{**dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3),
+           **options}))  # fmt: skip
+    save_timm_folder(model, tmp_path)
+    theirs = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), **TOL)
+    back = vitkit.load_pretrained(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), **TOL)
+
+
+def _small(**options) -> vitkit.VisionTransformer:
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4)
+    return vitkit.VisionTransformer(**{**base, **options})
+
+
+@pytest.mark.parametrize(
+    "save, options, message",
+    [
+        (save_timm_folder, dict(norm_eps=1e-5),
+         "a timm config.json names norms without their eps (timm's is 1e-6); this model has "
+         "norm_eps=1e-05; export --format hf instead (or keep vitkit's own checkpoint)"),
+        (save_timm_folder, dict(mlp_layer="swiglu", res_post_norm=True),
+         "no timm architecture builds res_post_norm=True with mlp_layer='swiglu' (timm takes "
+         "each from a different model factory); keep vitkit's own checkpoint (vitkit.save), "
+         "which holds every option"),
+        (save_timm_folder, dict(conv_stem=(8,)),
+         "timm's VisionTransformer has no conv stem like vitkit's conv_stem (its hybrids use "
+         "ResNet backbones); only models with conv_stem=() convert to timm; keep vitkit's own "
+         "checkpoint (vitkit.save), which holds every option"),
+        (save_hf_folder, dict(global_pool="map"),
+         "Hugging Face's ViT cannot express this model; it needs a class token with "
+         "global_pool='token'; export --format timm instead (or keep vitkit's own checkpoint)"),
+        (save_hf_folder, dict(mlp_layer="swiglu", qk_norm=True),
+         "Hugging Face's ViT cannot express this model; it needs the paper's layers (not "
+         "qk_norm=True, mlp_layer='swiglu'); export --format timm instead (or keep vitkit's own "
+         "checkpoint)"),
+        (save_hf_folder, dict(norm_layer="rmsnorm", norm_eps=1e-5),
+         "Hugging Face's ViT cannot express this model; it needs the paper's layers (not "
+         "norm_layer='rmsnorm'); keep vitkit's own checkpoint (vitkit.save), which holds every "
+         "option"),
+        (save_hf_folder, dict(img_size=(32, 40)),
+         "a centre crop to a non-square 32x40 input has no Hugging Face image processor; export "
+         "a model with a square input or crop_mode='squash'; export --format timm instead (or "
+         "keep vitkit's own checkpoint)"),
+    ],
+)  # fmt: skip
+def test_what_a_folder_cannot_express_is_refused_before_writing(tmp_path, save, options, message):
+    with pytest.raises(ValueError) as err:
+        save(_small(**options), tmp_path / "out")
+    assert str(err.value) == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_folder_is_one_error_line_on_the_command_line(tmp_path, capsys):
+    vitkit.save(_small(mlp_layer="swiglu", res_post_norm=True), tmp_path / "m.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--format", "timm"]
+    assert vitkit.cli.main([*argv, str(tmp_path / "timm")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vitkit: error: no timm architecture builds res_post_norm=True with ")
+    assert err.endswith("keep vitkit's own checkpoint (vitkit.save), which holds every option")
+    assert "\n" not in err and not (tmp_path / "timm").exists()
 
 
 def test_export_folders_from_the_command_line(tmp_path, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +22,53 @@ from safetensors.torch import save as serialize_safetensors
 
 from ..data.data_config import DataConfig
 from ..files import atomic_write
-from ..model import VisionTransformer
+from ..model import VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from .hf import to_hf, to_hf_config
-from .timm import timm_kwargs, to_timm
+from .timm import ARCH_FIELDS, timm_kwargs, to_timm
 
 # PIL's resample codes, which Hugging Face processors store.
 _PIL_CODES = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3}
 
+# The timm factory that passes each block / MLP class vitkit's options need (timm
+# models/vision_transformer.py, deit.py); '' is the paper's ViT.
+_TIMM_ARCHITECTURES = {
+    "": "vit_base_patch16_224",
+    "distilled=True": "deit_base_distilled_patch16_224",
+    "res_post_norm=True": "vit_base_patch16_rpn_224",  # ResPostBlock
+    "mlp_layer='swiglu'": "aimv2_large_patch14_224",  # SwiGLU (fc1_g, fc1_x)
+    "mlp_layer='swiglu_packed'": "vit_giant_patch14_dinov2",  # SwiGLUPacked (gate first)
+}
+# timm's defaults of the keywords those factories set, written whenever the model keeps them
+# so that the architecture contributes its class and nothing else.
+_TIMM_PLAIN_ARGS = {
+    "act_layer": "gelu",
+    "proj_bias": True,
+    "reg_tokens": 0,
+    "no_embed_class": False,
+    "pre_norm": False,
+    "final_norm": True,
+    "dynamic_img_pad": False,
+    "pool_include_prefix": False,
+    "qk_norm": False,
+    "scale_attn_norm": False,
+    "scale_mlp_norm": False,
+}
+
 
 def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
     """`config.json`, `model.safetensors` and `preprocessor_config.json` that transformers
-    loads as the same model (`ViTForImageClassification`, or `ViTModel` without a head)."""
+    loads as the same model (`ViTForImageClassification`, or `ViTModel` without a head).
+
+    A model Hugging Face's ViT cannot express is refused before anything is written, naming
+    the format that can hold it."""
     folder = Path(folder)
-    config = to_hf_config(model.config)  # refuses what HF's ViT cannot express
+    try:  # everything that can refuse the model comes before the first write
+        config = to_hf_config(model.config)
+        processor = hf_processor(_data_config(model))
+        tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf(model).items()}
+    except ValueError as err:
+        raise ValueError(f"{err}; {_elsewhere(model, 'hf')}") from None
     names = _class_names(model)
     head = model.config.num_classes > 0
     config.update(
@@ -43,11 +77,10 @@ def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
         id2label={str(i): name for i, name in enumerate(names)},
         label2id={name: i for i, name in enumerate(names)},
     )
-    tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf(model).items()}
     _write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
-    _write_json(folder / "preprocessor_config.json", hf_processor(_data_config(model)))
+    _write_json(folder / "preprocessor_config.json", processor)
     return folder
 
 
@@ -84,20 +117,16 @@ def hf_processor(data_config: DataConfig) -> dict[str, Any]:
 
 def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
     """`config.json` (architecture, model_args, pretrained_cfg) and `model.safetensors` that
-    `timm.create_model("local-dir:" + folder, pretrained=True)` loads as the same model."""
+    `timm.create_model("local-dir:" + folder, pretrained=True)` loads as the same model.
+
+    A model timm's config.json cannot express is refused before anything is written, naming
+    the format that can hold it."""
     folder = Path(folder)
-    if model.config.norm_eps != 1e-6:
-        raise ValueError(
-            f"timm's ViT uses LayerNorm eps 1e-6; this model uses {model.config.norm_eps:g}, "
-            "so timm would compute another function"
-        )
-    if model.config.embed_norm:
-        raise ValueError("a timm config.json cannot name a patch-embedding norm (embed_norm)")
-    kwargs = {  # JSON values only: the norm layer is timm's default (eps 1e-6)
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in timm_kwargs(model.config).items()
-        if k != "norm_layer"
-    }
+    try:
+        architecture, model_args = timm_folder_args(model.config)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in to_timm(model).items()}
+    except ValueError as err:
+        raise ValueError(f"{err}; {_elsewhere(model, 'timm')}") from None
     data_config = _data_config(model)
     pretrained_cfg = {
         **data_config.to_dict(),
@@ -107,22 +136,65 @@ def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Pat
         "fixed_input_size": not model.config.dynamic_img_size,
         "label_names": _class_names(model),
     }
-    architecture = (
-        "vit_base_patch16_224" if not model.config.distilled else "deit_base_distilled_patch16_224"
-    )
     config = {
         "architecture": architecture,
         "num_classes": model.config.num_classes,
         "num_features": model.config.embed_dim,
         "global_pool": model.config.global_pool,
-        "model_args": kwargs,
+        "model_args": model_args,
         "pretrained_cfg": pretrained_cfg,
     }
-    tensors = {k: v.detach().contiguous().cpu() for k, v in to_timm(model).items()}
     _write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
     return folder
+
+
+def timm_folder_args(config: ViTConfig) -> tuple[str, dict[str, Any]]:
+    """The `architecture` and JSON `model_args` of a timm config.json that build `config`.
+
+    JSON names norms and activations by string (timm's eps 1e-6), but a block or MLP class
+    only through the architecture: timm's factory of that name passes it, and `model_args`
+    override every other keyword it sets. A ValueError names what no folder can carry."""
+    if config.norm_eps != 1e-6:
+        raise ValueError(
+            f"a timm config.json names norms without their eps (timm's is 1e-6); this model "
+            f"has norm_eps={config.norm_eps:g}"
+        )
+    classes = {  # option set -> the timm architecture whose factory passes its class
+        "distilled=True": config.distilled,
+        "res_post_norm=True": config.res_post_norm,
+        f"mlp_layer={config.mlp_layer!r}": config.mlp_layer != "mlp",
+    }
+    wanted = [name for name, on in classes.items() if on]
+    if len(wanted) > 1:
+        raise ValueError(
+            f"no timm architecture builds {' with '.join(wanted)} (timm takes each from a "
+            "different model factory)"
+        )
+    architecture = _TIMM_ARCHITECTURES[wanted[0] if wanted else ""]
+    norm = config.norm_layer  # 'layernorm' / 'rmsnorm': timm's names of the same norms
+    kwargs = timm_kwargs(config)
+    for name in ("norm_layer", "embed_norm_layer", "mlp_layer", "block_fn"):
+        kwargs.pop(name, None)  # not JSON: named below or given by the architecture
+    model_args = {
+        **_TIMM_PLAIN_ARGS,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()},
+        "norm_layer": norm,
+        "embed_norm_layer": norm if config.embed_norm else None,
+    }
+    return architecture, model_args
+
+
+def timm_folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ViTConfig` options a timm config.json's `model_args` state that its weights do not
+    show (`ARCH_FIELDS`); they take precedence over those of its architecture."""
+    options = {name: model_args[name] for name in ARCH_FIELDS if name in model_args}
+    if options.get("global_pool") == "":  # timm's name for keeping every token
+        options["global_pool"] = "none"
+    if isinstance(model_args.get("norm_layer"), str):  # a named norm has timm's eps
+        options["norm_eps"] = 1e-6
+    return options
 
 
 def _data_config(model: VisionTransformer) -> DataConfig:
@@ -133,6 +205,19 @@ def _data_config(model: VisionTransformer) -> DataConfig:
     height, width = to_2tuple(model.config.img_size, "img_size")
     chans = model.config.in_chans
     return DataConfig(input_size=(chans, height, width), mean=0.5, std=0.5, crop_pct=0.9)
+
+
+def _elsewhere(model: VisionTransformer, refused: str) -> str:
+    """Where a model the `refused` folder format cannot hold can go instead."""
+    other = "timm" if refused == "hf" else "hf"
+    check = timm_folder_args if other == "timm" else to_hf_config
+    try:
+        check(model.config)
+        if other == "hf":
+            hf_processor(_data_config(model))
+    except ValueError:
+        return "keep vitkit's own checkpoint (vitkit.save), which holds every option"
+    return f"export --format {other} instead (or keep vitkit's own checkpoint)"
 
 
 def _class_names(model: VisionTransformer) -> list[str]:

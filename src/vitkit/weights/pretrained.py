@@ -30,6 +30,7 @@ from .checkpoint import (
     saved_config,
 )
 from .detect import CONVERTERS, FORMATS, detect_format, weights_file
+from .folders import timm_folder_options
 from .preprocessing import read_json_object, source_data_config
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,9 @@ def load_pretrained(
     if format == "timm" and folder_config is not None and folder_config.is_file():
         hub = read_json_object(folder_config)  # a timm Hub folder
         model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping) and "num_heads" in model_args:
-            convert_options.setdefault("num_heads", model_args["num_heads"])
+        if isinstance(model_args, Mapping):  # over the architecture's (a vitkit export's)
+            for name, value in timm_folder_options(model_args).items():
+                convert_options.setdefault(name, value)
         if hub.get("architecture") in list_models():  # what the weights cannot show
             convert_options.setdefault("arch", hub["architecture"])
     if model is not None and format != "jax":  # the given model knows its head count
