@@ -229,6 +229,60 @@ def test_onnx_variants_dynamic(tmp_path, overrides):
         torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
 
 
+# The model options after the paper's ViT, each in a small model (embed_dim 32, one block).
+NEWER_OPTIONS = {
+    "registers": dict(reg_tokens=2),
+    "no_embed_class": dict(reg_tokens=1, no_embed_class=True),
+    "max": dict(global_pool="max"),
+    "avgmax": dict(global_pool="avgmax"),
+    "map": dict(global_pool="map"),
+    "none": dict(global_pool="none", num_classes=0),
+    "rmsnorm": dict(norm_layer="rmsnorm"),
+    "swiglu": dict(mlp_layer="swiglu"),
+    "swiglu_packed": dict(mlp_layer="swiglu_packed"),
+    "gelu_tanh": dict(act_layer="gelu_tanh"),
+    "quick_gelu": dict(act_layer="quick_gelu"),
+    "silu": dict(act_layer="silu"),
+    "qk_norm": dict(qk_norm=True),
+    "res_post_norm": dict(res_post_norm=True, init_values=0.1),
+    "dynamic_img_pad": dict(dynamic_img_size=True, dynamic_img_pad=True),
+}
+
+
+@needs_onnx
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic_img_size", [False, True], ids=["fixed", "dynamic"])
+@pytest.mark.parametrize("overrides", NEWER_OPTIONS.values(), ids=NEWER_OPTIONS)
+def test_onnx_newer_model_options(tmp_path, overrides, dynamic_img_size):
+    """verify=True: onnxruntime within 1e-4 of PyTorch at the model's size and, dynamic, at
+    another (and, for dynamic_img_pad, at one that is not a multiple of the patch)."""
+    model = tiny(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4, **overrides)
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_img_size=dynamic_img_size, verify=True)
+    grid = ["8*grid_height", "8*grid_width"] if dynamic_img_size else [32, 32]
+    if dynamic_img_size and model.config.dynamic_img_pad:
+        grid = ["height", "width"]
+    assert input_dims(path) == ["batch", 3, *grid]
+
+
+@needs_onnx
+def test_onnx_of_a_dynamic_img_pad_model_pads_any_size(tmp_path):
+    """The padding stays in the graph: a size that is not a multiple of the patch size gives
+    PyTorch's output (it was traced away, and such sizes came out wrong)."""
+    model = tiny(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4,
+                 dynamic_img_size=True, dynamic_img_pad=True, global_pool="map")  # fmt: skip
+    path = export_onnx(model, tmp_path / "pad.onnx", verify=True)
+    assert input_dims(path) == ["batch", 3, "height", "width"]
+    for height, width in [(36, 45), (17, 31), (32, 32)]:
+        x = torch.randn(2, 3, height, width)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
+    program = export_program(model)
+    x = torch.randn(3, 3, 45, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=0, atol=1e-5)
+
+
 @needs_onnx
 def test_backbone_onnx_and_torch_export(tmp_path):
     backbone = ViTBackbone(tiny(num_classes=0, depth=3), out_indices=(0, -1))

@@ -5,7 +5,9 @@ needs `onnxscript`). What is dynamic in the exported graph:
 
 - batch: dynamic (`dynamic_batch=True`, the default), or fixed at 1;
 - height and width: dynamic with `dynamic_img_size` (default: the model's own setting), as
-  multiples of the patch size (ONNX input dims `'16*grid_height'`, `'16*grid_width'`). A learned
+  multiples of the patch size (ONNX input dims `'16*grid_height'`, `'16*grid_width'`), or for
+  a `dynamic_img_pad` model any size of two patches or more (`'height'`, `'width'`), padded in
+  the graph. A learned
   position embedding is resampled inside the graph (ONNX `Resize`, cubic, antialias: opset 18
   or newer), a fixed table is recomputed; otherwise both are fixed at `img_size`;
 - fixed: the channels, the dtype, and the outputs: logits (or pooled features when
@@ -13,9 +15,10 @@ needs `onnxscript`). What is dynamic in the exported graph:
   are not exported.
 
 The ONNX graph does not validate its input the way `PatchEmbed.check_input` does: feed it
-sizes that are multiples of the patch size. The TorchScript-based (legacy) ONNX exporter cannot
-export the antialiased bicubic resample, and `torch.jit.script` cannot compile the model (its
-input checks build error messages from shapes); `torch.jit.trace` works, for the traced size.
+sizes that are multiples of the patch size (any size to a `dynamic_img_pad` model). The
+TorchScript-based (legacy) ONNX exporter cannot export the antialiased bicubic resample, and
+`torch.jit.script` cannot compile the model (its input checks build error messages from
+shapes); `torch.jit.trace` works, for the traced size.
 """
 
 from __future__ import annotations
@@ -91,8 +94,11 @@ def _dynamic_shapes(
     dims: dict[int, object] = {}
     if dynamic_batch:
         dims[0] = Dim("batch")
-    if dynamic_img_size:
-        patch_h, patch_w = vit.patch_embed.patch_size
+    patch_h, patch_w = vit.patch_embed.patch_size
+    if dynamic_img_size and vit.patch_embed.dynamic_img_pad:  # any size: the graph pads it
+        # two patches or more each way, as the multiples below (export specialises a 1 grid)
+        dims[2], dims[3] = Dim("height", min=2 * patch_h), Dim("width", min=2 * patch_w)
+    elif dynamic_img_size:
         dims[2] = patch_h * Dim("grid_height")
         dims[3] = patch_w * Dim("grid_width")
     return (dims,)
@@ -277,7 +283,8 @@ def check_onnx(
     """Run the ONNX file in onnxruntime on random float32 images and compare with PyTorch.
 
     Uses the model's size and, with `dynamic_img_size`, a second one (two more patches each
-    way); three images with `dynamic_batch`. Returns the largest absolute difference; raises
+    way) and for a `dynamic_img_pad` model a third that is not a multiple of the patch size;
+    three images with `dynamic_batch`. Returns the largest absolute difference; raises
     ValueError above `atol`.
     """
     try:
@@ -292,6 +299,8 @@ def check_onnx(
     if dynamic_img_size:
         (patch_h, patch_w), (height, width) = vit.patch_embed.patch_size, sizes[0]
         sizes.append((height + 2 * patch_h, width + 2 * patch_w))
+        if vit.patch_embed.dynamic_img_pad:  # and a size the graph must pad
+            sizes.append((height + patch_h + 1, width + 2 * patch_w - 1))
     reference = _with_dynamic_img_size(module) if dynamic_img_size else module
     worst = 0.0
     with _eval_mode(reference):
