@@ -375,6 +375,7 @@ PARITY_TOLERANCE = 1e-4
 def _cmd_convert(args: argparse.Namespace) -> int:
     from . import convert
     from .weights import CheckpointError, load_pretrained, load_state_dict, save, weights_file
+    from .weights.layout import NUM_HEADS_HINT
 
     options = {}
     if args.num_heads is not None:
@@ -386,8 +387,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     print(f"converting {args.input} ({args.source} weights) ...", flush=True)
     try:
         model = load_pretrained(args.input, format=args.source, **options)
-    except CheckpointError as err:
-        raise UserError(str(err)) from None
+    except CheckpointError as err:  # convert's flag for the head count is --num-heads
+        raise UserError(str(err).replace(NUM_HEADS_HINT, "--num-heads N")) from None
     cfg = model.config
     print(
         f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, depth "

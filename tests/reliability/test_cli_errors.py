@@ -191,3 +191,24 @@ def test_usage_errors_of_every_subcommand_are_one_line(run_cli, command):
     code, out, err = run_cli(command, "--no-such-flag")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith("vitkit: error: ") and "--help" in err
+
+
+def test_a_missing_head_count_names_each_commands_flag(tmp_path, run_cli):
+    """Weights of a non-standard width do not tell the head count: `vitkit convert` asks for
+    its --num-heads, the Python API for num_heads=N."""
+    torch.manual_seed(0)
+    model = vitkit.VisionTransformer(img_size=16, patch_size=8, embed_dim=40, depth=1,
+                                     num_heads=4, num_classes=3)  # fmt: skip
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    out = tmp_path / "v.safetensors"
+    code, _, err = run_cli("convert", "--from", "timm", tmp_path / "w.pth", out, "--no-parity")
+    assert code == 2 and err.count("\n") == 1
+    assert err.endswith(
+        "width 40 is not a standard ViT size (192, 384, 768, 1024, 1280); give it: --num-heads N "
+        "on the command line, num_heads=N in Python\n"
+    )
+    assert "--model-opt" not in err and not out.exists()
+    assert run_cli("convert", "--from", "timm", tmp_path / "w.pth", out, "--num-heads", "4")[0] == 0
+    assert vitkit.load(out).config.num_heads == 4
+    with pytest.raises(vitkit.CheckpointError, match="give it: --model-opt num_heads=N on the"):
+        vitkit.load_pretrained(tmp_path / "w.pth")

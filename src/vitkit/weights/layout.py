@@ -61,6 +61,10 @@ _NEEDS_OPTIONS = (
 )
 
 
+# The head-count flag the missing-heads error names; `vitkit convert` names its --num-heads.
+NUM_HEADS_HINT = "--model-opt num_heads=N"
+
+
 def default_num_heads(embed_dim: int) -> int:
     """The head count of a standard width (ViT paper Table 1, DeiT) when the weights do not
     say; any other width is refused, never guessed: a wrong count computes another function."""
@@ -69,7 +73,7 @@ def default_num_heads(embed_dim: int) -> int:
     raise CheckpointError(
         f"the weights do not record the number of attention heads and width {embed_dim} is not "
         f"a standard ViT size ({', '.join(map(str, STANDARD_HEADS))}); give it: "
-        "--model-opt num_heads=N on the command line, num_heads=N in Python"
+        f"{NUM_HEADS_HINT} on the command line, num_heads=N in Python"
     )
 
 
