@@ -357,3 +357,28 @@ def test_cli_summary_options_are_trains(capsys):
     )
     assert main(["summary", "vit_digits", "--img-size", "0"]) == 2
     assert "img_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options, stage, detail, shape",
+    [
+        (dict(), "pool", "class token x[:, 0]", (2, 24)),
+        (dict(global_pool="avg"), "pool", "mean of the patch tokens", (2, 24)),
+        (dict(global_pool="max"), "pool", "max of the patch tokens", (2, 24)),
+        (dict(global_pool="avgmax", reg_tokens=2, pool_include_prefix=True), "pool",
+         "(mean + max) / 2 of all tokens", (2, 24)),
+        (dict(global_pool="map"), "attn_pool",
+         "attention pool (attn_pool): a learned query attends over the patch tokens", (2, 24)),
+        (dict(global_pool="none", class_token=False, num_classes=0), "pool",
+         "none: every token goes on", (2, 4, 24)),
+    ],
+)  # fmt: skip
+def test_the_flow_names_the_models_own_pooling(options, stage, detail, shape):
+    from vitkit.summary import flow
+
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=24, depth=1, num_heads=3,
+                              **{"num_classes": 5, **options})  # fmt: skip
+    result = flow(model, (2, 3, 16, 16))
+    (pool,) = [r for r in result.rows if r.role == "pooling"]
+    assert (pool.stage, pool.detail, pool.shape) == (stage, detail, shape)
+    assert sum(r.params or 0 for r in result.rows) == sum(p.numel() for p in model.parameters())

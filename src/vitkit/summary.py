@@ -534,13 +534,15 @@ def _walk(model: nn.Module, trace: _Trace, x: Tensor) -> list[FlowRow]:
 
     rows = [FlowRow("input", "image", "", "(B, C, H, W)", tuple(x.shape))]
     rows += _patch_rows(model, trace, module_row)
-    prefix = [
-        (n, t)
-        for n, t in (("cls_token", model.cls_token), ("dist_token", model.dist_token))
-        if t is not None
-    ]
+    tokens = {
+        "cls_token": ("class", model.cls_token),
+        "dist_token": ("distillation", model.dist_token),
+        "reg_token": ("register", getattr(model, "reg_token", None)),
+    }
+    prefix = [(n, t) for n, (_, t) in tokens.items() if t is not None]
     if prefix:
-        label = "class token" if len(prefix) == 1 else "class and distillation tokens"
+        kinds = [tokens[n][0] for n, _ in prefix]
+        label = " and ".join(kinds) + (" token" if kinds == ["class"] else " tokens")
         rows.append(
             FlowRow(
                 " + ".join(n for n, _ in prefix),
@@ -572,13 +574,7 @@ def _walk(model: nn.Module, trace: _Trace, x: Tensor) -> list[FlowRow]:
             rows += _block_rows(model, trace, f"blocks.{i}", i, module_row)
     if not isinstance(model.norm, nn.Identity):
         rows.append(module_row("norm", "final norm", "LayerNorm", "(B, N, D)"))
-    if model.global_pool == "avg":
-        pool = FlowRow(
-            "pool", "pooling", "mean of the patch tokens", "(B, D)", trace.inputs["fc_norm"]
-        )
-    else:
-        pool = FlowRow("pool", "pooling", "class token x[:, 0]", "(B, D)", trace.inputs["fc_norm"])
-    rows.append(pool)
+    rows.append(_pool_row(model, trace))
     if not isinstance(model.fc_norm, nn.Identity):
         rows.append(module_row("fc_norm", "norm after pooling", "LayerNorm", "(B, D)"))
     for name, role in (("head", "head"), ("head_dist", "distillation head")):
@@ -593,6 +589,24 @@ def _walk(model: nn.Module, trace: _Trace, x: Tensor) -> list[FlowRow]:
             )
         )
     return rows
+
+
+def _pool_row(model: nn.Module, trace: _Trace) -> FlowRow:
+    """What `VisionTransformer.pool` does with the tokens: the class token, a mean / max over
+    the patch tokens (or all tokens), the attention-pool head, or nothing."""
+    pool, shape = model.global_pool, trace.inputs["fc_norm"]
+    if pool == "token":
+        return FlowRow("pool", "pooling", "class token x[:, 0]", "(B, D)", shape)
+    if pool == "none":
+        return FlowRow("pool", "pooling", "none: every token goes on", "(B, N, D)", shape)
+    over = "all tokens" if model.pool_include_prefix else "the patch tokens"
+    if pool == "map":
+        detail = f"attention pool (attn_pool): a learned query attends over {over}"
+        return FlowRow(
+            "attn_pool", "pooling", detail, "(B, D)", shape, _module_params(model.attn_pool)
+        )
+    reduce = {"avg": "mean", "max": "max", "avgmax": "(mean + max) / 2"}[pool]
+    return FlowRow("pool", "pooling", f"{reduce} of {over}", "(B, D)", shape)
 
 
 def _patch_rows(model: nn.Module, trace: _Trace, module_row) -> list[FlowRow]:
