@@ -269,3 +269,27 @@ def test_cli_explain_class_over_the_image_at_its_own_size(region_model, tmp_path
     )
     assert main([*argv, "--discard-ratio", "1"]) == 2
     assert "--discard-ratio must be in [0, 1), got 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options", [dict(global_pool="max"), dict(global_pool="map", class_token=False, reg_tokens=1)]
+)
+def test_maps_of_a_model_without_a_class_token_readout_read_the_patch_rows(options):
+    """max / map pooling reads no class-token row: every map is the patch rows' mean (with the
+    register token skipped), never row 0 (a patch or a register when there is no class token)."""
+    from vitkit import VisionTransformer
+    from vitkit.explain import readout_of
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3,
+                              num_classes=4, **options).eval()  # fmt: skip
+    x = torch.randn(2, 3, 16, 16)
+    maps = attention_maps(model, x)
+    with torch.no_grad():
+        _, attentions = model(x, return_attention=True)
+    prefix = model.num_prefix_tokens
+    assert readout_of(model) == "mean"
+    expected = attentions[-1][:, :, prefix:, prefix:].mean(2).reshape(2, 3, 4, 4)
+    torch.testing.assert_close(maps["cls_attention_heads"], expected)
+    common = dict(num_prefix_tokens=prefix, grid=(4, 4), readout="mean")
+    torch.testing.assert_close(maps["rollout"], attention_rollout(list(attentions), **common))

@@ -152,8 +152,9 @@ def attention_maps(
     Returns `logits` (B, K); `target` (B,), the explained class (given, else predicted);
     `relevance` (B, gh, gw), its class-specific map; `rollout` (B, gh, gw); `cls_attention`
     (B, gh, gw, head mean of the last block) and `cls_attention_heads` (B, heads, gh, gw).
-    A model with average pooling reads the patch rows' mean instead of the class token's row
-    for rollout and relevance.
+    Only a model that pools its class token (global_pool='token') is read at the class
+    token's row; the others ('avg', 'max', 'avgmax', the 'map' attention pool, 'none') have
+    no such row to read, so every map reads the patch rows' mean (`readout_of`).
     """
     was_training = model.training
     model.eval()
@@ -169,8 +170,12 @@ def attention_maps(
     attentions = [a.detach() for a in attentions]
     grid = model.patch_embed.grid_for(*images.shape[-2:])
     prefix = model.num_prefix_tokens
-    readout = "mean" if getattr(model, "global_pool", "token") == "avg" else "class"
-    heads = cls_attention(attentions[-1], num_prefix_tokens=prefix, grid=grid)
+    readout = readout_of(model)
+    if readout == "class":
+        heads = cls_attention(attentions[-1], num_prefix_tokens=prefix, grid=grid)
+    else:  # no class-token row to read: the patch rows' mean, per head
+        last = attentions[-1][:, :, prefix:, prefix:].float().mean(2)  # (B, heads, gh * gw)
+        heads = last.reshape(*last.shape[:2], *grid)  # (B, heads, gh, gw)
     common = {"num_prefix_tokens": prefix, "grid": grid, "readout": readout}
     return {
         "logits": logits.detach(),
@@ -182,6 +187,13 @@ def attention_maps(
         "cls_attention": heads.mean(1),
         "cls_attention_heads": heads,
     }
+
+
+def readout_of(model: nn.Module) -> str:
+    """'class' for a model whose head reads its class token, else 'mean' (the patch tokens'
+    rows): max, avgmax and attention pooling have no one row to follow, so their maps show
+    where the patch tokens look on average."""
+    return "class" if getattr(model, "global_pool", "token") == "token" else "mean"
 
 
 def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Tensor:
