@@ -293,3 +293,25 @@ def test_maps_of_a_model_without_a_class_token_readout_read_the_patch_rows(optio
     torch.testing.assert_close(maps["cls_attention_heads"], expected)
     common = dict(num_prefix_tokens=prefix, grid=(4, 4), readout="mean")
     torch.testing.assert_close(maps["rollout"], attention_rollout(list(attentions), **common))
+
+
+def test_the_last_panel_names_what_is_read(tmp_path, monkeypatch):
+    """A model pooling its class token shows the class token's attention; any other pooling
+    shows the patch tokens' mean attention, and the panel says so."""
+    from matplotlib.axes import Axes
+
+    from vitkit.explain import readout_of
+
+    titles = []
+    real = Axes.set_title
+    monkeypatch.setattr(Axes, "set_title", lambda ax, t, **kw: titles.append(t) or real(ax, t))
+    torch.manual_seed(0)
+    images = torch.randn(1, 1, 8, 8)
+    for pool, expected in (("token", "last-layer [CLS] attention"),
+                           ("map", "last-layer mean patch attention")):  # fmt: skip
+        model = create_model("vit_digits", depth=1, global_pool=pool)
+        maps = attention_maps(model, images)
+        titles.clear()
+        draw_explanation(images[0].sigmoid(), {k: v[0] for k, v in maps.items()},
+                         tmp_path / f"{pool}.png", readout=readout_of(model))  # fmt: skip
+        assert expected in titles

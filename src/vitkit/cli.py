@@ -20,7 +20,7 @@ from torch.utils.data import ConcatDataset
 
 from . import data as data_lib
 from .data.data_config import DataConfig
-from .explain import attention_maps, draw_explanation, plot_confusion
+from .explain import attention_maps, draw_explanation, plot_confusion, readout_of
 from .files import DiskFullError
 from .model import VisionTransformer, registry
 from .model.precision import PRECISIONS, set_precision
@@ -335,6 +335,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         target_name=names[explained],
         rollout_title=f"rollout ({args.head_fusion} of heads, discard {args.discard_ratio:g})",
         title=f"{Path(args.image).name}: predicted {names[k]} ({float(probs[k]):.3f})",
+        readout=readout_of(model),
     )
     print(
         f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[explained]} "

@@ -261,6 +261,7 @@ def draw_explanation(
     per_head: bool = False,
     target_name: str | None = None,
     rollout_title: str = "attention rollout",
+    readout: str = "class",
 ) -> None:
     """PNG: the image, then each map blended over it at the image's own resolution with a
     colour bar (the class-specific relevance when `maps` has it, the rollout, the last block's
@@ -274,6 +275,8 @@ def draw_explanation(
         per_head: add one panel per head of the last block.
         target_name: the explained class, for the relevance panel's title.
         rollout_title: the rollout panel's title (e.g. naming head fusion and discard ratio).
+        readout: `readout_of(model)`: 'class' titles the last panel as the class token's
+            attention, 'mean' as the patch tokens' mean attention.
     """
     plt = _pyplot()
     panels: list[tuple[str, Tensor | None]] = [("image", None)]
@@ -281,7 +284,8 @@ def draw_explanation(
         name = target_name if target_name is not None else str(int(maps.get("target", -1)))
         panels.append((f"relevance for class {name}", maps["relevance"]))
     panels.append((rollout_title, maps["rollout"]))
-    panels.append(("last-layer [CLS] attention", maps["cls_attention"]))
+    last = "last-layer [CLS] attention" if readout == "class" else "last-layer mean patch attention"
+    panels.append((last, maps["cls_attention"]))
     heads = list(maps["cls_attention_heads"]) if per_head else []
     cols = max(len(panels), min(len(heads), 4))
     rows = 1 + -(-len(heads) // cols)

@@ -208,7 +208,11 @@ def _grid_from_pos_embed(sd: Mapping[str, Tensor], cfg: dict[str, Any], img_give
         raise CheckpointError(
             f"the position embedding's {length} positions ({prefix} prefix tokens) {found}; "
             "pass img_size=(h, w), the resolution the weights were trained at"
-            + (", or no_embed_class=" if prefix else "")
+            + (
+                ", or no_embed_class=True / False (whether the prefix tokens have positions)"
+                if prefix
+                else ""
+            )
         )
     ((no_embed, side),) = fits.items()
     cfg["no_embed_class"] = no_embed
