@@ -317,3 +317,26 @@ def test_onnx_carries_the_data_config(tmp_path):
     x = torch.randn(1, 3, 60, 100)
     with torch.no_grad():
         torch.testing.assert_close(run_onnx(path, x), model(x), rtol=0, atol=1e-4)
+
+
+def test_cli_export_folders_in_bf16(tmp_path, capsys):
+    """--precision bf16 folders hold bf16 weights that transformers and timm load, with logits
+    within bf16 rounding of the float32 model's."""
+    transformers = pytest.importorskip("transformers")
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import load_file
+
+    model = tiny(img_size=32, patch_size=8, embed_dim=64, num_heads=4, num_classes=3)
+    save(model, tmp_path / "m.safetensors")
+    argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--precision", "bf16"]
+    for fmt in ("hf", "timm"):
+        assert main(argv + ["--format", fmt, str(tmp_path / fmt)]) == 0
+        weights = load_file(str(tmp_path / fmt / "model.safetensors"))
+        assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    hf = transformers.ViTForImageClassification.from_pretrained(str(tmp_path / "hf")).float()
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        for got in (hf(pixel_values=x).logits, theirs(x)):
+            assert (got - want).abs().max() < 0.02 * want.abs().max() + 0.01
