@@ -13,7 +13,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .vit import VisionTransformer, take_indices
+from .intermediates import take_indices
+from .vit import VisionTransformer
 
 
 def default_out_indices(depth: int) -> list[int]:

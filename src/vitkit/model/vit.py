@@ -22,7 +22,6 @@ attention-pooling head is SigLIP's (Zhai et al., 2023).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -31,39 +30,26 @@ from torch import Tensor, nn
 
 from . import onednn
 from .config import ViTConfig
-from .layers import (
-    AttentionPool,
-    Block,
-    LayerScale,
-    PatchEmbed,
-    ResPostBlock,
-    conv_to_unfold_weight,
-    make_norm,
-    unfold_to_conv_weight,
-)
-from .pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
+from .intermediates import IntermediateFeatures, take_indices
+from .layers import AttentionPool, Block, LayerScale, PatchEmbed, ResPostBlock, make_norm
+from .pos_embed import fixed_pos_embed, resample_pos_embed
+from .timm_api import TimmModelApi, block_feature_info
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
+from .weight_init import trunc_normal_
+
+# `take_indices` and `trunc_normal_` live in intermediates.py / weight_init.py; importable here.
+__all__ = ["VisionTransformer", "take_indices", "trunc_normal_"]
 
 _NEEDS_PLAIN = "{tool} needs the plain modules; call model.set_fast_path(False) first"
 
 
-@torch.no_grad()
-def trunc_normal_(tensor: Tensor, std: float = 0.02) -> Tensor:
-    """Normal(0, std) truncated at two standard deviations, by inverse-CDF sampling.
-
-    The same distribution as `nn.init.trunc_normal_`, written in place in one pass: PyTorch's
-    version is an order of magnitude slower on CPU, which dominates building large models.
-    """
-    bound = math.erf(2 / math.sqrt(2))  # erf-space image of [-2 std, 2 std]
-    tensor.uniform_(-bound, bound).erfinv_().mul_(std * math.sqrt(2.0))
-    return tensor.clamp_(-2 * std, 2 * std)
-
-
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
     """ViT: `VisionTransformer(**options)` or `VisionTransformer(ViTConfig(...))`.
 
     The options are `ViTConfig`'s fields (names as in timm); state-dict keys follow timm's
     (`patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv`, `norm`, `head`, ...).
+    timm's model API comes from `TimmModelApi` (timm_api.py), `forward_intermediates` and
+    `get_intermediate_layers` from `IntermediateFeatures` (intermediates.py).
     """
 
     # Python-side only (they read `config`): TorchScript compiles properties otherwise.
@@ -71,20 +57,7 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, config: ViTConfig | None = None, /, **options: Any) -> None:
         super().__init__()
-        if config is None:
-            config = ViTConfig.from_dict(options)
-        elif options:
-            config = config.replace(**options)
-        if config.encoder == "torch":
-            check_torch_encoder_options(
-                attn_drop_rate=config.attn_drop_rate,
-                drop_rate=config.drop_rate,
-                drop_path_rate=config.drop_path_rate,
-                init_values=config.init_values,
-                qk_scale=config.qk_scale,
-                qkv_bias=config.qkv_bias,
-            )
-        self.config = config
+        self.config = config = _resolve_config(config, options)
         dim = config.embed_dim
         self.num_classes = config.num_classes
         self.num_features = self.head_hidden_size = self.embed_dim = dim
@@ -97,13 +70,33 @@ class VisionTransformer(nn.Module):
         self.pos_prefix_tokens = config.pos_prefix_tokens
         self.pos_embed_kind = config.pos_embed
         self.pool_include_prefix = config.pool_include_prefix
-        norm = config.norm_layer, dim, config.norm_eps
 
-        self.patch_embed = PatchEmbed(
+        self.patch_embed = self._build_patch_embed(config)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
+        self.reg_token = None
+        if config.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim))
+        self._add_pos_embed(config)
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        self.norm_pre = _norm(config) if config.pre_norm else nn.Identity()
+        self.blocks = _build_blocks(config)
+        self._add_pool_and_heads(config)
+        self.feature_info = block_feature_info(config, self.patch_embed)
+        self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self._pretrained_cfg: dict[str, Any] | None = None
+        self.init_weights()
+        self.set_fast_path(True)
+
+    # -- construction -----------------------------------------------------------------------
+
+    def _build_patch_embed(self, config: ViTConfig) -> PatchEmbed:
+        """The patch embedding `config` describes (also rebuilt by `set_input_size`)."""
+        return PatchEmbed(
             img_size=config.img_size,
             patch_size=config.patch_size,
             in_chans=config.in_chans,
-            embed_dim=dim,
+            embed_dim=config.embed_dim,
             kind=config.patch_embed,
             norm=config.embed_norm,
             norm_eps=config.norm_eps,
@@ -113,95 +106,46 @@ class VisionTransformer(nn.Module):
             conv_stem=config.conv_stem,
             bias=config.patch_bias,
         )
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
-        self.reg_token = None
-        if config.reg_tokens:
-            self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, dim))
+
+    def _add_pos_embed(self, config: ViTConfig) -> None:
+        """`pos_embed`: learned positions are a parameter; a fixed table is a buffer, not
+        trained, not saved; with pos_embed='none', None."""
         num_positions = config.pos_prefix_tokens + self.patch_embed.num_patches
         if config.pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, config.embed_dim))
         elif config.pos_embed == "none":
             self.pos_embed = None
-        else:  # a fixed table: a buffer, not trained, not saved
+        else:
+            grid = self.patch_embed.grid_size
             table = fixed_pos_embed(
-                config.pos_embed, self.patch_embed.grid_size, dim, config.pos_prefix_tokens
+                config.pos_embed, grid, config.embed_dim, config.pos_prefix_tokens
             )
             self.register_buffer("pos_embed", table, persistent=False)
-        self.pos_drop = nn.Dropout(config.drop_rate)
-        self.norm_pre = make_norm(*norm) if config.pre_norm else nn.Identity()
 
-        if config.encoder == "native":
-            last = max(config.depth - 1, 1)
-            drop_path = [config.drop_path_rate * i / last for i in range(config.depth)]
-            block_class = ResPostBlock if config.res_post_norm else Block
-            self.blocks = nn.Sequential(
-                *[
-                    block_class(
-                        dim,
-                        num_heads=config.num_heads,
-                        mlp_ratio=config.mlp_ratio,
-                        qkv_bias=config.qkv_bias,
-                        qk_scale=config.qk_scale,
-                        proj_drop=config.drop_rate,
-                        attn_drop=config.attn_drop_rate,
-                        drop_path=drop_path[i],
-                        init_values=None if config.res_post_norm else config.init_values,
-                        norm_eps=config.norm_eps,
-                        norm_layer=config.norm_layer,
-                        act_layer=config.act_layer,
-                        mlp_layer=config.mlp_layer,
-                        qk_norm=config.qk_norm,
-                        scale_attn_norm=config.scale_attn_norm,
-                        scale_mlp_norm=config.scale_mlp_norm,
-                        proj_bias=config.proj_bias,
-                    )
-                    for i in range(config.depth)
-                ]
-            )
-        else:
-            self.blocks = build_torch_encoder(
-                dim=dim,
-                depth=config.depth,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio,
-                dropout=config.drop_rate,
-                norm_eps=config.norm_eps,
-            )
-        use_fc_norm = config.use_fc_norm
-        has_norm = config.final_norm and not use_fc_norm
-        self.norm = make_norm(*norm) if has_norm else nn.Identity()
+    def _add_pool_and_heads(self, config: ViTConfig) -> None:
+        """The final norm, the attention pool (global_pool='map'), `fc_norm` and the heads."""
+        has_norm = config.final_norm and not config.use_fc_norm
+        self.norm = _norm(config) if has_norm else nn.Identity()
         self.attn_pool = None
         if config.global_pool == "map":
             self.attn_pool = AttentionPool(
-                dim,
+                config.embed_dim,
                 num_heads=config.num_heads,
                 mlp_ratio=config.mlp_ratio,
                 act_layer=config.act_layer,
                 norm_layer=config.norm_layer,
                 norm_eps=config.norm_eps,
             )
-        has_fc_norm = config.final_norm and use_fc_norm
-        self.fc_norm = make_norm(*norm) if has_fc_norm else nn.Identity()
+        has_fc_norm = config.final_norm and config.use_fc_norm
+        self.fc_norm = _norm(config) if has_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
-        self.head_dist = None
-        if config.distilled:
-            self.head_dist = (
-                nn.Linear(dim, config.num_classes) if config.num_classes else nn.Identity()
-            )
-        red_h, red_w = self.patch_embed.reduction  # image pixels per token
-        reduction: int | tuple[int, int] = red_h if red_h == red_w else (red_h, red_w)
-        prefix = "blocks.layers" if config.encoder == "torch" else "blocks"
-        # timm's per-block feature description (`FeatureInfo` reads it).
-        self.feature_info: list[dict[str, Any]] = [
-            {"module": f"{prefix}.{i}", "num_chs": dim, "reduction": reduction}
-            for i in range(config.depth)
-        ]
-        self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
-        self._pretrained_cfg: dict[str, Any] | None = None
-        self.init_weights()
-        self.set_fast_path(True)
+        self.head = self._build_head(config.num_classes)
+        self.head_dist = self._build_head(config.num_classes) if config.distilled else None
+
+    def _build_head(self, num_classes: int) -> nn.Module:
+        """A linear classifier of the D features (also rebuilt by `reset_classifier`); the
+        identity for num_classes=0."""
+        return nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 
     # -- initialisation ---------------------------------------------------------------------
 
@@ -211,20 +155,7 @@ class VisionTransformer(nn.Module):
         projection, LayerNorm ones/zeros; class token and learned positions per `token_init`;
         a conv stem gets the ResNet init (`ConvStem.reset_parameters`)."""
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                trunc_normal_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
-            elif isinstance(module, LayerScale):
-                module.gamma.fill_(module.init_values)
-            elif isinstance(module, nn.MultiheadAttention):
-                trunc_normal_(module.in_proj_weight)
-                nn.init.zeros_(module.in_proj_bias)
+            _init_module(module)
         tokens = (self.cls_token, self.dist_token, self.reg_token, self.learned_pos_embed)
         for param in tokens:
             if param is None:
@@ -275,173 +206,6 @@ class VisionTransformer(nn.Module):
         if self.fast_path_in_use():
             raise ValueError(_NEEDS_PLAIN.format(tool="torch.jit.script"))
         return self
-
-    # -- timm's model API -------------------------------------------------------------------
-
-    @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's `pretrained_cfg`: how inputs are prepared (the loaded weights' data config,
-        else timm's ViT default: mean = std = 0.5, bicubic, crop 0.9) and where the first conv
-        and the classifier are, so `timm.data.resolve_data_config(model=model)` works."""
-        if self._pretrained_cfg is not None:
-            return self._pretrained_cfg
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
-        data = {
-            "input_size": (chans, height, width),
-            "interpolation": "bicubic",
-            "crop_pct": 0.9,
-            "crop_mode": "center",
-            "mean": (0.5,) * chans,
-            "std": (0.5,) * chans,
-        }
-        if self.data_config is not None:
-            data = {key: getattr(self.data_config, key) for key in data}
-        return {
-            **data,
-            "fixed_input_size": not self.patch_embed.dynamic_img_size,
-            "num_classes": self.num_classes,
-            "pool_size": None,
-            "first_conv": "patch_embed.proj",
-            "classifier": ("head", "head_dist") if self.head_dist is not None else "head",
-        }
-
-    @pretrained_cfg.setter
-    def pretrained_cfg(self, value: dict[str, Any]) -> None:
-        self._pretrained_cfg = dict(value)
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        """timm's older name for `pretrained_cfg`."""
-        return self.pretrained_cfg
-
-    @default_cfg.setter
-    def default_cfg(self, value: dict[str, Any]) -> None:
-        self.pretrained_cfg = value
-
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """Parameter-name patterns of timm's layer groups (the embedding stem, then each block,
-        the final norm last), as timm's layer-wise learning-rate decay reads them."""
-        blocks = r"^blocks\.layers\.(\d+)" if self.config.encoder == "torch" else r"^blocks\.(\d+)"
-        return {
-            "stem": r"^cls_token|dist_token|reg_token|pos_embed|patch_embed|norm_pre",
-            "blocks": [(blocks, None), (r"^norm", (99999,))],
-        }
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (and the final norm, and the pooling and
-        head) for a backbone that only reads intermediates, as timm's; returns the kept block
-        indices, counted from the start. `config` follows (depth, norms, head)."""
-        blocks = self.block_list()
-        take = take_indices(len(blocks), indices)
-        depth = max(take) + 1
-        if self.config.encoder == "torch":
-            self.blocks.layers = self.blocks.layers[:depth]
-            self.blocks.num_layers = depth
-        else:
-            self.blocks = self.blocks[:depth]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
-        has_norm = not isinstance(self.norm, nn.Identity)
-        has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
-        self.config = self.config.replace(
-            depth=depth, final_norm=has_norm or has_fc_norm, fc_norm=has_fc_norm
-        )
-        return take
-
-    def set_input_size(
-        self,
-        img_size: int | tuple[int, int] | None = None,
-        patch_size: int | tuple[int, int] | None = None,
-    ) -> None:
-        """Take another image size and / or patch size from now on, as timm's: the learned
-        position grid is resampled (bicubic) and, for a new patch size, the patch projection
-        too (FlexiViT's PI-resize, `resample_patch_embed`); fixed tables are recomputed."""
-        old_grid = self.patch_embed.grid_size
-        config = self.config.replace(
-            img_size=self.config.img_size if img_size is None else img_size,
-            patch_size=self.config.patch_size if patch_size is None else patch_size,
-        )
-        old = self.patch_embed
-        new = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=self.embed_dim,
-            kind=config.patch_embed,
-            norm=config.embed_norm,
-            norm_eps=config.norm_eps,
-            norm_layer=config.norm_layer,
-            dynamic_img_size=config.dynamic_img_size,
-            dynamic_img_pad=config.dynamic_img_pad,
-            conv_stem=config.conv_stem,
-            bias=config.patch_bias,
-        )
-        state = old.state_dict()
-        if new.patch_size != old.patch_size:
-            proj_chans = old.backbone.out_chans if old.backbone is not None else old.in_chans
-            kernel = unfold_to_conv_weight(old.proj.weight, proj_chans, old.patch_size)
-            kernel = resample_patch_embed(kernel.detach(), new.patch_size)  # (D, C, ph', pw')
-            state["proj.weight"] = kernel if new.kind == "conv" else conv_to_unfold_weight(kernel)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
-        self.config = config
-        red_h, red_w = new.reduction
-        for entry in self.feature_info:  # the maps' stride follows the patch size
-            entry["reduction"] = red_h if red_h == red_w else (red_h, red_w)
-        grid = new.grid_size
-        if self.pos_embed_kind == "learn" and grid != old_grid:
-            table = resample_pos_embed(
-                self.pos_embed.detach(),
-                new_size=grid,
-                old_size=old_grid,
-                num_prefix_tokens=self.pos_prefix_tokens,
-            )
-            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
-        elif self.pos_embed is not None and grid != old_grid:
-            fixed = fixed_pos_embed(
-                self.pos_embed_kind, grid, self.embed_dim, self.pos_prefix_tokens
-            )
-            self.pos_embed = fixed.to(self.pos_embed)  # a buffer: assignment keeps it one
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head (timm's API)."""
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning;
-        `global_pool` also changes the pooling, as timm's (the attention pool can be dropped
-        by another pooling, not added; the norm stays where it is; timm's '' is 'none')."""
-        if global_pool == "":
-            global_pool = "none"
-        if global_pool is not None and global_pool != self.global_pool:
-            if global_pool == "map":
-                raise ValueError(
-                    "reset_classifier cannot add an attention pool; build the model with "
-                    "global_pool='map'"
-                )
-            self.config = self.config.replace(
-                global_pool=global_pool, fc_norm=self.config.use_fc_norm
-            )
-            self.global_pool = global_pool
-            self.attn_pool = None
-        self.config = self.config.replace(num_classes=num_classes)
-        self.num_classes = num_classes
-        for name in ("head", "head_dist"):
-            if getattr(self, name) is None:
-                continue
-            head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-            if isinstance(head, nn.Linear):
-                trunc_normal_(head.weight)
-                nn.init.zeros_(head.bias)
-            setattr(self, name, head.to(self.patch_embed.proj.weight.device))
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -595,118 +359,86 @@ class VisionTransformer(nn.Module):
             raise ValueError("return_attention=True needs the eager model, not TorchScript")
         return self.forward_head(self.norm(self.encode(self.embed(x))))
 
-    # -- intermediate features --------------------------------------------------------------
 
-    def forward_intermediates(
-        self,
-        x: Tensor,
-        indices: int | list[int] | tuple[int, ...] | None = None,
-        *,
-        norm: bool = False,
-        output_fmt: str = "NCHW",
-        return_prefix_tokens: bool = False,
-        intermediates_only: bool = False,
-        stop_early: bool = False,
-    ) -> tuple[Tensor, list[Any]] | list[Any]:
-        """The outputs of chosen blocks, as feature maps (backbones, probing, dense tasks).
-
-        Conventions follow timm's `forward_intermediates`, except that the intermediates come
-        back in the order `indices` asks for them.
-
-        Args:
-            x: images (B, C, H, W).
-            indices: None for every block, an int n for the last n blocks, or a list of block
-                indices (negative ones count from the end).
-            norm: apply the final norm (`model.norm`) to each intermediate.
-            output_fmt: 'NCHW' for maps (B, D, H/ph, W/pw) with the prefix (class /
-                distillation) tokens split off, or 'NLC' for the patch tokens (B, N, D).
-            return_prefix_tokens: make each intermediate a pair (features, prefix tokens
-                (B, P, D)).
-            intermediates_only: return only the list of intermediates.
-            stop_early: skip the blocks after the last one asked for (needs
-                `intermediates_only`, since there are then no final features).
-
-        Returns:
-            `(final, intermediates)`: `final` is `forward_features(x)`, (B, P + N, D); or just
-            `intermediates` with `intermediates_only=True`.
-        """
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        if stop_early and not intermediates_only:
-            raise ValueError(
-                "stop_early=True skips the last blocks, so there are no final features; "
-                "pass intermediates_only=True with it"
-            )
-        blocks = self.block_list()
-        take = take_indices(len(blocks), indices)
-        if stop_early:
-            blocks = blocks[: max(take) + 1]
-        tokens = self.embed(x)  # (B, P + N, D); checks the input first
-        batch, grid = x.shape[0], self.patch_embed.grid_for(*x.shape[-2:])
-        outputs: dict[int, Tensor] = {}
-        checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(blocks):
-            if checkpointing:
-                tokens = torch.utils.checkpoint.checkpoint(block, tokens, use_reentrant=False)
-            else:
-                tokens = block(tokens)
-            if i in take:
-                outputs[i] = self.norm(tokens) if norm else tokens
-
-        intermediates: list[Any] = []
-        for i in take:
-            prefix = outputs[i][:, : self.num_prefix_tokens]  # (B, P, D)
-            feats = outputs[i][:, self.num_prefix_tokens :]  # (B, N, D)
-            if output_fmt == "NCHW":
-                feats = feats.reshape(batch, grid[0], grid[1], -1)  # (B, H/ph, W/pw, D)
-                feats = feats.permute(0, 3, 1, 2).contiguous()  # (B, D, H/ph, W/pw)
-            intermediates.append((feats, prefix) if return_prefix_tokens else feats)
-        if intermediates_only:
-            return intermediates
-        return self.norm(tokens), intermediates
-
-    def get_intermediate_layers(
-        self,
-        x: Tensor,
-        n: int | list[int] | tuple[int, ...] = 1,
-        *,
-        reshape: bool = False,
-        norm: bool = False,
-        return_prefix_tokens: bool = False,
-    ) -> list[Any]:
-        """DINO's interface: the last `n` blocks' patch tokens (B, N, D), or maps
-        (B, D, H/ph, W/pw) with `reshape`; `n` may also be a list of block indices."""
-        return self.forward_intermediates(
-            x,
-            n,
-            norm=norm,
-            output_fmt="NCHW" if reshape else "NLC",
-            return_prefix_tokens=return_prefix_tokens,
-            intermediates_only=True,
-            stop_early=True,
+def _resolve_config(config: ViTConfig | None, options: dict[str, Any]) -> ViTConfig:
+    """The config from `VisionTransformer`'s arguments (a config, options, or a config with
+    overrides), checked for what `encoder='torch'` cannot build."""
+    if config is None:
+        config = ViTConfig.from_dict(options)
+    elif options:
+        config = config.replace(**options)
+    if config.encoder == "torch":
+        check_torch_encoder_options(
+            attn_drop_rate=config.attn_drop_rate,
+            drop_rate=config.drop_rate,
+            drop_path_rate=config.drop_path_rate,
+            init_values=config.init_values,
+            qk_scale=config.qk_scale,
+            qkv_bias=config.qkv_bias,
         )
+    return config
 
 
-def take_indices(num_blocks: int, indices: int | list[int] | tuple[int, ...] | None) -> list[int]:
-    """Resolve `indices` (None: all, int n: the last n, list: those, negative from the end)
-    to block positions 0..num_blocks-1, in the order asked."""
-    if indices is None:
-        return list(range(num_blocks))
-    if isinstance(indices, int):
-        if not 0 < indices <= num_blocks:
-            raise ValueError(
-                f"indices={indices} asks for the last {indices} blocks of a model with "
-                f"{num_blocks}; pass an int from 1 to {num_blocks}, or a list of block indices"
-            )
-        return list(range(num_blocks - indices, num_blocks))
-    resolved = []
-    for index in indices:
-        if not -num_blocks <= index < num_blocks:
-            raise ValueError(
-                f"block index {index} is out of range for a model with {num_blocks} blocks; "
-                f"use 0 to {num_blocks - 1}, or -{num_blocks} to -1 from the end"
-            )
-        resolved.append(index % num_blocks)
-    if not resolved:
-        raise ValueError("indices is empty; pass at least one block index")
-    return resolved
+def _norm(config: ViTConfig) -> nn.Module:
+    """A norm layer of `config`'s kind over the D features."""
+    return make_norm(config.norm_layer, config.embed_dim, config.norm_eps)
+
+
+def _build_blocks(config: ViTConfig) -> nn.Module:
+    """`depth` encoder blocks, the stochastic depth rate rising linearly to `drop_path_rate`;
+    with encoder='torch', an `nn.TransformerEncoder`."""
+    if config.encoder != "native":
+        return build_torch_encoder(
+            dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio,
+            dropout=config.drop_rate,
+            norm_eps=config.norm_eps,
+        )
+    last = max(config.depth - 1, 1)
+    drop_path = [config.drop_path_rate * i / last for i in range(config.depth)]
+    return nn.Sequential(*[_build_block(config, rate) for rate in drop_path])
+
+
+def _build_block(config: ViTConfig, drop_path: float) -> nn.Module:
+    """One pre-norm `Block`, or a `ResPostBlock` (norm after each branch) with res_post_norm."""
+    block_class = ResPostBlock if config.res_post_norm else Block
+    return block_class(
+        config.embed_dim,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio,
+        qkv_bias=config.qkv_bias,
+        qk_scale=config.qk_scale,
+        proj_drop=config.drop_rate,
+        attn_drop=config.attn_drop_rate,
+        drop_path=drop_path,
+        init_values=None if config.res_post_norm else config.init_values,
+        norm_eps=config.norm_eps,
+        norm_layer=config.norm_layer,
+        act_layer=config.act_layer,
+        mlp_layer=config.mlp_layer,
+        qk_norm=config.qk_norm,
+        scale_attn_norm=config.scale_attn_norm,
+        scale_mlp_norm=config.scale_mlp_norm,
+        proj_bias=config.proj_bias,
+    )
+
+
+def _init_module(module: nn.Module) -> None:
+    """The paper's init of one layer (timm's `init_weights_vit_timm`): trunc-normal(0.02)
+    weights, zero biases, unit norms, LayerScale at its `init_values`."""
+    if isinstance(module, (nn.Linear, nn.Conv2d)):
+        trunc_normal_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.RMSNorm):
+        nn.init.ones_(module.weight)
+    elif isinstance(module, LayerScale):
+        module.gamma.fill_(module.init_values)
+    elif isinstance(module, nn.MultiheadAttention):
+        trunc_normal_(module.in_proj_weight)
+        nn.init.zeros_(module.in_proj_bias)
