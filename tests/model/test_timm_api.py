@@ -265,3 +265,15 @@ def test_model_backward_fx():
     out.mean().backward()
     assert out.shape == (2, 42)
     assert all(p.grad is not None for p in traced.parameters())
+
+
+def test_prune_intermediate_layers_of_a_distilled_model_matches_timm():
+    """A distilled model prunes like timm's: heads gone, the pooling kept (it used to raise
+    'distilled=True needs global_pool='token'')."""
+    model = vitkit.create_model("deit_tiny_patch16_224", distilled=True, depth=3, img_size=64)
+    theirs = timm.create_model("deit_tiny_distilled_patch16_224", depth=3, img_size=64)
+    theirs.load_state_dict(model.state_dict())
+    assert model.prune_intermediate_layers([1]) == theirs.prune_intermediate_layers([1])
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), theirs.eval()(x), rtol=1e-5, atol=1e-5)

@@ -112,7 +112,8 @@ class TimmModelApi:
             self.norm = nn.Identity()
         if prune_head:
             self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
+            # A distilled model's two heads read its two tokens: the pooling stays.
+            self.reset_classifier(0, None if self.config.distilled else "none")
         has_norm = not isinstance(self.norm, nn.Identity)
         has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
         self.config = self.config.replace(
