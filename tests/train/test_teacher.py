@@ -134,3 +134,18 @@ def test_a_torchvision_cnn_teacher(tmp_path):
     with torch.no_grad():
         expected = reference((pixels - mean) / std)
     torch.testing.assert_close(teacher(images), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_distil_into_pretrained_weights_without_a_distillation_token(tmp_path, capsys):
+    """`--pretrained` weights trained without a distillation token take `--distill`: the token
+    is added (a copy of the class token) and the run saves a distilled model."""
+    _, weights = _timm_resnet(tmp_path)
+    source = vitkit.VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=16,
+                                      depth=1, num_heads=2, num_classes=10)  # fmt: skip
+    vitkit.save(source, tmp_path / "source.safetensors")
+    argv = ["train", "--out", str(tmp_path / "run"), "--epochs", "1", "--no-progress",
+            "--pretrained", str(tmp_path / "source.safetensors"), "--distill", "hard",
+            "--teacher", "timm:test_resnet", "--teacher-weights", str(weights)]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    model = vitkit.load(tmp_path / "run" / "model.safetensors")
+    assert model.config.distilled and model.pos_embed.shape == (1, 2 + 16, 16)

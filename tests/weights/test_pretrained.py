@@ -222,3 +222,23 @@ def test_no_embed_class_weights_resample_to_another_size_as_timm():
     x = images(48, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(model(x), big(x), **TOL)
+
+
+def test_a_distillation_token_is_added_to_weights_without_one():
+    """Fine-tuning with a teacher from weights trained without a distillation token: the token
+    starts as the class token with its position, its head is new, and the patch positions are
+    the checkpoint's; a class-token-less checkpoint is refused in one line."""
+    source = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
+    model = vitkit.load_pretrained(source.state_dict(), num_classes=5, distilled=True, num_heads=4)
+    assert model.config.distilled and model.config.num_classes == 5
+    torch.testing.assert_close(model.dist_token, source.cls_token, rtol=0, atol=0)
+    pos = model.pos_embed
+    assert pos.shape == (1, 2 + 16, 64)
+    torch.testing.assert_close(pos[:, 1], source.pos_embed[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(pos[:, 2:], source.pos_embed[:, 1:], rtol=0, atol=0)
+    cls_logits, dist_logits = model.forward_distill(torch.randn(2, 3, 32, 32))
+    assert cls_logits.shape == dist_logits.shape == (2, 5)
+    pooled = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4,
+                               class_token=False, global_pool="avg")  # fmt: skip
+    with pytest.raises(Exception, match="needs global_pool='token'|needs a class token"):
+        vitkit.load_pretrained(pooled.state_dict(), num_classes=5, distilled=True, num_heads=4)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..model import VisionTransformer, ViTConfig, list_models
@@ -77,6 +78,8 @@ def load_pretrained(
             "given model at the size you want and its position grid is resampled to it"
         )
     patch_size = convert_options.pop("patch_size", None)  # the new model's, not the weights'
+    # A distillation token is the new model's; the weights may hold one or not (added below).
+    distilled = convert_options.pop("distilled", None)
     state_dict, format, source_config, meta = _read(source, format)
     folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
     if format == "hf" and folder_config is not None and folder_config.is_file():
@@ -108,6 +111,8 @@ def load_pretrained(
         target = target.replace(img_size=img_size)
     if patch_size is not None and model is None:
         target = target.replace(patch_size=patch_size)
+    if distilled is not None and model is None:
+        target = target.replace(distilled=distilled)
     state_dict = adapt_state_dict(state_dict, source_config, target, pos_resample)
     if model is None:
         model = VisionTransformer(target)
@@ -121,6 +126,9 @@ def load_pretrained(
         )
         own = model.state_dict()  # the model's freshly initialised head
         state_dict.update({k: own[k] for k in _HEAD_KEYS if k in own})
+    elif target.distilled and not source_config.distilled:  # the new token's own head
+        own = model.state_dict()
+        state_dict.update({k: own[k] for k in _HEAD_KEYS if k.startswith("head_dist")})
     if model.config.encoder == "torch":
         state_dict = _torch_layout(state_dict)
     load_into(model, state_dict, source=f"{format} checkpoint")
@@ -185,7 +193,32 @@ def adapt_state_dict(
             num_prefix_tokens=source.pos_prefix_tokens,  # no_embed_class: none on the grid
             **POS_RESAMPLE_MODES[pos_resample],
         )
+    if target.distilled and not source.distilled:
+        _add_distillation_token(state_dict, source)
+    elif source.distilled and not target.distilled:
+        raise CheckpointError(
+            "the checkpoint has a distillation token and the model none; load it with "
+            "distilled=True (or keep the checkpoint's config)"
+        )
     return state_dict
+
+
+def _add_distillation_token(state_dict: dict[str, Tensor], source: ViTConfig) -> None:
+    """DeiT's distillation token for weights trained without one (fine-tuning with a
+    teacher): it starts as a copy of the class token, with the class token's position (a
+    trained starting point rather than DeiT's random one; the attention now also sees it, so
+    the features move a little); its head is new."""
+    if "cls_token" not in state_dict:
+        raise CheckpointError(
+            "a distillation token needs a class token to start from, and these weights have "
+            "none (global_pool='token' models only); train without --distill"
+        )
+    log.info("adding a distillation token (a copy of the class token and its position)")
+    state_dict["dist_token"] = state_dict["cls_token"].clone()
+    pos = state_dict.get("pos_embed")
+    if pos is not None and not source.no_embed_class and source.pos_prefix_tokens:
+        # (1, P + N, D) -> (1, P + 1 + N, D): the token after the class token's position
+        state_dict["pos_embed"] = torch.cat([pos[:, :1], pos[:, :1], pos[:, 1:]], dim=1)
 
 
 def _read(
