@@ -21,6 +21,7 @@ import vitkit
 from vitkit.model import onednn
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn import OneDNNBlock, OneDNNLinear
+from vitkit.model.precision import native_bf16
 from vitkit.summary import flop_counter
 
 requires_onednn = pytest.mark.skipif(
@@ -245,7 +246,7 @@ def test_flop_counts_and_summary_are_unchanged_by_the_fast_path():
 
 
 @pytest.mark.skipif(
-    bool(onednn.unsupported_reason()) or not onednn._bf16_supported(),
+    bool(onednn.unsupported_reason()) or not native_bf16(),
     reason="no bf16 oneDNN kernels on this CPU",
 )
 def test_fused_inference_in_bfloat16(fused_calls):

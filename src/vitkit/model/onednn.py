@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Attention, Block, Mlp
+from .precision import native_bf16
 
 try:  # private; unsupported_reason() reports it missing
     from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -98,11 +99,6 @@ def default_gelu_in_epilogue() -> bool:
     the product. The epilogue's erf is slow without AVX-512: on an AVX2 CPU it held fc1 to
     ~106 GFLOP/s against ~130 for the product followed by `gelu_` (ViT-B/16, 2 threads)."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
-@functools.cache
-def _bf16_supported() -> bool:
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 # -- oneDNN Linear ---------------------------------------------------------------------------
@@ -344,7 +340,7 @@ class OneDNNBlock(Block):
         if x.ndim != 3 or (x.dtype != weight.dtype and not torch.is_autocast_enabled("cpu")):
             return f"input {x.dtype} {x.ndim}-D does not match 3-D {weight.dtype} weights"
         if dtype not in (torch.float32, torch.bfloat16) or (
-            dtype == torch.bfloat16 and not _bf16_supported()
+            dtype == torch.bfloat16 and not native_bf16()
         ):
             return f"oneDNN has no fast {dtype} kernel on this CPU"
         if _get_current_dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):

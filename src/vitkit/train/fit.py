@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from ..data import Mixup, corrupt_count
 from ..files import DiskFullError, atomic_write
+from ..model.precision import model_device
 from ..weights.checkpoint import CheckpointError, load_into, save
 from .config import TrainConfig
 from .distributed import ShardSampler, all_reduce, make_loader, world
@@ -174,7 +175,7 @@ def new_run_state(
     stop: StopFlag | None = None,
 ) -> RunState:
     """A run at its start: optimiser, schedule, mixing, scaler and EMA for `model`."""
-    device = torch.device(config.device) if config.device else _device_of(model)
+    device = torch.device(config.device) if config.device else model_device(model)
     amp = config.amp_on(device)
     lr = config.peak_lr(world()[1])
     steps = steps_per_epoch(batches_per_epoch, config.accum_steps)
@@ -372,11 +373,6 @@ def _prepare_model(model: nn.Module, config: TrainConfig) -> None:
                 "without grad_ckpt"
             )
         model.set_grad_checkpointing(True)
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def _wrapped(state: RunState) -> nn.Module:
