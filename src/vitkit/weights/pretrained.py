@@ -81,19 +81,9 @@ def load_pretrained(
     # A distillation token is the new model's; the weights may hold one or not (added below).
     distilled = convert_options.pop("distilled", None)
     state_dict, format, source_config, meta = _read(source, format)
-    folder_config = Path(source) / "config.json" if not isinstance(source, Mapping) else None
-    if format == "hf" and folder_config is not None and folder_config.is_file():
-        convert_options.setdefault("config", folder_config)  # a Hugging Face model folder
+    _folder_options(source, format, convert_options)
     if format == "hf" and (num_classes is not None or model is not None):
         convert_options.setdefault("new_head", True)  # DINOv2's classifier gives way to it
-    if format == "timm" and folder_config is not None and folder_config.is_file():
-        hub = read_json_object(folder_config)  # a timm Hub folder
-        model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping):  # over the architecture's (a vitkit export's)
-            for name, value in timm_folder_options(model_args).items():
-                convert_options.setdefault(name, value)
-        if hub.get("architecture") in list_models():  # what the weights cannot show
-            convert_options.setdefault("arch", hub["architecture"])
     if model is not None and format != "jax":  # the given model knows its head count
         convert_options.setdefault("num_heads", model.config.num_heads)
     if source_config is None:
@@ -136,6 +126,29 @@ def load_pretrained(
     chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
     model.data_config = data_config.replace(input_size=(chans, height, width))
     return model.eval()
+
+
+def _folder_options(
+    source: str | os.PathLike | Mapping[str, Any], format: str, convert_options: dict[str, Any]
+) -> None:
+    """What a model folder's config.json tells the converter, unless given: a Hugging Face
+    folder's config itself; a timm Hub folder's `model_args` (over its architecture's) and its
+    `architecture` (what the weights cannot show)."""
+    if isinstance(source, Mapping):
+        return
+    folder_config = Path(source) / "config.json"
+    if not folder_config.is_file():
+        return
+    if format == "hf":
+        convert_options.setdefault("config", folder_config)
+    elif format == "timm":
+        hub = read_json_object(folder_config)
+        model_args = hub.get("model_args")
+        if isinstance(model_args, Mapping):  # over the architecture's (a vitkit export's)
+            for name, value in timm_folder_options(model_args).items():
+                convert_options.setdefault(name, value)
+        if hub.get("architecture") in list_models():
+            convert_options.setdefault("arch", hub["architecture"])
 
 
 # How each library resamples a learned position grid to another resolution: timm's
