@@ -736,7 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verify",
         action="store_true",
-        help="compare onnxruntime with PyTorch (within 1e-4; int8: top-1 agreement)",
+        help="compare onnxruntime with PyTorch (within 1e-4; with int8, the float32 graph "
+        "before quantising)",
     )
     _precision_argument(p, export=True)
     p.set_defaults(func=_cmd_export)
