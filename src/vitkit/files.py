@@ -2,7 +2,10 @@
 
 Every file vitkit writes (checkpoints, training state, metrics, pictures) goes through
 `atomic_write`: a temporary file in the same folder, fsynced, then renamed over the target, so a
-crash mid-write leaves the previous file intact. Imports nothing from the rest of vitkit.
+crash mid-write leaves the previous file intact. Only a regular file (or a new path) is ever
+replaced: a character device such as /dev/null is written through, and a FIFO, socket, block
+device or folder is refused, so that no command, even run as root, replaces a special file.
+Imports nothing from the rest of vitkit.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import errno
 import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -38,36 +42,134 @@ class DiskFullError(OSError):
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write a file through `write(file)` so that readers see the old or the new file, whole.
 
-    The data goes to a temporary file beside `path` (`.<name>.vitkit-<random>.tmp`), is
-    flushed to disk, then renamed over it. On any failure the temporary file is removed; a full
-    disk raises `DiskFullError`. The file gets the permissions `open` would give it (0666 less
-    the umask), not the 0600 of a temporary file.
+    A regular file or a new path: the data goes to a temporary file beside it
+    (`.<name>.vitkit-<random>.tmp`, the name shortened to fit the file system's limit), is
+    flushed to disk, then renamed over it; the file gets the permissions `open` would give it
+    (0666 less the umask), not a temporary file's 0600. A symbolic link is followed: the link
+    stays and its target is written by these rules. A character device (/dev/null) is opened
+    and written, never replaced; any other kind of file (FIFO, socket, block device, folder)
+    is refused with `SpecialFileError`. On any failure the temporary file is removed; a full
+    disk raises `DiskFullError`.
     """
     path = Path(path)
-    existed = path.exists()
+    kind = _file_kind(path)
+    if kind == _CHAR_DEVICE:
+        _write_through(path, write, mode)
+        return
+    target = Path(os.path.realpath(path))  # the link's target; the link itself stays
+    existed = kind == _REGULAR
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.{_TEMP_MARK}", suffix=".tmp"
-        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if _file_kind(target) == _CHAR_DEVICE:  # it became one while we wrote (the others
+            raise SpecialFileError(target, "a character device")  # raise in _file_kind)
+        os.replace(tmp, target)
     except BaseException as err:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(path, existed) from None
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class SpecialFileError(OSError):
+    """An output path that names something other than a regular file (a FIFO, socket, block
+    device or folder): vitkit neither replaces it nor writes into it."""
+
+    def __init__(self, path: str | os.PathLike, what: str, removing: bool = False):
+        if removing:
+            message = (
+                f"cannot remove {path}: it is {what}, not a file vitkit wrote; move it away "
+                "yourself if it should go"
+            )
+        else:
+            message = (
+                f"cannot write {path}: it is {what}, not a regular file; name a new or regular "
+                "file instead"
+            )
+        super().__init__(errno.EEXIST, message, str(path))
+        self.path, self.what = Path(path), what
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+_REGULAR, _CHAR_DEVICE = "regular", "character device"
+_KINDS = (  # (test, description) of the file kinds vitkit refuses to write to
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _file_kind(path: Path) -> str | None:
+    """What `path` names, symbolic links followed: None (nothing yet, or a dangling link),
+    'regular', 'character device'; `SpecialFileError` for anything else."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise SpecialFileError(path, "a loop of symbolic links") from None
+        raise
+    if stat.S_ISREG(mode):
+        return _REGULAR
+    if stat.S_ISCHR(mode):
+        return _CHAR_DEVICE
+    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
+    raise SpecialFileError(path, what)
+
+
+def _write_through(path: Path, write: Callable[[Any], None], mode: str) -> None:
+    """Write into a character device (/dev/null, a terminal) as `open` would, without
+    truncating or replacing it."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, mode) as f:
+        write(f)
+        f.flush()
+
+
+def _temp_prefix(target: Path) -> str:
+    """`.<name>.vitkit-`, the name cut so that the whole temporary name (8 random characters
+    and `.tmp` follow) stays within the folder's NAME_MAX bytes."""
+    try:
+        limit = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    room = limit - len(f"..{_TEMP_MARK}") - 8 - len(".tmp")
+    name = target.name
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return f".{name}.{_TEMP_MARK}"
+
+
+def remove_output(path: str | os.PathLike) -> bool:
+    """Remove a file an earlier run wrote (`--overwrite`): a regular file, or a symbolic link
+    (the link, not its target). False when nothing is there; `SpecialFileError` for anything
+    else, which stays."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        what = next((name for test, name in _KINDS if test(mode)), "a character device")
+        raise SpecialFileError(path, what, removing=True)
+    path.unlink(missing_ok=True)
+    return True
 
 
 def current_umask() -> int:
