@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": set(),
     "weights": {"model", "data", "files"},
     "summary": set(),
-    "explain": {"files"},
+    "explain": {"data", "files"},
     "export": {"model"},
     "convert": {"weights"},
     "train": {"model", "data", "weights", "explain", "files"},

@@ -5,13 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from vitkit import create_model
+from vitkit.data import eval_transform
+from vitkit.data.data_config import DataConfig
 from vitkit.explain import (
     attention_maps,
     attention_rollout,
     cls_attention,
     draw_explanation,
+    explain_image,
     plot_confusion,
     plot_curves,
 )
@@ -315,3 +319,101 @@ def test_the_last_panel_names_what_is_read(tmp_path, monkeypatch):
         draw_explanation(images[0].sigmoid(), {k: v[0] for k, v in maps.items()},
                          tmp_path / f"{pool}.png", readout=readout_of(model))  # fmt: skip
         assert expected in titles
+
+
+# -- explain_image: the maps over exactly the pixels the model saw ---------------------------
+
+
+def _three_to_one(path, height=24):
+    """A 3:1 picture: red left third, green middle, blue right third (a gradient inside each,
+    so that a shifted crop shows)."""
+    width = 3 * height
+    array = np.zeros((height, width, 3), dtype=np.uint8)
+    ramp = np.linspace(60, 250, height).astype(np.uint8)[:, None]
+    for third in range(3):
+        array[:, third * height : (third + 1) * height, third] = ramp
+    Image.fromarray(array).save(path)
+    return path
+
+
+def _capture_figure(monkeypatch):
+    """The figure `draw_explanation` saves (it is still written to its file)."""
+    import vitkit.explain as explain
+
+    figures = []
+    real = explain._save_figure
+
+    def keep(fig, path):
+        figures.append([[im.get_array().copy() for im in ax.images] for ax in fig.axes])
+        figures.append([ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text()])
+        real(fig, path)
+
+    monkeypatch.setattr(explain, "_save_figure", keep)
+    return figures
+
+
+VIEWS = {  # data config -> what the model sees of a 72x24 (3:1) picture
+    "center crop": dict(crop_mode="center", crop_pct=0.75),
+    "center, no margin": dict(crop_mode="center", crop_pct=1.0),
+    "squash": dict(crop_mode="squash", crop_pct=1.0),
+    "squash and crop": dict(crop_mode="squash", crop_pct=0.8),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS.values(), ids=VIEWS)
+def test_explain_draws_over_exactly_the_pixels_the_model_saw(tmp_path, monkeypatch, view):
+    path = _three_to_one(tmp_path / "wide.png")
+    torch.manual_seed(0)
+    model = create_model("vit_digits", img_size=16, patch_size=4, in_chans=3, embed_dim=16,
+                         depth=2, num_heads=2).eval()  # fmt: skip
+    config = DataConfig(input_size=(3, 16, 16), mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.25),
+                        interpolation="bicubic", **view)  # fmt: skip
+    figures = _capture_figure(monkeypatch)
+    out = tmp_path / "explained.png"
+    result = explain_image(model, path, config, out=out, per_head=True)
+    seen = eval_transform(config)(Image.open(path).convert("RGB"))  # what the model is fed
+    mean, std = torch.tensor(config.mean).view(3, 1, 1), torch.tensor(config.std).view(3, 1, 1)
+    torch.testing.assert_close(result.image, seen * std + mean, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        logits = model(seen[None])[0]
+    torch.testing.assert_close(result.maps["logits"], logits, atol=1e-5, rtol=0)
+    assert result.predicted == int(logits.argmax()) == result.target
+    # every panel but the file's own shows the view, at the model's resolution
+    images, titles = figures
+    view_panels = [ims[0] for ims, title in zip(images, titles) if ims and "file" not in title]
+    assert len(view_panels) == 4 + 2  # the view, three maps, two heads
+    for drawn in view_panels:
+        np.testing.assert_allclose(drawn, result.image.permute(1, 2, 0).numpy(), atol=1e-6)
+    assert out.read_bytes()[:8] == PNG
+    cropped = view != VIEWS["squash"]  # every other view leaves part of the 3:1 file out
+    assert ("the file; the model saw the box" in titles) == cropped
+    if cropped:  # the file panel shows the whole original
+        (original,) = images[titles.index("the file; the model saw the box")]
+        assert original.shape == (24, 72, 3)
+
+
+def test_a_centre_crop_of_a_wide_image_is_its_middle(tmp_path):
+    """On the 3:1 picture a centre crop sees only the green middle: the region, the caption
+    and the view's colours say so; squashing sees all three."""
+    path = _three_to_one(tmp_path / "wide.png")
+    torch.manual_seed(0)
+    model = create_model("vit_digits", img_size=16, patch_size=4, in_chans=3, embed_dim=16,
+                         depth=1, num_heads=2)  # fmt: skip
+    base = dict(input_size=(3, 16, 16), mean=0.5, std=0.5, interpolation="bilinear")
+    crop = explain_image(model, path, DataConfig(**base, crop_pct=0.5))
+    assert crop.region == (6.0, 30.0, 18.0, 42.0)  # resized to 96x32: its centre 16x16
+    assert crop.caption == (
+        "maps over the model's 16x16 view: the 72x24 image resized to 96x32, its centre 16x16"
+    )
+    no_resize = explain_image(model, path, DataConfig(**base, crop_pct=2 / 3))
+    assert no_resize.region == (4.0, 28.0, 20.0, 44.0)
+    assert (
+        no_resize.caption == "maps over the model's 16x16 view: the centre 16x16 of the 72x24 image"
+    )
+    means = crop.image.mean(dim=(1, 2))
+    assert means[1] > 0.5 and means[0] == means[2] == 0  # only green
+    squash = explain_image(model, path, DataConfig(**base, crop_mode="squash"))
+    assert squash.region == (0.0, 0.0, 24.0, 72.0)
+    assert squash.caption == "maps over the model's 16x16 view: the 72x24 image squashed to 16x16"
+    assert (squash.image.amax(dim=(1, 2)) > 0.5).all()  # red, green and blue
+    assert squash.original.shape == (3, 24, 72)

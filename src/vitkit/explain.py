@@ -14,13 +14,16 @@ grad_A the gradient of the chosen class logit with respect to it, R = I and, blo
 R += mean_heads(clamp(grad_A * A, min=0)) @ R.
 
 All maps come from `model(x, return_attention=True)` -> (logits, [(B, heads, N, N)] per
-block). Drawing uses matplotlib's Agg backend and writes PNG files.
+block). `explain_image` prepares a file as the model's data config says and draws the maps over
+exactly the pixels the model saw (its resized, centre-cropped view, not the uncropped original).
+Drawing uses matplotlib's Agg backend and writes PNG files.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .data.data_config import DataConfig
+from .data.images import image_to_tensor, open_image
+from .data.transforms import Normalize, eval_resize_crop
 from .files import atomic_write
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -211,6 +217,125 @@ def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Ten
     return chosen.clone()
 
 
+# -- one image file -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One image file explained, on the pixels the model saw.
+
+    Args:
+        image: (C, h, w) in [0, 1]: the model's view, un-normalised (resized and centre-cropped
+            as its data config says); the maps are drawn over it.
+        original: (C, H, W) in [0, 1]: the decoded file before resizing.
+        region: (top, left, bottom, right) of the view in the original's pixel coordinates.
+        caption: how the view was made from the file, for a picture or a log line.
+        probabilities: (K,) softmax of the logits.
+        predicted: the top class; `target` the explained one.
+        maps: `attention_maps` output for this image (indexed by it).
+    """
+
+    image: Tensor
+    original: Tensor
+    region: tuple[float, float, float, float]
+    caption: str
+    probabilities: Tensor
+    predicted: int
+    target: int
+    maps: dict[str, Tensor]
+
+
+def explain_image(
+    model: nn.Module,
+    image_path: str | os.PathLike,
+    data_config: DataConfig,
+    *,
+    target: int | None = None,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    per_head: bool = False,
+    class_names: Sequence[str] | None = None,
+    out: str | os.PathLike | None = None,
+) -> Explanation:
+    """Decode `image_path`, prepare it as `data_config` says (the pixels `data.eval_transform`
+    gives), compute the maps and, with `out`, draw them over exactly that view.
+
+    Args:
+        model: a ViT whose forward takes `return_attention=True`.
+        image_path: the image file (EXIF orientation applied, converted to the model's
+            channels).
+        data_config: the model's preparation (size, resize, crop, normalisation).
+        target: the class to explain (default: the predicted one).
+        head_fusion, discard_ratio: the rollout's (see `attention_rollout`).
+        per_head: draw one panel per head of the last block too.
+        class_names: names for the titles (default: the model's `meta['class_names']`).
+        out: the PNG to write; None draws nothing.
+    """
+    decoded = open_image(image_path, in_chans=data_config.input_size[0])
+    resize_crop = eval_resize_crop(data_config)
+    view = image_to_tensor(resize_crop(decoded))  # (C, h, w) in [0, 1]
+    x = Normalize(data_config.mean, data_config.std)(view)[None]  # (1, C, h, w)
+    param = next(model.parameters())
+    maps = attention_maps(
+        model,
+        x.to(param.device),
+        head_fusion=head_fusion,
+        discard_ratio=discard_ratio,
+        target=target,
+    )
+    one = {key: value[0].cpu() for key, value in maps.items()}
+    probabilities = torch.softmax(one["logits"].float(), dim=-1)
+    height, width = decoded.size[1], decoded.size[0]
+    explanation = Explanation(
+        image=view,
+        original=image_to_tensor(decoded),
+        region=resize_crop.region(height, width),
+        caption=_view_caption(resize_crop, height, width),
+        probabilities=probabilities,
+        predicted=int(probabilities.argmax()),
+        target=int(one["target"]),
+        maps=one,
+    )
+    if out is not None:
+        names = class_names or getattr(model, "meta", {}).get("class_names")
+        names = list(names) if names else [str(i) for i in range(len(probabilities))]
+        k = explanation.predicted
+        draw_explanation(
+            view,
+            one,
+            out,
+            per_head=per_head,
+            target_name=names[explanation.target],
+            rollout_title=f"rollout ({head_fusion} of heads, discard {discard_ratio:g})",
+            title=f"{Path(image_path).name}: predicted {names[k]} ({float(probabilities[k]):.3f})",
+            readout=readout_of(model),
+            original=explanation.original,
+            region=explanation.region,
+            caption=explanation.caption,
+        )
+    return explanation
+
+
+def _view_caption(resize_crop: Any, height: int, width: int) -> str:
+    """How the model's view comes from a `height` x `width` image, e.g. 'maps over the
+    model's 224x224 view: the 600x400 image resized to 336x224, its centre 224x224'."""
+    (resized_h, resized_w), _, _ = resize_crop.crop_box(height, width)
+    size_h, size_w = resize_crop.size
+    how = "squashed" if resize_crop.crop_mode == "squash" else "resized"
+    if (resized_h, resized_w) == (height, width) == (size_h, size_w):
+        made = f"the {width}x{height} image as it is"
+    elif (resized_h, resized_w) == (height, width):
+        made = f"the centre {size_w}x{size_h} of the {width}x{height} image"
+    elif (resized_h, resized_w) == (size_h, size_w):
+        made = f"the {width}x{height} image {how} to {size_w}x{size_h}"
+    else:
+        made = (
+            f"the {width}x{height} image {how} to {resized_w}x{resized_h}, its centre "
+            f"{size_w}x{size_h}"
+        )
+    return f"maps over the model's {size_w}x{size_h} view: {made}"
+
+
 # -- drawing --------------------------------------------------------------------------------
 
 
@@ -262,13 +387,16 @@ def draw_explanation(
     target_name: str | None = None,
     rollout_title: str = "attention rollout",
     readout: str = "class",
+    original: Tensor | None = None,
+    region: tuple[float, float, float, float] | None = None,
+    caption: str = "",
 ) -> None:
     """PNG: the image, then each map blended over it at the image's own resolution with a
     colour bar (the class-specific relevance when `maps` has it, the rollout, the last block's
     class-token attention) and, with `per_head`, a grid of that block's heads over the image.
 
     Args:
-        image: (C, H, W) in [0, 1], any size: the maps are resized to it.
+        image: (C, H, W) in [0, 1]: the pixels the model saw; the maps are resized to it.
         maps: one image's maps (`attention_maps` output indexed by the image).
         path: the PNG to write.
         title: the figure's title.
@@ -277,17 +405,22 @@ def draw_explanation(
         rollout_title: the rollout panel's title (e.g. naming head fusion and discard ratio).
         readout: `readout_of(model)`: 'class' titles the last panel as the class token's
             attention, 'mean' as the patch tokens' mean attention.
+        original, region: the file before resizing and the part of it the model saw (top,
+            left, bottom, right); drawn first, the part boxed, when it is not the whole file.
+        caption: a line under the title saying which pixels the maps lie on.
     """
     plt = _pyplot()
-    panels: list[tuple[str, Tensor | None]] = [("image", None)]
+    panels: list[tuple[str, Tensor | None]] = [("the model's view", None)]
     if "relevance" in maps:
         name = target_name if target_name is not None else str(int(maps.get("target", -1)))
         panels.append((f"relevance for class {name}", maps["relevance"]))
     panels.append((rollout_title, maps["rollout"]))
     last = "last-layer [CLS] attention" if readout == "class" else "last-layer mean patch attention"
     panels.append((last, maps["cls_attention"]))
+    boxed = original is not None and region is not None and not _whole(region, original)
+    first = 1 if boxed else 0
     heads = list(maps["cls_attention_heads"]) if per_head else []
-    cols = max(len(panels), min(len(heads), 4))
+    cols = max(first + len(panels), min(len(heads), 4))
     rows = 1 + -(-len(heads) // cols)
     height, width = image.shape[-2:]
     side = 3.0
@@ -299,7 +432,9 @@ def draw_explanation(
     )
     for ax in axes.flat:
         ax.set_axis_off()
-    for ax, (name, heat) in zip(axes[0], panels):
+    if boxed:
+        _boxed(axes[0, 0], original, region)
+    for ax, (name, heat) in zip(axes[0, first:], panels):
         if heat is None:
             _show_image(ax, image)
             ax.set_title(name, fontsize=9)
@@ -307,9 +442,29 @@ def draw_explanation(
             _overlay(fig, ax, image, heat, name)
     for h, heat in enumerate(heads):
         _overlay(fig, axes[1 + h // cols, h % cols], image, heat, f"last block, head {h}")
-    if title:
-        fig.suptitle(title, fontsize=11)
+    if title or caption:
+        fig.suptitle("\n".join(t for t in (title, caption) if t), fontsize=10)
     _save_figure(fig, path)
+
+
+def _whole(region: tuple[float, float, float, float], image: Tensor) -> bool:
+    top, left, bottom, right = region
+    return top <= 0 and left <= 0 and (bottom, right) >= tuple(image.shape[-2:])
+
+
+def _boxed(ax: Any, original: Tensor, region: tuple[float, float, float, float]) -> None:
+    """The file before resizing, the part the model saw outlined."""
+    import matplotlib.patches
+
+    _show_image(ax, original)
+    top, left, bottom, right = region
+    # pixel centres are at integers in imshow: pixel edges at -0.5
+    box = matplotlib.patches.Rectangle(
+        (left - 0.5, top - 0.5), right - left, bottom - top, fill=False, edgecolor="yellow",
+        linewidth=2,
+    )  # fmt: skip
+    ax.add_patch(box)
+    ax.set_title("the file; the model saw the box", fontsize=9)
 
 
 def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:

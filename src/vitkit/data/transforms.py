@@ -188,16 +188,28 @@ class ResizeCenterCrop:
         ratio = min(height / scale_h, width / scale_w)
         return round(height / ratio), round(width / ratio)
 
+    def crop_box(self, height: int, width: int) -> tuple[tuple[int, int], int, int]:
+        """((h, w) an image of `height` x `width` is resized to, then the top and left of the
+        centre crop in it): torchvision's CenterCrop rounding, as timm's eval transform."""
+        resized = self.resized_size(height, width)
+        top = int(round((resized[0] - self.size[0]) / 2.0))
+        left = int(round((resized[1] - self.size[1]) / 2.0))
+        return resized, top, left
+
+    def region(self, height: int, width: int) -> tuple[float, float, float, float]:
+        """(top, left, bottom, right) of the pixels the crop keeps, in the coordinates of the
+        `height` x `width` image before resizing."""
+        (resized_h, resized_w), top, left = self.crop_box(height, width)
+        scale_h, scale_w = height / resized_h, width / resized_w
+        bottom, right = top + self.size[0], left + self.size[1]
+        return top * scale_h, left * scale_w, bottom * scale_h, right * scale_w
+
     def __call__(self, x: ImageLike) -> ImageLike:
         size = image_size(x)
-        resized = self.resized_size(*size)
+        resized, top, left = self.crop_box(*size)
         if resized == size == self.size:  # already the model's size: nothing to do
             return x
-        x = resize(x, resized, self.resample)
-        height, width = image_size(x)
-        top = int(round((height - self.size[0]) / 2.0))
-        left = int(round((width - self.size[1]) / 2.0))
-        return crop(x, top, left, *self.size)
+        return crop(resize(x, resized, self.resample), top, left, *self.size)
 
 
 class ToTensor:
@@ -333,6 +345,17 @@ def build_transform(
     if reprob > 0:
         steps.append(RandomErasing(reprob, mode=remode))
     return Compose(steps)
+
+
+def eval_resize_crop(data_config: DataConfig) -> ResizeCenterCrop:
+    """The geometric part of a model's evaluation pipeline: the resize and centre crop that
+    make the pixels it sees (`eval_transform` then converts and normalises them)."""
+    return ResizeCenterCrop(
+        data_config.img_size,
+        crop_pct=data_config.crop_pct,
+        crop_mode=data_config.crop_mode,
+        interpolation=data_config.interpolation,
+    )
 
 
 def eval_transform(data_config: DataConfig) -> Compose:
