@@ -3,6 +3,9 @@ the model's data config as their own preprocessing."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,7 @@ from PIL import Image
 
 import vitkit
 import vitkit.cli
+from vitkit.data import eval_transform
 from vitkit.data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from vitkit.weights.folders import save_hf_folder, save_timm_folder
 
@@ -33,13 +37,13 @@ def _photo() -> Image.Image:
 
 
 @pytest.mark.parametrize(
-    "data, processor",
+    "data",
     [
-        (dict(interpolation="bilinear", crop_mode="squash"), "ViTImageProcessor"),
-        (dict(interpolation="bicubic", crop_pct=0.875), "CLIPImageProcessor"),
+        dict(interpolation="bilinear", crop_mode="squash"),
+        dict(interpolation="bicubic", crop_pct=0.875),
     ],
 )
-def test_transformers_loads_the_hf_folder(tmp_path, data, processor):
+def test_transformers_loads_the_hf_folder(tmp_path, data):
     transformers = pytest.importorskip("transformers")
     model = _model(**data)
     save_hf_folder(model, tmp_path)
@@ -49,27 +53,63 @@ def test_transformers_loads_the_hf_folder(tmp_path, data, processor):
     with torch.no_grad():
         torch.testing.assert_close(theirs(pixel_values=x).logits, model(x), **TOL)
     image_processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
-    assert type(image_processor).__name__.startswith(processor.removesuffix("Processor"))
+    assert type(image_processor).__name__ == "TimmWrapperImageProcessor"
     back = vitkit.load_pretrained(tmp_path)
-    assert back.data_config.mean == model.data_config.mean
-    assert back.data_config.interpolation == model.data_config.interpolation
+    assert back.data_config == model.data_config
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), **TOL)
 
 
-def test_the_hf_processor_prepares_images_as_timm_does(tmp_path):
-    """The exported centre-crop processor gives timm's eval pipeline's pixels (1/255)."""
+def _pictures() -> list[Image.Image]:
+    """Odd and even sides, wide, tall and square: the resized long side minus the crop takes
+    every remainder mod 4 over the grid below."""
+    rng = np.random.default_rng(0)
+    shapes = [(45, 60), (61, 90), (100, 37), (50, 50), (33, 101), (71, 64)]
+    return [Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)) for shape in shapes]
+
+
+# input size x crop_pct x crop mode x filter: 5 * 4 * 2 sizes-and-modes, 3 filters in turn
+PREPROCESSING = [
+    dict(input_size=(3, h, w), crop_pct=pct, crop_mode=mode, interpolation=interpolation)
+    for i, ((h, w), pct, mode) in enumerate(
+        (size, pct, mode)
+        for size in ((17, 17), (24, 24), (29, 29), (32, 32), (24, 33))
+        for pct in (1.0, 0.95, 0.875, 0.8)
+        for mode in ("center", "squash")
+    )
+    for interpolation in [("bicubic", "bilinear", "nearest")[i % 3]]
+]
+
+
+@pytest.mark.parametrize(
+    "data",
+    PREPROCESSING,
+    ids=lambda d: "{input_size[1]}x{input_size[2]}-{crop_pct}-{crop_mode}".format(**d),
+)
+def test_export_folders_prepare_images_pixel_for_pixel_as_vitkit(tmp_path, data):
+    """What a user of each folder runs (transformers' AutoImageProcessor; timm's
+    create_transform of resolve_data_config on the folder's pretrained_cfg) gives vitkit's
+    eval pixels exactly, for odd and even sizes, margins and aspect ratios."""
     transformers = pytest.importorskip("transformers")
     timm = pytest.importorskip("timm")
-    model = _model(interpolation="bicubic", crop_pct=0.875)
-    save_hf_folder(model, tmp_path)
-    image_processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
-    ours = image_processor(_photo(), return_tensors="pt")["pixel_values"][0]
-    transform = timm.data.create_transform(**model.data_config.to_dict(), is_training=False)
-    expected = transform(_photo())
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    assert ours.shape == expected.shape == (3, 32, 32)
-    assert ((ours - expected).abs() * std).max() <= 1.5 / 255
+    config = DataConfig(mean=IMAGENET_MEAN, std=IMAGENET_STD, **data)
+    height, width = data["input_size"][1:]
+    model = vitkit.VisionTransformer(img_size=(height, width), patch_size=math.gcd(height, width),
+                                     embed_dim=8, depth=1, num_heads=1, num_classes=3)  # fmt: skip
+    model.data_config = config
+    save_hf_folder(model, tmp_path / "hf")
+    save_timm_folder(model, tmp_path / "timm")
+    hf = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    pretrained_cfg = json.loads((tmp_path / "timm" / "config.json").read_text())["pretrained_cfg"]
+    timm_transform = timm.data.create_transform(
+        **timm.data.resolve_data_config({}, pretrained_cfg=pretrained_cfg), is_training=False
+    )
+    ours = eval_transform(config)
+    for picture in _pictures():
+        expected = ours(picture)
+        assert expected.shape == data["input_size"]
+        torch.testing.assert_close(hf(picture)["pixel_values"][0], expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(timm_transform(picture), expected, atol=1e-6, rtol=0)
 
 
 def test_timm_loads_the_timm_folder(tmp_path):
@@ -150,10 +190,6 @@ def _small(**options) -> vitkit.VisionTransformer:
          "Hugging Face's ViT cannot express this model; it needs the paper's layers (not "
          "norm_layer='rmsnorm'); keep vitkit's own checkpoint (vitkit.save), which holds every "
          "option"),
-        (save_hf_folder, dict(img_size=(32, 40)),
-         "a centre crop to a non-square 32x40 input has no Hugging Face image processor; export "
-         "a model with a square input or crop_mode='squash'; export --format timm instead (or "
-         "keep vitkit's own checkpoint)"),
     ],
 )  # fmt: skip
 def test_what_a_folder_cannot_express_is_refused_before_writing(tmp_path, save, options, message):

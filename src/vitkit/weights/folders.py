@@ -2,17 +2,19 @@
 (`ViTForImageClassification.from_pretrained(dir)`, `AutoImageProcessor.from_pretrained(dir)`)
 and a timm Hub-style folder (`timm.create_model("local-dir:" + dir, pretrained=True)`).
 
-Each folder carries the model's data config the way that library reads it: timm's
-`pretrained_cfg` in `config.json`; for Hugging Face a `preprocessor_config.json` of
-`ViTImageProcessor` (resize both sides: vitkit's 'squash') or of `CLIPImageProcessor`
-(shortest edge to `size / crop_pct`, then the centre crop: timm's and vitkit's 'center').
-Files are written atomically; the folder is created.
+Each folder carries the model's data config the way that library reads it, so that it
+prepares images pixel for pixel as vitkit does: timm's `pretrained_cfg` in `config.json`, and
+for Hugging Face a `preprocessor_config.json` of transformers' `TimmWrapperImageProcessor`
+holding the same `pretrained_cfg` (it runs timm's eval transform, which vitkit's reproduces).
+Hugging Face's own `ViTImageProcessor` / `CLIPImageProcessor` cannot: their centre crop floors
+the offset where timm's (torchvision's `CenterCrop`) rounds it, one pixel apart whenever the
+resized side minus the crop is 3 mod 4, and their default torchvision backend resizes unlike
+Pillow. Files are written atomically; the folder is created.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,8 +29,8 @@ from ..model.config import to_2tuple
 from .hf import to_hf, to_hf_config
 from .timm import ARCH_FIELDS, timm_kwargs, to_timm
 
-# PIL's resample codes, which Hugging Face processors store.
-_PIL_CODES = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3}
+# transformers' processor that runs timm's eval transform from a `pretrained_cfg`.
+HF_PROCESSOR = "TimmWrapperImageProcessor"
 
 # The timm factory that passes each block / MLP class vitkit's options need (timm
 # models/vision_transformer.py, deit.py); '' is the paper's ViT.
@@ -85,34 +87,11 @@ def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
 
 
 def hf_processor(data_config: DataConfig) -> dict[str, Any]:
-    """The Hugging Face image-processor settings that prepare images as `data_config` says."""
-    height, width = data_config.img_size
-    common = {
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(data_config.mean),
-        "image_std": list(data_config.std),
-        "resample": _PIL_CODES[data_config.interpolation],
-    }
-    if data_config.crop_mode == "squash":
-        size = {"height": height, "width": width}
-        return {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": size,
-                **common}  # fmt: skip
-    if height != width:
-        raise ValueError(
-            f"a centre crop to a non-square {height}x{width} input has no Hugging Face image "
-            "processor; export a model with a square input or crop_mode='squash'"
-        )
-    return {
-        "image_processor_type": "CLIPImageProcessor",
-        "do_resize": True,
-        "size": {"shortest_edge": math.floor(height / data_config.crop_pct)},
-        "do_center_crop": True,
-        "crop_size": {"height": height, "width": width},
-        "do_convert_rgb": data_config.input_size[0] == 3,
-        **common,
-    }
+    """The `preprocessor_config.json` with which transformers' `AutoImageProcessor` prepares
+    images exactly as `data_config` says: `TimmWrapperImageProcessor` (transformers 4.48 or
+    newer; loading it needs timm, the model does not) with the data config as timm's
+    `pretrained_cfg`."""
+    return {"image_processor_type": HF_PROCESSOR, "pretrained_cfg": data_config.to_dict()}
 
 
 def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
@@ -213,8 +192,6 @@ def _elsewhere(model: VisionTransformer, refused: str) -> str:
     check = timm_folder_args if other == "timm" else to_hf_config
     try:
         check(model.config)
-        if other == "hf":
-            hf_processor(_data_config(model))
     except ValueError:
         return "keep vitkit's own checkpoint (vitkit.save), which holds every option"
     return f"export --format {other} instead (or keep vitkit's own checkpoint)"

@@ -69,11 +69,14 @@ def timm_data_config(pretrained_cfg: Mapping[str, Any], source: str) -> DataConf
 
 
 def hf_data_config(processor: Mapping[str, Any], config: ViTConfig, source: str) -> DataConfig:
-    """A Hugging Face image processor's settings (`preprocessor_config.json`): resize to
+    """A Hugging Face image processor's settings (`preprocessor_config.json`): timm's
+    `pretrained_cfg` (`TimmWrapperImageProcessor`, as vitkit writes them), else resize to
     `size` (both sides: 'squash'; the shortest edge: then the centre `crop_size`), rescale to
     [0, 1], normalise with `image_mean` / `image_std`."""
     if not isinstance(processor, Mapping):
         raise CheckpointError(f"{source} must be a JSON object")
+    if isinstance(processor.get("pretrained_cfg"), Mapping):  # TimmWrapperImageProcessor
+        return timm_data_config(processor["pretrained_cfg"], f"{source}: pretrained_cfg")
     chans = config.in_chans
     try:
         mean = processor.get("image_mean", INCEPTION_MEAN)
