@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "weights": {"model", "data", "files"},
     "summary": set(),
     "explain": {"data", "files"},
-    "export": {"model"},
+    "export": {"model", "files"},
     "convert": {"weights"},
     "train": {"model", "data", "weights", "explain", "files"},
     "cli": {

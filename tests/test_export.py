@@ -305,18 +305,54 @@ def test_backbone_onnx_and_torch_export(tmp_path):
 
 
 @needs_onnx
-def test_onnx_carries_the_data_config(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_onnx_carries_the_data_config_and_class_names(tmp_path, precision):
     from vitkit.data.data_config import DataConfig
-    from vitkit.export import DATA_CONFIG_PROP
+    from vitkit.export import CLASS_NAMES_PROP, DATA_CONFIG_PROP
 
     model = tiny()
     model.data_config = DataConfig(input_size=(3, 60, 100), mean=0.4, std=0.3, crop_pct=0.9)
-    path = export_onnx(model, tmp_path / "m.onnx")
+    model.meta = {"class_names": ["cat", "dog", "eel", "émeu", "fox"]}
+    path = export_onnx(model, tmp_path / "m.onnx", precision=precision)
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert json.loads(props[DATA_CONFIG_PROP]) == model.data_config.to_dict()
-    x = torch.randn(1, 3, 60, 100)
+    assert json.loads(props[CLASS_NAMES_PROP]) == ["cat", "dog", "eel", "émeu", "fox"]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    custom = session.get_modelmeta().custom_metadata_map  # what a serving runtime reads
+    assert json.loads(custom[CLASS_NAMES_PROP])[3] == "émeu"
+    if precision == "fp32":
+        x = torch.randn(1, 3, 60, 100)
+        with torch.no_grad():
+            torch.testing.assert_close(run_onnx(path, x), model(x), rtol=0, atol=1e-4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing staged is left
+
+
+@needs_onnx
+def test_onnx_and_program_files_never_replace_a_special_file(tmp_path):
+    import os
+    import stat
+
+    from vitkit.export import save_program
+    from vitkit.files import SpecialFileError
+
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecialFileError, match=f"^cannot write {fifo}: it is a FIFO"):
+        export_onnx(tiny(), fifo)  # refused before the export, never blocked on the pipe
+    with pytest.raises(SpecialFileError, match=f"^cannot write {fifo}: it is a FIFO"):
+        save_program(export_program(tiny()), fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    try:
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("cannot create a device node here; needs root or CAP_MKNOD")
+    assert export_onnx(tiny(), tmp_path / "null") == tmp_path / "null"
+    assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode)
+    program = save_program(export_program(tiny()), tmp_path / "m.pt2")
+    x = torch.randn(2, 3, 60, 100)
     with torch.no_grad():
-        torch.testing.assert_close(run_onnx(path, x), model(x), rtol=0, atol=1e-4)
+        torch.testing.assert_close(torch.export.load(program).module()(x), tiny()(x))
 
 
 def test_cli_export_folders_in_bf16(tmp_path, capsys):

@@ -25,13 +25,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.export import Dim, ExportedProgram
 
+from .files import atomic_write, check_output
 from .model import VisionTransformer, ViTBackbone
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resample
 PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
 DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data config (JSON)
+CLASS_NAMES_PROP = "vitkit_class_names"  # metadata_props key: the class names (JSON list)
 ONNX_PRECISIONS = ("fp32", "int8")
 
 Exportable = VisionTransformer | ViTBackbone
@@ -171,7 +177,10 @@ def export_onnx(
     2 GiB the graph plus the weights in `<path>.data` beside it (protobuf's limit).
 
     The input is 'image'; the output 'logits' (or 'features' for `num_classes=0`), or for a
-    backbone one map per block, 'block2', 'block5', ...
+    backbone one map per block, 'block2', 'block5', ... The model's metadata_props carry its
+    data config (`vitkit_data_config`) and class names (`vitkit_class_names`), as JSON. The
+    file is built in a private folder and written in place at the end (`files.atomic_write`:
+    never over a special file).
 
     Args:
         module: the ViT or backbone; exported in eval mode (its training flag is restored).
@@ -186,6 +195,33 @@ def export_onnx(
         precision: 'fp32', or 'int8': the float32 graph quantised by onnxruntime's dynamic
             quantiser (`quantize_onnx`).
     """
+    _check_onnx_options(opset, precision)
+    if dynamic_img_size is None:
+        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    path = Path(path)
+    with _staging(path) as folder:
+        staged = folder / path.name
+        graph = staged if precision == "fp32" else folder / "fp32.onnx"
+        _write_graph(module, graph, dynamic_batch, dynamic_img_size, opset)
+        if verify:
+            check_onnx(
+                module, graph, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size
+            )
+        if graph != staged:
+            quantize_onnx(graph, staged)
+        _set_metadata(staged, onnx_metadata(module))
+        for name in (path.name, f"{path.name}.data"):  # the graph, and external weights if any
+            if (folder / name).is_file():
+                atomic_write(path.with_name(name), _copy_from(folder / name))
+    log.debug(
+        "wrote %s (opset %d, %s, dynamic batch: %s, dynamic image size: %s)",
+        path, opset, precision, dynamic_batch, dynamic_img_size,
+    )  # fmt: skip
+    return path
+
+
+def _check_onnx_options(opset: int, precision: str) -> None:
+    """Refuse a precision or opset the export cannot give, before any work."""
     if precision not in ONNX_PRECISIONS:
         raise ValueError(
             f"ONNX precision {precision!r} is not supported; choose one of "
@@ -197,8 +233,7 @@ def export_onnx(
             f"opset {opset} is too old: the position-embedding resample needs ONNX Resize with "
             f"antialias, opset {MIN_OPSET} or newer; pass opset={MIN_OPSET}"
         )
-    import onnx  # the ONNX extra (missing: one line naming it)
-    import onnx.defs
+    import onnx.defs  # the ONNX extra (missing: one line naming it)
 
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
@@ -206,11 +241,26 @@ def export_onnx(
             f"opset {opset} is newer than the installed onnx knows ({newest}); pass an opset "
             f"from {MIN_OPSET} to {newest}"
         )
-    if dynamic_img_size is None:
-        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    graph = path if precision == "fp32" else path.with_name(f".{path.name}.fp32.onnx")
+
+
+@contextlib.contextmanager
+def _staging(path: Path) -> Iterator[Path]:
+    """A private folder to build the files in: beside the target when that is a file or new
+    (the same file system), else (a character device such as /dev/null) the system's
+    temporary folder; a target that is a FIFO, socket or folder is refused first."""
+    if check_output(path) == "character device":
+        where = None
+    else:
+        where = Path(os.path.realpath(path)).parent
+        where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=where, prefix=".vitkit-export-") as folder:
+        yield Path(folder)
+
+
+def _write_graph(
+    module: Exportable, graph: Path, dynamic_batch: bool, dynamic_img_size: bool, opset: int
+) -> None:
+    """The float32 ONNX graph (and `<graph>.data` for weights over protobuf's limit)."""
     with _prepared(module, dynamic_batch, dynamic_img_size) as (exported, sample, shapes):
         # Passing the module (not an ExportedProgram) keeps the dim names in the ONNX file.
         torch.onnx.export(
@@ -225,28 +275,45 @@ def export_onnx(
             external_data=_weight_bytes(exported) >= PROTOBUF_LIMIT,
             verbose=False,
         )
-    if verify:
-        check_onnx(module, graph, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size)
-    if graph != path:
-        try:
-            quantize_onnx(graph, path)
-        finally:
-            graph.unlink(missing_ok=True)
-            graph.with_name(graph.name + ".data").unlink(missing_ok=True)
-    data_config = getattr(_vit(module), "data_config", None)
+
+
+def onnx_metadata(module: Exportable) -> dict[str, str]:
+    """The metadata_props an exported file carries: the model's data config and class names
+    (JSON), where it has them."""
+    vit = _vit(module)
+    props = {}
+    data_config = getattr(vit, "data_config", None)
     if data_config is not None:  # the preprocessing travels with the file
-        proto = onnx.load(str(path), load_external_data=False)
-        onnx.helper.set_model_props(proto, {DATA_CONFIG_PROP: json.dumps(data_config.to_dict())})
-        onnx.save(proto, str(path))
-    log.debug(
-        "wrote %s (opset %d, %s, dynamic batch: %s, dynamic image size: %s)",
-        path,
-        opset,
-        precision,
-        dynamic_batch,
-        dynamic_img_size,
-    )
-    return path
+        props[DATA_CONFIG_PROP] = json.dumps(data_config.to_dict())
+    names = getattr(vit, "meta", {}).get("class_names")
+    if names and not isinstance(module, ViTBackbone) and len(names) == vit.num_classes:
+        props[CLASS_NAMES_PROP] = json.dumps(list(names))
+    return props
+
+
+def _set_metadata(path: Path, props: dict[str, str]) -> None:
+    import onnx
+
+    if not props:
+        return
+    proto = onnx.load(str(path), load_external_data=False)
+    onnx.helper.set_model_props(proto, props)
+    onnx.save(proto, str(path))
+
+
+def _copy_from(source: Path) -> Callable[[Any], None]:
+    def copy(f: Any) -> None:
+        with source.open("rb") as data:
+            shutil.copyfileobj(data, f, 1 << 24)
+
+    return copy
+
+
+def save_program(program: ExportedProgram, path: str | Path) -> Path:
+    """`torch.export.save` through `files.atomic_write` (whole or absent; never over a
+    special file)."""
+    atomic_write(path, lambda f: torch.export.save(program, f))
+    return Path(path)
 
 
 def quantize_onnx(source: str | Path, target: str | Path) -> Path:

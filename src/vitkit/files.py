@@ -52,7 +52,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     disk raises `DiskFullError`.
     """
     path = Path(path)
-    kind = _file_kind(path)
+    kind = check_output(path)
     if kind == _CHAR_DEVICE:
         _write_through(path, write, mode)
         return
@@ -67,7 +67,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        if _file_kind(target) == _CHAR_DEVICE:  # it became one while we wrote (the others
+        if check_output(target) == _CHAR_DEVICE:  # it became one while we wrote (the others
             raise SpecialFileError(target, "a character device")  # raise in _file_kind)
         os.replace(tmp, target)
     except BaseException as err:
@@ -114,9 +114,10 @@ _KINDS = (  # (test, description) of the file kinds vitkit refuses to write to
 )
 
 
-def _file_kind(path: Path) -> str | None:
-    """What `path` names, symbolic links followed: None (nothing yet, or a dangling link),
-    'regular', 'character device'; `SpecialFileError` for anything else."""
+def check_output(path: str | os.PathLike) -> str | None:
+    """What an output path names, symbolic links followed: None (nothing yet, or a dangling
+    link), 'regular' or 'character device' (both writable by `atomic_write`); anything else
+    raises `SpecialFileError`. Call it before long work whose result goes to `path`."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
