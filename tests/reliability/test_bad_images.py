@@ -186,8 +186,10 @@ def test_32_bit_pixels_of_unknown_range_are_refused_naming_the_mode(tmp_path, va
         with pytest.raises(CorruptImageError, match=rf"^cannot read image {path}: its 32-bit") as e:
             read(path)
         assert message in str(e.value) and "save the image as 8- or 16-bit" in str(e.value)
-    dataset = ImageFiles([(str(path), 0)], skip_corrupt=True)  # skipped in training
-    assert dataset[0] is None and len(dataset.corrupt) == 1
+    good = _saved(tmp_path, Image.new("RGB", (4, 4)), "good.png")
+    dataset = ImageFiles([(str(path), 0), (str(good), 1)], skip_corrupt=True)  # training skips
+    assert dataset[0] is None and list(dataset.corrupt) == [str(path)]
+    assert dataset[1][1] == 1
 
 
 def test_32_bit_float_pixels_in_0_1_are_read_exactly(tmp_path):

@@ -12,19 +12,42 @@ from .datasets import (
     Transformed,
     collate,
     corrupt_count,
+    none_readable,
     split_indices,
+    unreadable_files,
 )
-from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image, read_image
+from .folders import SPLIT_FOLDERS, FolderLayout, folder_layout
+from .images import (
+    IMAGE_EXTENSIONS,
+    CorruptImageError,
+    DataError,
+    LoadedImages,
+    find_images,
+    load_images,
+    open_image,
+    read_image,
+)
 from .rand_augment import RandAugment, parse_rand_augment
-from .sources import SOURCES, detect_source, load_data, register_source
-from .transforms import build_transform, eval_transform
+from .sources import (
+    SOURCES,
+    EvaluationSet,
+    detect_source,
+    evaluation_set,
+    load_data,
+    register_source,
+)
+from .transforms import build_transform, eval_resize_crop, eval_transform
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "SOURCES",
+    "SPLIT_FOLDERS",
     "CorruptImageError",
     "DataError",
+    "EvaluationSet",
+    "FolderLayout",
     "ImageFiles",
+    "LoadedImages",
     "Mixup",
     "RandAugment",
     "Splits",
@@ -35,11 +58,18 @@ __all__ = [
     "collate",
     "corrupt_count",
     "detect_source",
+    "eval_resize_crop",
     "eval_transform",
+    "evaluation_set",
+    "find_images",
+    "folder_layout",
     "load_data",
+    "load_images",
+    "none_readable",
     "open_image",
     "parse_rand_augment",
     "read_image",
     "register_source",
     "split_indices",
+    "unreadable_files",
 ]

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 
-from .images import CorruptImageError, open_image, read_image
+from .images import CorruptImageError, DataError, open_image, read_image
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,10 @@ class ImageFiles(Dataset):
     gives the PIL image at its own size, which `Transformed` hands to vitkit's transforms.
 
     With `skip_corrupt=True` an unreadable file yields None (the collate function drops it),
-    is logged once and counted in `self.corrupt`; otherwise it raises `CorruptImageError`
-    naming the file.
+    is logged once and recorded in `self.corrupt` (path -> reason); when every file has
+    failed, a DataError names the first few and the count. Otherwise the first raises
+    `CorruptImageError` naming the file. (With loader worker processes each worker records its
+    own files; `corrupt` here sees those read in this process.)
     """
 
     def __init__(
@@ -82,7 +84,8 @@ class ImageFiles(Dataset):
         self.in_chans = in_chans
         self.img_size = img_size
         self.skip_corrupt = skip_corrupt
-        self.corrupt: set[str] = set()
+        self.corrupt: dict[str, str] = {}
+        self._distinct = len({path for path, _ in self.samples})
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -104,7 +107,9 @@ class ImageFiles(Dataset):
                 raise
             if path not in self.corrupt:
                 log.warning("skipping %s", err)
-                self.corrupt.add(path)
+                self.corrupt[path] = str(err).removeprefix(f"cannot read image {path}: ")
+                if len(self.corrupt) == self._distinct:
+                    raise DataError(none_readable(self.corrupt)) from None
             return None
         return image, label
 
@@ -158,12 +163,29 @@ def _full_resolution_item(dataset: Dataset, index: int) -> Any:
 
 def corrupt_count(dataset: Dataset) -> int:
     """How many files of `dataset` (through Subset / Transformed wrappers) were skipped."""
-    while not isinstance(dataset, ImageFiles):
-        inner = getattr(dataset, "dataset", None)
-        if inner is None:
-            return 0
-        dataset = inner
-    return len(dataset.corrupt)
+    return len(unreadable_files(dataset))
+
+
+def unreadable_files(dataset: Dataset) -> dict[str, str]:
+    """The files of `dataset` skipped as unreadable so far, path -> reason, in the order met
+    (through Subset / Transformed / ConcatDataset wrappers)."""
+    if isinstance(dataset, ImageFiles):
+        return dict(dataset.corrupt)
+    if isinstance(dataset, ConcatDataset):
+        return {k: v for part in dataset.datasets for k, v in unreadable_files(part).items()}
+    inner = getattr(dataset, "dataset", None)
+    return {} if inner is None else unreadable_files(inner)
+
+
+def none_readable(corrupt: dict[str, str], shown: int = 3) -> str:
+    """The error of a set of images none of which could be read: the first few and the count."""
+    first = "; ".join(f"{path} ({reason})" for path, reason in list(corrupt.items())[:shown])
+    more = f"; and {len(corrupt) - shown} more" if len(corrupt) > shown else ""
+    count = "the image" if len(corrupt) == 1 else f"any of the {len(corrupt)} images"
+    return (
+        f"cannot read {count}: {first}{more}; check that these are image files (open one in "
+        "an image viewer) or point --data at the right folder"
+    )
 
 
 def collate(batch: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor]:

@@ -10,13 +10,20 @@ refused, naming the mode and the values, when they do not.
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
 _16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -140,3 +147,88 @@ def tensor_to_image(x: Tensor) -> Image.Image:
     array = (x.detach().float().cpu() * 255).round().clamp(0, 255).to(torch.uint8)
     array = array.permute(1, 2, 0).numpy()  # (H, W, C)
     return Image.fromarray(array[:, :, 0] if x.shape[0] == 1 else array)  # 'L' or 'RGB'
+
+
+# -- many files: what predict and explain take ---------------------------------------------
+
+
+def find_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """Image files from files, folders (searched recursively) and glob patterns ('*.jpg',
+    'photos/**/*.png'), in the order given, each folder's or pattern's matches sorted, each
+    file once.
+
+    A file named outright is taken whatever its name (decoding says whether it is an image);
+    in folders and pattern matches, files with an image extension (`IMAGE_EXTENSIONS`, any
+    case) outside hidden folders. A DataError names an input that yields no image.
+    """
+    found: dict[Path, None] = {}
+    for item in inputs:
+        path = Path(item)
+        if path.is_file():
+            matches = [path]
+        elif path.is_dir():
+            matches = _images_under(path)
+            if not matches:
+                raise DataError(
+                    f"folder {path} holds no images (searched recursively for "
+                    f"{', '.join(IMAGE_EXTENSIONS)})"
+                )
+        elif any(c in str(item) for c in "*?["):
+            matches = []
+            for hit in map(Path, sorted(glob.glob(str(item), recursive=True))):
+                matches += _images_under(hit) if hit.is_dir() else [hit] * _is_image_name(hit)
+            if not matches:
+                raise DataError(f"{item} matches no image file")
+        else:
+            raise DataError(f"image {path} does not exist")
+        found.update(dict.fromkeys(matches))
+    if not found:
+        raise DataError("no images given; name image files, folders or patterns such as *.jpg")
+    return list(found)
+
+
+def _is_image_name(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _images_under(folder: Path) -> list[Path]:
+    return [
+        file
+        for file in sorted(folder.rglob("*"))
+        if _is_image_name(file)
+        and not any(part.startswith(".") for part in file.relative_to(folder).parts)
+    ]
+
+
+@dataclass(frozen=True)
+class LoadedImages:
+    """Image files decoded and prepared: `images` (N, C, H, W) for the readable `paths` (in
+    order), and the `skipped` ones, path -> why they could not be read."""
+
+    images: Tensor
+    paths: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def load_images(
+    paths: Sequence[str | os.PathLike],
+    transform: Callable[[Image.Image], Tensor],
+    *,
+    in_chans: int = 3,
+) -> LoadedImages:
+    """Decode each file at full resolution (`open_image`) and prepare it with `transform`
+    (e.g. `eval_transform(data_config)`); a file that cannot be read is skipped, logged and
+    named in `skipped` with the reason, so one bad file does not stop the others. With none
+    readable, `images` is empty (0,) and the caller says so (`datasets.none_readable`)."""
+    images, kept, skipped = [], [], {}
+    for path in map(str, paths):
+        try:
+            images.append(transform(open_image(path, in_chans=in_chans)))
+        except DataError as err:  # unreadable, or gone since it was listed
+            reason = str(err).removeprefix(f"cannot read image {path}: ")
+            skipped[path] = "it does not exist" if reason.endswith("does not exist") else reason
+            log.warning("skipping %s", err)
+            continue
+        kept.append(path)
+    stacked = torch.stack(images) if images else torch.empty(0)  # (N, C, H, W)
+    return LoadedImages(stacked, kept, skipped)

