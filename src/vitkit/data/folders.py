@@ -190,7 +190,7 @@ def _split(
     for name in ("train", "val", "test"):
         where = layout.parts.get(name)
         origin = f"{where.name}/" if where is not None else f"cut from {_rel(source, layout)}"
-        described.append(f"{name} {origin} ({_count(len(parts[name]))})")
+        described.append(f"{name} {origin} ({image_count(len(parts[name]))})")
     how = ", ".join(described) + f"; {len(classes)} classes"
     if any(name not in layout.parts for name in ("train", "val", "test")):
         how += f"; split seed {seed}"
@@ -201,5 +201,6 @@ def _rel(folder: Path, layout: FolderLayout) -> str:
     return f"{folder.name}/" if folder != layout.root else "the class folders"
 
 
-def _count(n: int) -> str:
+def image_count(n: int) -> str:
+    """'1 image', '5 images'."""
     return f"{n} image" if n == 1 else f"{n} images"

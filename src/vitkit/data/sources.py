@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .datasets import ImageFiles, Splits, Subset, TensorImages, mean_std, split_indices
-from .folders import class_folders, folder_layout, load_image_folder
+from .folders import class_folders, folder_layout, image_count, load_image_folder
 from .idx import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
@@ -412,13 +412,13 @@ def evaluation_set(
                 names, _ = class_folders(layout.parts["train"])
             names, samples = class_folders(folder, names)
             shown = f"{folder}/" if part != "all" else f"all of {folder}/"
-            count = f"{len(samples)} image{'s' if len(samples) != 1 else ''}"
-            return EvaluationSet(ImageFiles(samples, **files), names, part, f"{shown} ({count})")
+            described = f"{shown} ({image_count(len(samples))})"
+            return EvaluationSet(ImageFiles(samples, **files), names, part, described)
     splits = load_data(
         spec, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
         in_chans=in_chans, skip_corrupt=skip_corrupt,
     )  # fmt: skip
-    count = f"{len(splits.test)} image{'s' if len(splits.test) != 1 else ''}"
+    count = image_count(len(splits.test))
     how = f"the test split of {spec} ({count}, split seed {seed}: images training never saw)"
     return EvaluationSet(splits.test, splits.class_names, "test split", how)
 
