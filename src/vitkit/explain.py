@@ -275,22 +275,16 @@ def explain_image(
     resize_crop = eval_resize_crop(data_config)
     view = image_to_tensor(resize_crop(decoded))  # (C, h, w) in [0, 1]
     x = Normalize(data_config.mean, data_config.std)(view)[None]  # (1, C, h, w)
-    param = next(model.parameters())
-    maps = attention_maps(
-        model,
-        x.to(param.device),
-        head_fusion=head_fusion,
-        discard_ratio=discard_ratio,
-        target=target,
-    )
+    rollout = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    maps = attention_maps(model, x.to(next(model.parameters()).device), **rollout, target=target)
     one = {key: value[0].cpu() for key, value in maps.items()}
     probabilities = torch.softmax(one["logits"].float(), dim=-1)
-    height, width = decoded.size[1], decoded.size[0]
+    (height, width), (h, w) = decoded.size[::-1], data_config.img_size
     explanation = Explanation(
         image=view,
         original=image_to_tensor(decoded),
         region=resize_crop.region(height, width),
-        caption=_view_caption(resize_crop, height, width),
+        caption=f"maps over the model's {w}x{h} view: {resize_crop.describe(height, width)}",
         probabilities=probabilities,
         predicted=int(probabilities.argmax()),
         target=int(one["target"]),
@@ -314,26 +308,6 @@ def explain_image(
             caption=explanation.caption,
         )
     return explanation
-
-
-def _view_caption(resize_crop: Any, height: int, width: int) -> str:
-    """How the model's view comes from a `height` x `width` image, e.g. 'maps over the
-    model's 224x224 view: the 600x400 image resized to 336x224, its centre 224x224'."""
-    (resized_h, resized_w), _, _ = resize_crop.crop_box(height, width)
-    size_h, size_w = resize_crop.size
-    how = "squashed" if resize_crop.crop_mode == "squash" else "resized"
-    if (resized_h, resized_w) == (height, width) == (size_h, size_w):
-        made = f"the {width}x{height} image as it is"
-    elif (resized_h, resized_w) == (height, width):
-        made = f"the centre {size_w}x{size_h} of the {width}x{height} image"
-    elif (resized_h, resized_w) == (size_h, size_w):
-        made = f"the {width}x{height} image {how} to {size_w}x{size_h}"
-    else:
-        made = (
-            f"the {width}x{height} image {how} to {resized_w}x{resized_h}, its centre "
-            f"{size_w}x{size_h}"
-        )
-    return f"maps over the model's {size_w}x{size_h} view: {made}"
 
 
 # -- drawing --------------------------------------------------------------------------------

@@ -204,6 +204,18 @@ class ResizeCenterCrop:
         bottom, right = top + self.size[0], left + self.size[1]
         return top * scale_h, left * scale_w, bottom * scale_h, right * scale_w
 
+    def describe(self, height: int, width: int) -> str:
+        """How the view of a `height` x `width` image is made, e.g. 'the 600x400 image resized
+        to 336x224, its centre 224x224' (sizes width x height)."""
+        resized = self.resized_size(height, width)
+        image, crop = f"the {width}x{height} image", f"{self.size[1]}x{self.size[0]}"
+        how = "squashed" if self.crop_mode == "squash" else "resized"
+        if resized == (height, width):
+            return f"{image} as it is" if resized == self.size else f"the centre {crop} of {image}"
+        if resized == self.size:
+            return f"{image} {how} to {crop}"
+        return f"{image} {how} to {resized[1]}x{resized[0]}, its centre {crop}"
+
     def __call__(self, x: ImageLike) -> ImageLike:
         size = image_size(x)
         resized, top, left = self.crop_box(*size)
