@@ -20,17 +20,18 @@ from torch.utils.data import ConcatDataset
 
 from . import data as data_lib
 from .data.data_config import DataConfig
-from .explain import attention_maps, draw_explanation, plot_confusion, readout_of
+from .explain import attention_maps, draw_explanation, readout_of
 from .files import DiskFullError
 from .model import VisionTransformer, registry
 from .model.precision import PRECISIONS, set_precision
+from .plots import plot_confusion
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
 from .train.config import GROWS, RUNTIME, TrainConfig, resolve_device
 from .train.fit import Progress
 from .train.flags import add_arguments, given_options
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
-from .train.setup import default_out
+from .train.run_folder import default_out
 from .weights import load
 
 log = logging.getLogger("vitkit")

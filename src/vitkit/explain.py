@@ -1,4 +1,4 @@
-"""What the model looks at, and how training went: attention maps and the run's pictures.
+"""What the model looks at: attention maps, and their pictures.
 
 Attention rollout is Abnar & Zuidema, "Quantifying Attention Flow in Transformers" (ACL 2020):
 each layer's attention, fused over heads, plus the identity (the residual path), rows
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .files import atomic_write
+from .plots import pyplot, save_figure
 
 HEAD_FUSIONS = ("mean", "max", "min")
 READOUTS = ("class", "mean")
@@ -214,24 +213,6 @@ def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Ten
 # -- drawing --------------------------------------------------------------------------------
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save_figure(fig: Any, path: str | os.PathLike) -> None:
-    plt = _pyplot()
-    path = Path(path)
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-
-
 def _show_image(ax: Any, image: Tensor) -> None:
     array = image.detach().cpu().clamp(0, 1)
     if array.shape[0] == 1:
@@ -278,7 +259,7 @@ def draw_explanation(
         readout: `readout_of(model)`: 'class' titles the last panel as the class token's
             attention, 'mean' as the patch tokens' mean attention.
     """
-    plt = _pyplot()
+    plt = pyplot()
     panels: list[tuple[str, Tensor | None]] = [("image", None)]
     if "relevance" in maps:
         name = target_name if target_name is not None else str(int(maps.get("target", -1)))
@@ -309,63 +290,4 @@ def draw_explanation(
         _overlay(fig, axes[1 + h // cols, h % cols], image, heat, f"last block, head {h}")
     if title:
         fig.suptitle(title, fontsize=11)
-    _save_figure(fig, path)
-
-
-def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
-    """PNG with two panels: train/val loss and val top-1 (and top-5) accuracy per epoch."""
-    plt = _pyplot()
-    epochs = [row["epoch"] for row in history]
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_ax.plot(epochs, [r["train_loss"] for r in history], label="train (mixed targets)")
-    loss_ax.plot(epochs, [r["val_loss"] for r in history], label="val")
-    loss_ax.set_xlabel("epoch")
-    loss_ax.set_ylabel("cross-entropy")
-    loss_ax.set_title("loss")
-    loss_ax.legend()
-    acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1")
-    acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5")
-    if "ema_val_acc1" in history[0]:
-        acc_ax.plot(epochs, [r["ema_val_acc1"] for r in history], label="EMA val top-1")
-    acc_ax.set_xlabel("epoch")
-    acc_ax.set_ylabel("accuracy")
-    acc_ax.set_ylim(0, 1.02)
-    acc_ax.set_title("accuracy")
-    acc_ax.legend(loc="lower right")
-    for ax in (loss_ax, acc_ax):
-        ax.grid(alpha=0.3)
-    _save_figure(fig, path)
-
-
-def plot_confusion(
-    confusion: Tensor, class_names: Sequence[str], path: str | os.PathLike, title: str = ""
-) -> None:
-    """PNG of a confusion matrix (rows true, columns predicted), counts written in the cells
-    when there are at most 20 classes."""
-    plt = _pyplot()
-    k = len(class_names)
-    matrix = confusion.cpu().numpy()
-    size = max(4.0, min(0.5 * k + 2, 20.0))
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(matrix, cmap="Blues")
-    if k <= 20:
-        ticks = list(range(k))
-        ax.set_xticks(ticks, class_names, rotation=90 if k > 10 else 0)
-        ax.set_yticks(ticks, class_names)
-        limit = matrix.max() / 2 if matrix.size else 0
-        for i in range(k):
-            for j in range(k):
-                ax.text(
-                    j,
-                    i,
-                    str(int(matrix[i, j])),
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if matrix[i, j] > limit else "black",
-                )
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if title:
-        ax.set_title(title)
-    _save_figure(fig, path)
+    save_figure(fig, path)

@@ -10,13 +10,8 @@ after every epoch, on a stop and every `save_every` steps, and read with
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
-import random
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,36 +23,34 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import Mixup, corrupt_count
-from ..files import DiskFullError, atomic_write
+from ..files import DiskFullError
 from ..model.precision import model_device
-from ..weights.checkpoint import CheckpointError, load_into, save
+from ..plots import plot_curves
+from ..weights.checkpoint import save
 from .config import TrainConfig
 from .distributed import ShardSampler, all_reduce, make_loader, world
+from .logs import log_epoch, write_metrics
 from .loop import (
     DistillForward,
-    EpochState,
     NonFiniteLossError,
-    RunState,
-    Schedule,
-    StopFlag,
     evaluate,
     steps_per_epoch,
     train_one_epoch,
 )
-from .optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
+from .optim import ModelEma, Schedule, build_optimizer, freeze_layers, swapped_weights
+from .run_folder import (
+    BEST_FILE,
+    CURVES_FILE,
+    EMA_FILE,
+    LAST_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    kept_files,
+)
+from .signals import StopFlag, stop_on_signals
+from .state import EpochState, RunState, load_state, restore, save_state
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.pt"
-BEST_FILE = "model.safetensors"
-LAST_FILE = "last.safetensors"
-EMA_FILE = "ema.safetensors"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
-TEST_FILE = "test.json"
-RUN_FILES = (
-    STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, "config.json", CURVES_FILE, TEST_FILE,
-)  # fmt: skip
 
 Progress = Callable[[Iterable, int, str], Any]
 
@@ -125,7 +118,7 @@ def fit(
         restore(state, load_state(out / STATE_FILE))
     state.trained = _wrapped(state)
     main = world()[0] == 0
-    with _stop_on_signals(state.stop), _explained_failures(state):
+    with stop_on_signals(state.stop), _explained_failures(state):
         if out is not None and main and not resume:
             out.mkdir(parents=True, exist_ok=True)
             save_state(state)  # a stop during the first epoch can still resume
@@ -137,9 +130,9 @@ def fit(
             if skipped:
                 row["skipped_images"] = skipped
             if out is not None and main:
-                _write_metrics(out / METRICS_FILE, state.history)
+                write_metrics(out / METRICS_FILE, state.history)
                 save_state(state)
-            _log_epoch(row, config.epochs)
+            log_epoch(row, config.epochs)
             if on_epoch_end is not None:
                 on_epoch_end(row)
             if state.stop:
@@ -152,8 +145,6 @@ def fit(
                     )
                 break
         if out is not None and main and state.history:
-            from ..explain import plot_curves
-
             plot_curves(state.history, out / CURVES_FILE)
     return FitResult(
         history=state.history,
@@ -275,72 +266,6 @@ def finish_epoch(state: RunState, val_loader: Any, *, seconds: float) -> dict[st
     return row
 
 
-# -- the state file -------------------------------------------------------------------------
-
-
-def save_state(state: RunState) -> None:
-    """Write `state.pt` atomically on rank 0 (plain tensors, dicts and numbers, so that
-    `torch.load(weights_only=True)` reads it back)."""
-    if state.out is None or world()[0] != 0:
-        return
-    payload: dict[str, Any] = {
-        "model": {k: v.detach().cpu() for k, v in state.model.state_dict().items()},
-        "optimizer": state.optimizer.state_dict(),
-        "epoch": state.epoch,
-        "step": state.step,
-        "epoch_state": dataclasses.asdict(state.running) if state.running else None,
-        "best_acc1": state.best_acc1,
-        "best_epoch": state.best_epoch,
-        "history": [json.dumps(row) for row in state.history],
-        "rng": _rng_state(),
-        "train_config": json.dumps(state.config.to_dict()),
-    }
-    if state.scaler is not None:
-        payload["scaler"] = state.scaler.state_dict()
-    if state.ema is not None:
-        payload["ema"] = {k: v.cpu() for k, v in state.ema.state.items()}
-    atomic_write(state.out / STATE_FILE, lambda f: torch.save(payload, f))
-    state.saved_at = (state.epoch, state.running.batches if state.running else 0)
-
-
-def load_state(path: Path) -> dict[str, Any]:
-    """The contents of a `state.pt`, or one error that says to start again."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no training state {path} to resume from; start without --resume")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any failure: the file is unusable
-        raise CheckpointError(
-            f"cannot read the training state {path} ({type(err).__name__}: {err}); "
-            "start again with --overwrite"
-        ) from None
-
-
-def restore(state: RunState, saved: dict[str, Any]) -> None:
-    """Put a `state.pt`'s contents back into a fresh `state` (before the model is wrapped)."""
-    source = str(state.out / STATE_FILE) if state.out else STATE_FILE
-    load_into(state.model, saved["model"], source=source)
-    state.optimizer.load_state_dict(saved["optimizer"])
-    if state.scaler is not None and "scaler" in saved:
-        state.scaler.load_state_dict(saved["scaler"])
-    if state.ema is not None and "ema" in saved:
-        state.ema.state = {k: v.to(state.device) for k, v in saved["ema"].items()}
-    state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
-    if saved.get("epoch_state"):
-        state.running = EpochState(**saved["epoch_state"])
-    state.history = [json.loads(row) for row in saved.get("history", [])]
-    state.best_acc1 = float(saved.get("best_acc1", -1.0))
-    state.best_epoch = int(saved.get("best_epoch", 0))
-    state.saved_at = (state.epoch, state.running.batches if state.running else 0)
-    _set_rng_state(saved["rng"])
-    log.info(
-        "resuming from %s at epoch %d%s",
-        source,
-        state.epoch + 1,
-        f", batch {state.running.batches + 1}" if state.running else "",
-    )
-
-
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -401,82 +326,6 @@ def _postfix(set_postfix: Callable[..., Any] | None) -> Callable[[EpochState, fl
         )
 
     return show
-
-
-def _log_epoch(row: dict[str, Any], epochs: int) -> None:
-    log.info(
-        "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc1 %.4f  val_acc5 %.4f  lr %.2e  %.1fs",
-        row["epoch"],
-        epochs,
-        row["train_loss"],
-        row["val_loss"],
-        row["val_acc1"],
-        row["val_acc5"],
-        row["lr"],
-        row["seconds"],
-    )
-
-
-def _write_metrics(path: Path, history: list[dict[str, Any]]) -> None:
-    text = "".join(json.dumps(row) + "\n" for row in history)
-    atomic_write(path, lambda f: f.write(text), mode="w")
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": torch.tensor([x for x in random.getstate()[1]], dtype=torch.int64),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version = random.getstate()[0]
-    random.setstate((version, tuple(int(x) for x in state["python"].tolist()), None))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: StopFlag) -> Iterator[None]:
-    """SIGINT / SIGTERM set `stop` (a second SIGINT interrupts at once)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {}
-
-    def handler(signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if stop and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        log.warning("%s received: stopping after this step and saving the state", name)
-        stop.set(name)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def kept_files(state: RunState) -> str:
-    """The files a failed run leaves, and the point of training each holds."""
-    if state.out is None or world()[0] != 0:
-        return "none (no out_dir)"
-    done, batches = state.saved_at
-    if batches:
-        when = f"epoch {done + 1} after batch {batches}"
-    else:
-        when = f"end of epoch {done}" if done else "before the first epoch"
-    files = [f"{state.out / STATE_FILE} ({when})"]
-    if state.history:
-        files.append(f"{state.out / LAST_FILE} (epoch {state.history[-1]['epoch']})")
-    return ", ".join(files)
 
 
 @contextlib.contextmanager

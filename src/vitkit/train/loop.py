@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,26 +18,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import Mixup
-from .config import TrainConfig
 from .distributed import all_reduce, world
 from .losses import distill_loss, soft_cross_entropy
-from .optim import ModelEma, lr_at, set_lr
-
-
-class StopFlag:
-    """Set by a signal handler (or a test); the loop stops after the current optimiser step."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.signal_name = ""
-
-    def set(self, name: str = "stop") -> None:
-        self.signal_name = name
-        self._event.set()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
+from .optim import set_lr
+from .state import EpochState, RunState
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -49,79 +30,6 @@ class NonFiniteLossError(FloatingPointError):
     def __init__(self, message: str, *, step: int, batch: int, loss: float) -> None:
         super().__init__(message)
         self.step, self.batch, self.loss = step, batch, loss
-
-
-@dataclass
-class EpochState:
-    """Running sums of the current epoch (saved with a mid-epoch stop)."""
-
-    batches: int = 0
-    samples: float = 0.0
-    loss_sum: float = 0.0
-    correct: float = 0.0
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The learning rate per optimiser step: linear warmup, then half a cosine (`lr_at`)."""
-
-    lr: float
-    total_steps: int
-    warmup_steps: int
-    min_lr: float = 0.0
-    warmup_lr: float = 0.0
-
-    @classmethod
-    def of(cls, config: TrainConfig, lr: float, steps_per_epoch: int) -> Schedule:
-        """The schedule of a run: `config`'s epochs, warmup and floors at peak `lr`."""
-        return cls(
-            lr=lr,
-            total_steps=steps_per_epoch * config.epochs,
-            warmup_steps=round(config.warmup_epochs * steps_per_epoch),
-            min_lr=config.min_lr,
-            warmup_lr=config.warmup_lr,
-        )
-
-    def __call__(self, step: int) -> float:
-        return lr_at(
-            step,
-            total_steps=self.total_steps,
-            warmup_steps=self.warmup_steps,
-            lr=self.lr,
-            min_lr=self.min_lr,
-            warmup_lr=self.warmup_lr,
-        )
-
-
-@dataclass
-class RunState:
-    """A run in progress: the live objects, and the counters that `state.pt` saves.
-
-    `model` is the unwrapped network (what is saved); `trained` is what the loop calls (the
-    model wrapped for distillation, DistributedDataParallel or torch.compile).
-    """
-
-    config: TrainConfig
-    model: nn.Module
-    trained: nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: Schedule
-    mixup: Mixup
-    device: torch.device
-    amp: str
-    scaler: torch.amp.GradScaler | None = None
-    ema: ModelEma | None = None
-    teacher: nn.Module | None = None
-    out: Path | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    stop: StopFlag = field(default_factory=StopFlag)
-    epoch: int = 0  # epochs finished
-    step: int = 0  # optimiser steps taken
-    running: EpochState | None = None  # the sums of an unfinished epoch
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best_acc1: float = -1.0
-    best_epoch: int = 0
-    saved_at: tuple[int, int] = (0, 0)  # (epoch, batches) that state.pt holds
 
 
 class DistillForward(nn.Module):

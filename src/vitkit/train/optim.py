@@ -13,6 +13,7 @@ import contextlib
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -119,6 +120,38 @@ def lr_at(
     span = max(total_steps - warmup_steps, 1)
     progress = min((step - warmup_steps) / span, 1.0)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate per optimiser step: linear warmup, then half a cosine (`lr_at`)."""
+
+    lr: float
+    total_steps: int
+    warmup_steps: int
+    min_lr: float = 0.0
+    warmup_lr: float = 0.0
+
+    @classmethod
+    def of(cls, config: Any, lr: float, steps_per_epoch: int) -> Schedule:
+        """The schedule of a run: `config`'s epochs, warmup and floors at peak `lr`."""
+        return cls(
+            lr=lr,
+            total_steps=steps_per_epoch * config.epochs,
+            warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+            min_lr=config.min_lr,
+            warmup_lr=config.warmup_lr,
+        )
+
+    def __call__(self, step: int) -> float:
+        return lr_at(
+            step,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            lr=self.lr,
+            min_lr=self.min_lr,
+            warmup_lr=self.warmup_lr,
+        )
 
 
 class ModelEma:

@@ -29,9 +29,10 @@ from .config import TrainConfig
 from .distributed import make_loader
 from .fit import Progress
 from .lock import run_lock
-from .loop import Schedule, steps_per_epoch
-from .optim import param_groups
-from .setup import clear_out, prepare_out, training_setup
+from .loop import steps_per_epoch
+from .optim import Schedule, param_groups
+from .run_folder import clear_out, prepare_out
+from .setup import training_setup
 
 log = logging.getLogger(__name__)
 

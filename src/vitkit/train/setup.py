@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,25 +21,21 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .. import __version__
 from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
-from ..files import atomic_write, remove_stale_temp_files
+from ..files import atomic_write
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from .config import TrainConfig
 from .distributed import barrier, init_distributed, make_loader, world
-from .fit import BEST_FILE, RUN_FILES, STATE_FILE, TEST_FILE, FitResult, Progress, fit
+from .fit import FitResult, Progress, fit
 from .lock import run_lock
 from .loop import evaluate
+from .run_folder import BEST_FILE, TEST_FILE, clear_out, prepare_out, write_record
 from .teacher import load_teacher
 
 log = logging.getLogger(__name__)
-
-
-class RunFolderError(ValueError):
-    """A run folder that cannot be used as asked (exists, missing, not writable)."""
 
 
 @dataclass
@@ -194,57 +189,6 @@ def transforms(config: TrainConfig, splits: Splits, data_config: DataConfig) -> 
     return train, eval_tf
 
 
-def default_out(data: str, model: str, name: str | None = None) -> Path:
-    """`runs/<name>`, by default `runs/<data>-<model>`."""
-    return Path("runs") / (name or f"{Path(data).name}-{model}")
-
-
-def prepare_out(
-    out: Path,
-    *,
-    resume: bool,
-    overwrite: bool,
-    files: tuple[str, ...] = RUN_FILES,
-    state: str = STATE_FILE,
-) -> None:
-    """Refuse to overwrite a run silently; check that `out` is writable and create it. Nothing
-    is removed here: `clear_out` does that under the run lock. `files` are what the run
-    writes, `state` the file `--resume` continues from (`vitkit pretrain` has its own)."""
-    if resume and overwrite:
-        raise RunFolderError("--resume and --overwrite exclude each other")
-    held = [name for name in files if (out / name).exists()]
-    if resume:
-        if not (out / state).is_file():
-            raise RunFolderError(
-                f"--resume: {out} holds no training state ({state}), the run stopped "
-                "before it began; start it again with --overwrite"
-            )
-        return
-    if held and not overwrite:
-        raise RunFolderError(
-            f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or "
-            "--overwrite to replace it"
-        )
-    if out.exists() and not out.is_dir():
-        raise RunFolderError(f"--out {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".vitkit-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
-
-
-def clear_out(out: Path, *, overwrite: bool, files: tuple[str, ...] = RUN_FILES) -> None:
-    """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
-    run's `files` (nothing else of the folder's). Call it holding the run lock."""
-    if overwrite:
-        for name in files:
-            (out / name).unlink(missing_ok=True)
-    remove_stale_temp_files(out)
-
-
 @dataclass
 class RunOutcome:
     """How a run ended: its `fit` result and, when it finished, the test metrics; `rank` is
@@ -363,20 +307,3 @@ def _train_and_test(
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return RunOutcome(result=result, test=test, out=out, rank=rank)
-
-
-def write_record(
-    out: Path, config: TrainConfig, model: VisionTransformer, meta: dict, world_size: int
-) -> None:
-    """`config.json`: the settings (what `--config` and `--resume` read back), the model's
-    config, the metadata and the versions."""
-    record = {
-        "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
-        "model": model.config.to_dict() if hasattr(model, "config") else model.vitkit_timm,
-        "meta": meta,
-        "world_size": world_size,
-        "vitkit_version": __version__,
-        "torch_version": torch.__version__,
-    }
-    text = json.dumps(record, indent=2) + "\n"
-    atomic_write(out / "config.json", lambda f: f.write(text), mode="w")
