@@ -152,7 +152,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 130
     if outcome.rank == 0:
         result = outcome.result
-        print(f"best val top-1 {result.best_acc1:.4f} at epoch {result.best_epoch}; files in {out}")
+        print(f"best val top-1 {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
         print(f"test accuracy: {outcome.test['acc1']:.4f}")
     return 0
 

@@ -3,14 +3,17 @@ scores, MAE reconstructions. matplotlib's Agg backend, PNG files written atomica
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .files import atomic_write
+from .model.mae import MaskedAutoencoder, patchify, unpatchify
 
 
 def pyplot() -> Any:
@@ -34,26 +37,33 @@ def save_figure(fig: Any, path: str | os.PathLike) -> None:
 
 
 def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
-    """PNG with two panels: train/val loss and val top-1 (and top-5) accuracy per epoch."""
+    """PNG of the run per epoch: train / val loss and, for a classifier, a second panel with
+    val top-1 (and top-5, and the EMA's top-1)."""
     plt = pyplot()
     epochs = [row["epoch"] for row in history]
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_ax.plot(epochs, [r["train_loss"] for r in history], label="train (mixed targets)")
+    accuracy = "val_acc1" in history[0]
+    fig, axes = plt.subplots(1, 2 if accuracy else 1, figsize=(10 if accuracy else 5, 4),
+                             squeeze=False)  # fmt: skip
+    loss_ax = axes[0, 0]
+    train_label = "train (mixed targets)" if accuracy else "train"
+    loss_ax.plot(epochs, [r["train_loss"] for r in history], label=train_label)
     loss_ax.plot(epochs, [r["val_loss"] for r in history], label="val")
     loss_ax.set_xlabel("epoch")
-    loss_ax.set_ylabel("cross-entropy")
+    loss_ax.set_ylabel("cross-entropy" if accuracy else "loss")
     loss_ax.set_title("loss")
     loss_ax.legend()
-    acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1")
-    acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5")
-    if "ema_val_acc1" in history[0]:
-        acc_ax.plot(epochs, [r["ema_val_acc1"] for r in history], label="EMA val top-1")
-    acc_ax.set_xlabel("epoch")
-    acc_ax.set_ylabel("accuracy")
-    acc_ax.set_ylim(0, 1.02)
-    acc_ax.set_title("accuracy")
-    acc_ax.legend(loc="lower right")
-    for ax in (loss_ax, acc_ax):
+    if accuracy:
+        acc_ax = axes[0, 1]
+        acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1")
+        acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5")
+        if "ema_val_acc1" in history[0]:
+            acc_ax.plot(epochs, [r["ema_val_acc1"] for r in history], label="EMA val top-1")
+        acc_ax.set_xlabel("epoch")
+        acc_ax.set_ylabel("accuracy")
+        acc_ax.set_ylim(0, 1.02)
+        acc_ax.set_title("accuracy")
+        acc_ax.legend(loc="lower right")
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
     save_figure(fig, path)
 
@@ -90,3 +100,55 @@ def plot_confusion(
     if title:
         ax.set_title(title)
     save_figure(fig, path)
+
+
+@torch.no_grad()
+def draw_reconstructions(
+    mae: MaskedAutoencoder,
+    images: Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    path: str | os.PathLike,
+) -> None:
+    """A PNG: per image, the original, the visible patches, and the reconstruction (its
+    visible patches pasted back, as the MAE paper's figures show)."""
+    plt = pyplot()
+    mae.eval()
+    device = next(mae.parameters()).device
+    same_masks = torch.Generator(device=device).manual_seed(0)
+    _, pred, mask = mae(images.to(device), generator=same_masks)
+    images, pred, mask = images.cpu(), pred.float().cpu(), mask.cpu()
+    patches = patchify(images, mae.patch_size)  # (B, N, pixels)
+    if mae.norm_pix_loss:  # back to pixels with each patch's own statistics
+        std_per_patch = (patches.var(-1, keepdim=True) + 1e-6) ** 0.5
+        pred = pred * std_per_patch + patches.mean(-1, keepdim=True)
+    keep = (1 - mask)[..., None]  # (B, N, 1): 1 at visible patches
+    seen = unpatchify(patches * keep, mae.patch_size, mae.grid)
+    rebuilt = unpatchify(patches * keep + pred * (1 - keep), mae.patch_size, mae.grid)
+    to_pixels = _denormalise(mean, std)
+    rows = len(images)
+    figure, axes = plt.subplots(rows, 3, figsize=(6, 2 * rows), squeeze=False)
+    columns = (("original", images), ("visible", seen), ("reconstruction", rebuilt))
+    for i in range(rows):
+        for j, (title, pictures) in enumerate(columns):
+            grey = pictures.shape[1] == 1
+            axes[i, j].imshow(to_pixels(pictures[i]), cmap="gray" if grey else None)
+            axes[i, j].set_axis_off()
+            if i == 0:
+                axes[i, j].set_title(title, fontsize=9)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)
+    plt.close(figure)
+    atomic_write(path, lambda f: f.write(buffer.getvalue()))
+
+
+def _denormalise(mean: Sequence[float], std: Sequence[float]) -> Callable[[Tensor], Any]:
+    mean_t = torch.tensor(mean).view(-1, 1, 1)
+    std_t = torch.tensor(std).view(-1, 1, 1)
+
+    def convert(picture: Tensor) -> Any:
+        pixels = (picture * std_t + mean_t).clamp(0, 1)
+        return pixels.permute(1, 2, 0).squeeze(-1).numpy()
+
+    return convert

@@ -165,7 +165,7 @@ def test_fit_writes_run_files_and_learns(tmp_path, digits):
     best = load(tmp_path / "model.safetensors")
     assert best.meta["class_names"] == list("0123456789")
     assert best.meta["epoch"] == result.best_epoch
-    assert best.meta["val_acc1"] == result.best_acc1 == max(r["val_acc1"] for r in lines)
+    assert best.meta["val_acc1"] == result.best == max(r["val_acc1"] for r in lines)
     state = torch.load(tmp_path / STATE_FILE, weights_only=True)
     assert state["epoch"] == 4 and state["step"] == 4 * 5
 

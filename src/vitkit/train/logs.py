@@ -18,15 +18,8 @@ def write_metrics(path: Path, history: list[dict[str, Any]]) -> None:
     atomic_write(path, lambda f: f.write(text), mode="w")
 
 
-def log_epoch(row: dict[str, Any], epochs: int) -> None:
-    log.info(
-        "epoch %d/%d  train_loss %.4f  val_loss %.4f  val_acc1 %.4f  val_acc5 %.4f  lr %.2e  %.1fs",
-        row["epoch"],
-        epochs,
-        row["train_loss"],
-        row["val_loss"],
-        row["val_acc1"],
-        row["val_acc5"],
-        row["lr"],
-        row["seconds"],
-    )
+def log_epoch(row: dict[str, Any], epochs: int, keys: tuple[str, ...]) -> None:
+    """One line per epoch: `keys` of the row (the task's), the learning rate and the time."""
+    values = "  ".join(f"{key} {row[key]:.4f}" for key in keys if key in row)
+    log.info("epoch %d/%d  %s  lr %.2e  %.1fs", row["epoch"], epochs, values, row["lr"],
+             row["seconds"])  # fmt: skip

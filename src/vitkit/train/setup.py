@@ -33,6 +33,7 @@ from .fit import FitResult, Progress, fit
 from .lock import run_lock
 from .loop import evaluate
 from .run_folder import BEST_FILE, TEST_FILE, clear_out, prepare_out, write_record
+from .tasks import ClassificationTask
 from .teacher import load_teacher
 
 log = logging.getLogger(__name__)
@@ -275,16 +276,9 @@ def _train_and_test(
         config.epochs,
         out,
     )
+    task = ClassificationTask(model, config, teacher=teacher, meta=meta)
     result = fit(
-        model,
-        setup.train_set,
-        setup.val_set,
-        config,
-        out_dir=out,
-        meta=meta,
-        resume=resume,
-        teacher=teacher,
-        progress=progress,
+        task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume, progress=progress
     )
     if result.corrupt_images:
         log.warning("skipped %d unreadable training image(s)", result.corrupt_images)

@@ -14,19 +14,20 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..data import Mixup
 from ..files import atomic_write
 from ..weights.checkpoint import CheckpointError, load_into
-from .config import TrainConfig
 from .distributed import world
-from .optim import ModelEma, Schedule
+from .optim import Schedule
 from .run_folder import STATE_FILE
 from .signals import StopFlag
+
+if TYPE_CHECKING:
+    from .tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -45,31 +46,32 @@ class EpochState:
 class RunState:
     """A run in progress: the live objects, and the counters that `state.pt` saves.
 
-    `model` is the unwrapped network (what is saved); `trained` is what the loop calls (the
-    model wrapped for distillation, DistributedDataParallel or torch.compile).
+    `task.model` (`model`) is the unwrapped network (what is saved); `trained` is what the
+    loop calls (the task's module wrapped for DistributedDataParallel or torch.compile).
+    `best` is the task's `best_metric` at its best epoch (None before the first).
     """
 
-    config: TrainConfig
-    model: nn.Module
+    config: Any
+    task: Task
     trained: nn.Module
     optimizer: torch.optim.Optimizer
     schedule: Schedule
-    mixup: Mixup
     device: torch.device
     amp: str
     scaler: torch.amp.GradScaler | None = None
-    ema: ModelEma | None = None
-    teacher: nn.Module | None = None
     out: Path | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
     stop: StopFlag = field(default_factory=StopFlag)
     epoch: int = 0  # epochs finished
     step: int = 0  # optimiser steps taken
     running: EpochState | None = None  # the sums of an unfinished epoch
     history: list[dict[str, Any]] = field(default_factory=list)
-    best_acc1: float = -1.0
+    best: float | None = None
     best_epoch: int = 0
     saved_at: tuple[int, int] = (0, 0)  # (epoch, batches) that state.pt holds
+
+    @property
+    def model(self) -> nn.Module:
+        return self.task.model
 
 
 def save_state(state: RunState) -> None:
@@ -83,7 +85,7 @@ def save_state(state: RunState) -> None:
         "epoch": state.epoch,
         "step": state.step,
         "epoch_state": dataclasses.asdict(state.running) if state.running else None,
-        "best_acc1": state.best_acc1,
+        "best": state.best,
         "best_epoch": state.best_epoch,
         "history": [json.dumps(row) for row in state.history],
         "rng": rng_state(),
@@ -91,8 +93,7 @@ def save_state(state: RunState) -> None:
     }
     if state.scaler is not None:
         payload["scaler"] = state.scaler.state_dict()
-    if state.ema is not None:
-        payload["ema"] = {k: v.cpu() for k, v in state.ema.state.items()}
+    payload.update(state.task.extra_state())
     atomic_write(state.out / STATE_FILE, lambda f: torch.save(payload, f))
     state.saved_at = (state.epoch, state.running.batches if state.running else 0)
 
@@ -117,13 +118,13 @@ def restore(state: RunState, saved: dict[str, Any]) -> None:
     state.optimizer.load_state_dict(saved["optimizer"])
     if state.scaler is not None and "scaler" in saved:
         state.scaler.load_state_dict(saved["scaler"])
-    if state.ema is not None and "ema" in saved:
-        state.ema.state = {k: v.to(state.device) for k, v in saved["ema"].items()}
+    state.task.load_extra_state(saved, state.device)
     state.epoch, state.step = int(saved["epoch"]), int(saved["step"])
     if saved.get("epoch_state"):
         state.running = EpochState(**saved["epoch_state"])
     state.history = [json.loads(row) for row in saved.get("history", [])]
-    state.best_acc1 = float(saved.get("best_acc1", -1.0))
+    best = saved.get("best", saved.get("best_acc1"))  # best_acc1: files of vitkit <= 0.1
+    state.best = None if best is None else float(best)
     state.best_epoch = int(saved.get("best_epoch", 0))
     state.saved_at = (state.epoch, state.running.batches if state.running else 0)
     set_rng_state(saved["rng"])
