@@ -28,6 +28,7 @@ from .plots import plot_confusion
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
 from .train.config import GROWS, RUNTIME, TrainConfig, resolve_device
+from .train.distributed import world
 from .train.fit import Progress
 from .train.flags import add_arguments, given_options
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
@@ -158,15 +159,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from .train.pretrain import ENCODER, run_pretraining
+    from .train.pretrain import run_pretraining
+    from .train.tasks.mae import ENCODER_FILE
 
     config, out = _run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
-    history = run_pretraining(
+    result = run_pretraining(
         config, out, resume=args.resume, overwrite=args.overwrite,
         progress=_progress(not args.no_progress),
     )  # fmt: skip
-    final = f"loss {history[-1]['loss']:.4f}; " if history else ""
-    print(f"{final}encoder in {out / ENCODER}: fine-tune it with --pretrained")
+    if result.interrupted:
+        if world()[0] == 0:
+            print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",
+                  file=sys.stderr)  # fmt: skip
+        return 130
+    history = result.history
+    final = f"loss {history[-1]['train_loss']:.4f}; " if history else ""
+    if world()[0] == 0:
+        print(f"{final}encoder in {out / ENCODER_FILE}: fine-tune it with --pretrained")
     return 0
 
 

@@ -22,12 +22,12 @@ def test_pretrain_resume_and_fine_tune(tmp_path, capsys):
     assert f"encoder in {out / 'encoder.safetensors'}" in capsys.readouterr().out
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2]
-    assert all(0 < row["loss"] < 10 for row in rows)
+    assert all(0 < row["train_loss"] < 10 and 0 < row["val_loss"] < 10 for row in rows)
     with Image.open(out / "reconstructions.png") as picture:
         assert picture.size[0] > 100 and picture.size[1] > 100
 
     assert cli.main(argv) == 2  # the folder holds a run
-    assert f"{out} already holds a run (config.json" in capsys.readouterr().err
+    assert f"{out} already holds a run (state.pt, metrics.jsonl, config.json" in capsys.readouterr().err
     resume = ["pretrain", "--out", str(out), "--resume", "--epochs", "3", "--no-progress"]
     assert cli.main(resume) == 0, capsys.readouterr().err
     resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -50,7 +50,7 @@ def test_pretrain_refuses_fine_tuning_options(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "--layer-decay, --freeze tune or distil a classifier; MAE pretraining" in err
+    assert "layer_decay, freeze tune or distil a classifier; MAE pretraining" in err
 
 
 def test_pretrain_resumes_in_its_default_folder(tmp_path, monkeypatch, capsys):

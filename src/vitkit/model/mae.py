@@ -121,7 +121,7 @@ class MaskedAutoencoder(nn.Module):
         prefix, patches = tokens[:, : self.num_prefix_tokens], tokens[:, self.num_prefix_tokens :]
         index = ids_keep[..., None].expand(-1, -1, patches.shape[-1])  # (B, keep, D)
         visible = torch.gather(patches, 1, index)  # (B, keep, D)
-        x = self.encoder.blocks(torch.cat([prefix, visible], dim=1))
+        x = self.encoder.encode(torch.cat([prefix, visible], dim=1))  # checkpointed if on
         return self.encoder.norm(x)
 
     def decode(self, latent: Tensor, ids_keep: Tensor) -> Tensor:
