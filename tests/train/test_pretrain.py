@@ -27,7 +27,10 @@ def test_pretrain_resume_and_fine_tune(tmp_path, capsys):
         assert picture.size[0] > 100 and picture.size[1] > 100
 
     assert cli.main(argv) == 2  # the folder holds a run
-    assert f"{out} already holds a run (state.pt, metrics.jsonl, config.json" in capsys.readouterr().err
+    assert (
+        f"{out} already holds a run (state.pt, metrics.jsonl, config.json"
+        in capsys.readouterr().err
+    )
     resume = ["pretrain", "--out", str(out), "--resume", "--epochs", "3", "--no-progress"]
     assert cli.main(resume) == 0, capsys.readouterr().err
     resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -13,7 +13,6 @@ epoch) and `curves.png`. The augmentation is MAE's: random resized crops and fli
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -28,10 +27,9 @@ from ..data.data_config import DataConfig
 from ..model import create_model, get_config, to_2tuple
 from ..model.mae import MaskedAutoencoder
 from ..weights.cnn import is_timm_name
-from .distributed import barrier, init_distributed, world
+from .distributed import world
 from .fit import FitResult, Progress, fit
-from .lock import run_lock
-from .run_folder import RUN_FILES, clear_out, prepare_out, write_record
+from .run_folder import RUN_FILES, open_run, write_record
 from .tasks.mae import ENCODER_FILE, PICTURE_FILE, MaeTask
 
 log = logging.getLogger(__name__)
@@ -70,14 +68,9 @@ def run_pretraining(
         progress: wraps the batch loop (a progress bar), or None.
     """
     _refuse_fine_tuning(config)
-    device = init_distributed(config.resolved_device())
-    config = config.replace(device=device)
-    prepare_out(out, resume=resume, overwrite=overwrite, files=PRETRAIN_FILES)
-    main = world()[0] == 0
-    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
-        if main:
-            clear_out(out, overwrite=overwrite, files=PRETRAIN_FILES)
-        barrier()
+    with open_run(
+        config, out, resume=resume, overwrite=overwrite, task=MaeTask.name, files=PRETRAIN_FILES
+    ) as config:
         return _pretrain(config, out, resume=resume, progress=progress)
 
 
@@ -92,7 +85,7 @@ def _pretrain(config: Any, out: Path, *, resume: bool, progress: Progress | None
     meta = {"data": config.data_spec(), "model_name": config.model, "mean": list(splits.mean),
             "std": list(splits.std)}  # fmt: skip
     if rank == 0:
-        write_record(out, config, mae.encoder, meta, world_size)
+        write_record(out, config, mae.encoder, meta, world_size, task=MaeTask.name)
     log.info(
         "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d epochs -> %s",
         config.model, splits.name, len(setup.train_set), config.mask_ratio, config.epochs, out,

@@ -7,21 +7,28 @@ One writer per folder: `prepare_out` checks and creates it, then the caller take
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .. import __version__
 from ..files import atomic_write, remove_stale_temp_files
-from .config import TrainConfig
-from .distributed import world
+from .config import TrainConfig, read_settings
+from .distributed import barrier, init_distributed, world
+from .lock import run_lock
 
 if TYPE_CHECKING:
     from .state import RunState
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 BEST_FILE = "model.safetensors"
@@ -91,12 +98,98 @@ def clear_out(out: Path, *, overwrite: bool, files: tuple[str, ...] = RUN_FILES)
     remove_stale_temp_files(out)
 
 
+@contextlib.contextmanager
+def open_run(
+    config: Any, out: Path, *, resume: bool, overwrite: bool, task: str, files: tuple[str, ...]
+) -> Iterator[Any]:
+    """The run folder of a job, held for the block: joins the torchrun group, checks the
+    folder (`prepare_out`), on `resume` the saved settings (`resumed_config`), then holds the
+    run lock and clears the previous run's `files` (`clear_out`); yields the config with this
+    process's device."""
+    device = init_distributed(config.resolved_device())
+    config = config.replace(device=device)
+    prepare_out(out, resume=resume, overwrite=overwrite, files=files)
+    if resume:
+        config = resumed_config(out, config, task=task)
+    main = world()[0] == 0
+    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
+        if main:
+            clear_out(out, overwrite=overwrite, files=files)
+        barrier()
+        yield config
+
+
+def read_run_config(out: Path, config_type: type = TrainConfig) -> Any:
+    """The settings a run in `out` saved in its `config.json`, as a `config_type`: what a
+    resumed run continues with (`saved.replace(**changes)` for the options given again)."""
+    path = out / CONFIG_FILE
+    if not path.is_file():
+        raise RunFolderError(f"{out} holds no run settings ({CONFIG_FILE}); start a new run there")
+    return config_type.from_dict(read_settings(path, complete=True), str(path))
+
+
+def resumed_config(out: Path, config: Any, *, task: str) -> Any:
+    """`config` checked against the run's saved settings: an option may differ when it says
+    how the run executes (its field's `runtime` metadata: threads, save_every, device,
+    workers, grad_ckpt) or when it may grow and grew (`grows`: epochs); any other change is
+    one error naming the options with their saved and given values. Changes taken are
+    logged. `task` must be the job the folder holds."""
+    saved_task = _saved_task(out)
+    if saved_task is not None and saved_task != task:
+        raise RunFolderError(
+            f"{out} holds a {saved_task} run, not a {task} run; resume it with its own command"
+        )
+    saved = read_run_config(out, type(config))
+    changed, refused = {}, []
+    for item in dataclasses.fields(config):
+        before, after = getattr(saved, item.name), getattr(config, item.name)
+        if after == before:
+            continue
+        grew = item.metadata.get("grows") and after > before
+        if item.metadata.get("runtime") or grew:
+            changed[item.name] = (before, after)
+        else:
+            refused.append(item)
+    if refused:
+        values = ", ".join(
+            f"{f.name} (saved {_shown(getattr(saved, f.name))}, given "
+            f"{_shown(getattr(config, f.name))})"
+            for f in refused
+        )
+        grows = [f.name for f in refused if f.metadata.get("grows")]
+        hint = f"; {', '.join(grows)} may only grow" if grows else ""
+        raise RunFolderError(
+            f"resuming {out} continues its saved settings; it cannot change {values}{hint}: "
+            f"keep the saved values, or start a new run from {out / CONFIG_FILE} with the new "
+            "ones"
+        )
+    for name, (before, after) in changed.items():
+        if name != "device" or before is not None:  # the device is never saved
+            log.info("resume: taking %s %s (saved %s)", name, _shown(after), _shown(before))
+    return config
+
+
+def _saved_task(out: Path) -> str | None:
+    try:
+        return json.loads((out / CONFIG_FILE).read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None  # read_run_config says what is wrong with the file
+
+
+def _shown(value: Any) -> str:
+    """A setting as a person reads it: 'unset' for None, JSON otherwise."""
+    if value is None:
+        return "unset"
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
 def write_record(
-    out: Path, config: TrainConfig, model: nn.Module, meta: dict, world_size: int
+    out: Path, config: Any, model: nn.Module, meta: dict, world_size: int, *, task: str
 ) -> None:
-    """`config.json`: the settings (what `--config` and `--resume` read back), the model's
-    config, the metadata and the versions."""
+    """`config.json`: the job, its settings (what `--config` and a resumed run read back), the
+    model's config, the metadata and the versions."""
     record = {
+        "task": task,
         "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
         "model": model.config.to_dict() if hasattr(model, "config") else model.vitkit_timm,
         "meta": meta,

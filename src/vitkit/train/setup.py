@@ -9,7 +9,6 @@ the best weights (`test.json`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -28,11 +27,10 @@ from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from .config import TrainConfig
-from .distributed import barrier, init_distributed, make_loader, world
+from .distributed import barrier, make_loader, world
 from .fit import FitResult, Progress, fit
-from .lock import run_lock
 from .loop import evaluate
-from .run_folder import BEST_FILE, TEST_FILE, clear_out, prepare_out, write_record
+from .run_folder import BEST_FILE, RUN_FILES, TEST_FILE, open_run, write_record
 from .tasks import ClassificationTask
 from .teacher import load_teacher
 
@@ -212,20 +210,18 @@ def run_training(
     """A whole run: the folder, the set-up, `fit`, then the best weights on the test split.
 
     Args:
-        config: the resolved config (`recipes.resolve_config`, or a run's saved one).
+        config: the resolved config (`recipes.resolve_config`); on `resume` the run's saved
+            one (`run_folder.read_run_config`) with the options to change, which must be
+            those a resume may change (`run_folder.resumed_config`).
         out: the run folder.
         resume: continue the run in `out`.
         overwrite: replace the run in `out`.
         progress: a progress-bar factory for `fit`.
     """
-    device = init_distributed(config.resolved_device())
-    config = config.replace(device=device)
-    prepare_out(out, resume=resume, overwrite=overwrite)
-    main = world()[0] == 0
-    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
-        if main:
-            clear_out(out, overwrite=overwrite)
-        barrier()
+    with open_run(
+        config, out, resume=resume, overwrite=overwrite, task=ClassificationTask.name,
+        files=RUN_FILES,
+    ) as config:  # fmt: skip
         return _train_and_test(config, out, resume=resume, progress=progress)
 
 
@@ -261,7 +257,7 @@ def _train_and_test(
         "test_fraction": config.test_fraction,
     }
     if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
-        write_record(out, config, model, meta, world_size)
+        write_record(out, config, model, meta, world_size, task=ClassificationTask.name)
     log.info(
         "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
         "%d epochs -> %s",
