@@ -25,3 +25,13 @@ def test_curves_and_confusion_pictures(tmp_path):
     for name in ("curves.png", "cm.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG and len(data) > 2000
+
+
+def test_per_class_picture(tmp_path):
+    from vitkit.plots import plot_per_class
+
+    scores = {"precision": [1.0, 0.5, 0.0], "recall": [0.75, 1.0, 0.0], "f1": [0.857, 0.667, 0.0],
+              "support": [4, 2, 0]}  # fmt: skip
+    plot_per_class(scores, ["cat", "dog", "eel"], tmp_path / "per_class.png", title="test")
+    data = (tmp_path / "per_class.png").read_bytes()
+    assert data[:8] == PNG and len(data) > 2000

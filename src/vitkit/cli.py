@@ -137,13 +137,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     from .train.pretrain import run_pretraining
-    from .train.tasks.mae import ENCODER_FILE
+    from .train.run_folder import ENCODER_FILE
 
     config, out = _run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
     result = run_pretraining(
         config, out, resume=args.resume, overwrite=args.overwrite,
         progress=_progress(not args.no_progress),
-    )  # fmt: skip
+    ).result  # fmt: skip
     if result.interrupted:
         if world()[0] == 0:
             print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",

@@ -102,6 +102,37 @@ def plot_confusion(
     save_figure(fig, path)
 
 
+def plot_per_class(
+    scores: dict[str, Sequence[float]],
+    class_names: Sequence[str],
+    path: str | os.PathLike,
+    title: str = "",
+) -> None:
+    """PNG of each class's precision, recall and F1 (`evaluate(...)["per_class"]`): one row of
+    three bars per class, its support beside its name."""
+    plt = pyplot()
+    k = len(class_names)
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.35 * k * 1.5 + 1)))
+    height = 0.27
+    rows = list(range(k))
+    for offset, (name, colour) in enumerate(
+        (("precision", "tab:blue"), ("recall", "tab:orange"), ("f1", "tab:green"))
+    ):
+        ax.barh([r + (offset - 1) * height for r in rows], scores[name], height=height,
+                label=name if name != "f1" else "F1", color=colour)  # fmt: skip
+    support = scores.get("support")
+    labels = [f"{n} ({support[i]})" if support else str(n) for i, n in enumerate(class_names)]
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.invert_yaxis()  # the first class on top
+    ax.set_xlim(0, 1.0)
+    ax.set_xlabel("score (support in brackets)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title)
+    save_figure(fig, path)
+
+
 @torch.no_grad()
 def draw_reconstructions(
     mae: MaskedAutoencoder,

@@ -28,7 +28,7 @@ def test_pretrain_resume_and_fine_tune(tmp_path, capsys):
 
     assert cli.main(argv) == 2  # the folder holds a run
     assert (
-        f"{out} already holds a run (state.pt, metrics.jsonl, config.json"
+        f"{out} already holds a run (state.pt, metrics.jsonl, metrics.csv, config.json"
         in capsys.readouterr().err
     )
     resume = ["pretrain", "--out", str(out), "--resume", "--epochs", "3", "--no-progress"]

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,10 @@ from ..files import DiskFullError
 from ..model.precision import model_device
 from ..plots import plot_curves
 from .distributed import ShardSampler, all_reduce, make_loader, world
-from .logs import log_epoch, write_metrics
+from .logs import EpochLog, check_loggers, log_epoch
 from .loop import NonFiniteLossError, steps_per_epoch, train_one_epoch
 from .optim import Schedule
-from .run_folder import CURVES_FILE, METRICS_FILE, STATE_FILE, kept_files
+from .run_folder import CURVES_FILE, STATE_FILE, kept_files
 from .signals import StopFlag, stop_on_signals
 from .state import EpochState, RunState, load_state, restore, save_state
 from .tasks import ClassificationTask, Task
@@ -63,6 +63,7 @@ def fit(
     stop: StopFlag | None = None,
     progress: Progress | None = None,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+    loggers: Sequence[str] = (),
     teacher: nn.Module | None = None,
     meta: dict[str, Any] | None = None,
 ) -> FitResult:
@@ -84,9 +85,12 @@ def fit(
         progress: `progress(iterable, total, description)` -> an iterable with an optional
             `set_postfix(**values)` (e.g. tqdm); None shows nothing.
         on_epoch_end: called with each epoch's metrics row.
+        loggers: where the rows go besides `metrics.jsonl` and `metrics.csv`:
+            'tensorboard' (`out_dir/tensorboard`).
         teacher, meta: of the classification task made from a model.
     """
     task = as_task(task, config, teacher=teacher, meta=meta)
+    check_loggers(loggers)
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("resume=True needs out_dir")
@@ -99,9 +103,12 @@ def fit(
         restore(state, load_state(out / STATE_FILE))
     state.trained = _wrapped(state)
     writes = out is not None and world()[0] == 0
-    with stop_on_signals(state.stop), _explained_failures(state):
+    with (
+        stop_on_signals(state.stop),
+        _explained_failures(state),
+        _epoch_log(out, writes, loggers) as rows,
+    ):
         if writes and not resume:
-            out.mkdir(parents=True, exist_ok=True)
             save_state(state)  # a stop during the first epoch can still resume
         while state.epoch < config.epochs:
             row = run_epoch(state, train_loader, val_loader, progress)
@@ -111,7 +118,7 @@ def fit(
             if skipped:
                 row["skipped_images"] = skipped
             if writes:
-                write_metrics(out / METRICS_FILE, state.history)
+                rows.write(state.history)
                 save_state(state)
             log_epoch(row, config.epochs, task.log_keys)
             if on_epoch_end is not None:
@@ -129,6 +136,26 @@ def fit(
         interrupted=state.epoch < config.epochs,
         corrupt_images=corrupt_count(train_set),
     )
+
+
+@contextlib.contextmanager
+def _epoch_log(out: Path | None, writes: bool, loggers: Sequence[str]) -> Iterator[EpochLog]:
+    """The run's `EpochLog` (rank 0 with a folder), closed at the end; else one that writes
+    nothing."""
+    if not writes:
+        yield _NoLog()
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    rows = EpochLog(out, loggers)
+    try:
+        yield rows
+    finally:
+        rows.close()
+
+
+class _NoLog:
+    def write(self, history: list[dict[str, Any]]) -> None:
+        pass
 
 
 def as_task(

@@ -144,7 +144,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Mean cross-entropy, top-1 and top-5 accuracy over `loader` (reduced across ranks).
 
-    With `num_classes` also the confusion matrix, rows = true class, columns = predicted.
+    With `num_classes` also the confusion matrix, rows = true class, columns = predicted, and
+    each class's precision, recall, F1 and support (`per_class`).
     """
     device = torch.device(device)
     model.eval()
@@ -182,7 +183,27 @@ def evaluate(
     }
     if confusion is not None:
         result["confusion"] = confusion
+        result["per_class"] = per_class_scores(confusion)
     return result
+
+
+def per_class_scores(confusion: Tensor) -> dict[str, list[float] | list[int]]:
+    """Precision, recall and F1 per class from a confusion matrix (rows true, columns
+    predicted), and each class's support; 0 where a ratio has nothing to divide by, as
+    scikit-learn's `precision_recall_fscore_support(zero_division=0)`."""
+    matrix = confusion.double()
+    hits = matrix.diagonal()
+    predicted, actual = matrix.sum(0), matrix.sum(1)
+    precision = torch.where(predicted > 0, hits / predicted.clamp(min=1), 0.0)
+    recall = torch.where(actual > 0, hits / actual.clamp(min=1), 0.0)
+    both = precision + recall
+    f1 = torch.where(both > 0, 2 * precision * recall / both.clamp(min=1e-300), 0.0)
+    return {
+        "precision": precision.tolist(),
+        "recall": recall.tolist(),
+        "f1": f1.tolist(),
+        "support": actual.long().tolist(),
+    }
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,13 @@ from ..model import create_model, get_config, to_2tuple
 from ..model.mae import MaskedAutoencoder
 from ..weights.cnn import is_timm_name
 from .distributed import world
-from .fit import FitResult, Progress, fit
-from .run_folder import RUN_FILES, open_run, write_record
-from .tasks.mae import ENCODER_FILE, PICTURE_FILE, MaeTask
+from .fit import Progress, fit
+from .logs import check_loggers
+from .run_folder import PRETRAIN_FILES, RunOutcome, open_run, write_record
+from .tasks.mae import MaeTask
 
 log = logging.getLogger(__name__)
 
-PRETRAIN_FILES = (*RUN_FILES, ENCODER_FILE, PICTURE_FILE)
 _FINE_TUNING = ("layer_decay", "freeze", "linear_probe", "distill", "teacher", "pretrained")
 
 
@@ -56,9 +57,10 @@ def run_pretraining(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
-) -> FitResult:
-    """Pretrain `config`'s model as an MAE encoder on its training images; returns `fit`'s
-    result (`history`: the rows of `metrics.jsonl`).
+    loggers: Sequence[str] = (),
+) -> RunOutcome:
+    """Pretrain `config`'s model as an MAE encoder on its training images; returns how the
+    run ended (`result.history`: the rows of `metrics.jsonl`; `summary()`).
 
     Args:
         config: the run's settings (the MAE options `mask_ratio`, `decoder_*`, `norm_pix`).
@@ -66,15 +68,20 @@ def run_pretraining(
         resume: continue from `out/state.pt`.
         overwrite: replace a run in `out` (its files only).
         progress: wraps the batch loop (a progress bar), or None.
+        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
+            ('tensorboard').
     """
     _refuse_fine_tuning(config)
+    check_loggers(loggers)
     with open_run(
         config, out, resume=resume, overwrite=overwrite, task=MaeTask.name, files=PRETRAIN_FILES
     ) as config:
-        return _pretrain(config, out, resume=resume, progress=progress)
+        return _pretrain(config, out, resume=resume, progress=progress, loggers=loggers)
 
 
-def _pretrain(config: Any, out: Path, *, resume: bool, progress: Progress | None) -> FitResult:
+def _pretrain(
+    config: Any, out: Path, *, resume: bool, progress: Progress | None, loggers: Sequence[str]
+) -> RunOutcome:
     rank, world_size = world()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -92,12 +99,11 @@ def _pretrain(config: Any, out: Path, *, resume: bool, progress: Progress | None
     )  # fmt: skip
     sample = torch.stack([setup.val_set[i][0] for i in range(min(4, len(setup.val_set)))])
     task = MaeTask(mae, config, sample=sample, mean=splits.mean, std=splits.std)
-    result = fit(
-        task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume, progress=progress
-    )
+    result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
+                 progress=progress, loggers=loggers)  # fmt: skip
     if world_size > 1:
         torch.distributed.destroy_process_group()
-    return result
+    return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
 
 
 def pretraining_setup(config: Any) -> PretrainingSetup:

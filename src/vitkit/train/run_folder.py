@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from .distributed import barrier, init_distributed, world
 from .lock import run_lock
 
 if TYPE_CHECKING:
+    from .fit import FitResult
     from .state import RunState
 
 log = logging.getLogger(__name__)
@@ -35,12 +37,65 @@ BEST_FILE = "model.safetensors"
 LAST_FILE = "last.safetensors"
 EMA_FILE = "ema.safetensors"
 METRICS_FILE = "metrics.jsonl"
+CSV_FILE = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
 CURVES_FILE = "curves.png"
 TEST_FILE = "test.json"
 CONFIG_FILE = "config.json"
+ENCODER_FILE = "encoder.safetensors"
+PICTURE_FILE = "reconstructions.png"
+# The files of a run, of each job.
 RUN_FILES = (
-    STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, CONFIG_FILE, CURVES_FILE, TEST_FILE,
+    STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, CSV_FILE, CONFIG_FILE, CURVES_FILE,
+    TEST_FILE,
 )  # fmt: skip
+PRETRAIN_FILES = (
+    STATE_FILE, METRICS_FILE, CSV_FILE, CONFIG_FILE, CURVES_FILE, ENCODER_FILE, PICTURE_FILE,
+)  # fmt: skip
+# Everything vitkit writes into a run folder: what --overwrite removes, and nothing else. The
+# files of both jobs, the state file of vitkit 0.1's pretraining, what `vitkit eval` writes
+# beside a checkpoint (globs), and TensorBoard's event files in their folder.
+_ALL_RUN_FILES = tuple(dict.fromkeys((*RUN_FILES, *PRETRAIN_FILES, "mae_state.pt")))
+EVAL_FILES = ("confusion*.png", "per_class*.png", "eval*.json")
+TENSORBOARD_FILES = "events.out.tfevents.*"
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended: its `fit` result and, when it finished, the test metrics (a
+    classification run); `rank` is this process's (only rank 0 reports)."""
+
+    result: FitResult
+    test: dict[str, Any] | None
+    out: Path
+    rank: int = 0
+    task: str = "classification"
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary of the run (what `vitkit train --json` prints): the job, the
+        folder, the epochs done, the best epoch by the task's metric, the last epoch's row,
+        the test metrics and the files the folder holds."""
+        result = self.result
+        test = None
+        if self.test is not None:
+            test = {k: self.test[k] for k in ("loss", "acc1", "acc5", "count") if k in self.test}
+        return {
+            "task": self.task,
+            "out": str(self.out),
+            "interrupted": result.interrupted,
+            "epochs": len(result.history),
+            "best": {
+                "metric": result.best_metric,
+                "value": result.best,
+                "epoch": result.best_epoch,
+            },  # fmt: skip
+            "last": result.history[-1] if result.history else None,
+            "test": test,
+            "skipped_images": result.corrupt_images,
+            "files": sorted(p.name for p in self.out.iterdir() if p.name in _ALL_RUN_FILES)
+            if self.out.is_dir()
+            else [],
+        }
 
 
 class RunFolderError(ValueError):

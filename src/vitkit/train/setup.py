@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,10 @@ from ..weights import load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from .config import TrainConfig
 from .distributed import barrier, make_loader, world
-from .fit import FitResult, Progress, fit
+from .fit import Progress, fit
+from .logs import check_loggers
 from .loop import evaluate
-from .run_folder import BEST_FILE, RUN_FILES, TEST_FILE, open_run, write_record
+from .run_folder import BEST_FILE, RUN_FILES, TEST_FILE, RunOutcome, open_run, write_record
 from .tasks import ClassificationTask
 from .teacher import load_teacher
 
@@ -188,17 +190,6 @@ def transforms(config: TrainConfig, splits: Splits, data_config: DataConfig) -> 
     return train, eval_tf
 
 
-@dataclass
-class RunOutcome:
-    """How a run ended: its `fit` result and, when it finished, the test metrics; `rank` is
-    this process's (only rank 0 reports)."""
-
-    result: FitResult
-    test: dict[str, Any] | None
-    out: Path
-    rank: int = 0
-
-
 def run_training(
     config: TrainConfig,
     out: Path,
@@ -206,8 +197,10 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    loggers: Sequence[str] = (),
 ) -> RunOutcome:
-    """A whole run: the folder, the set-up, `fit`, then the best weights on the test split.
+    """A whole run: the folder, the set-up, `fit`, then the best weights on the test split;
+    `RunOutcome.summary()` is its machine-readable summary.
 
     Args:
         config: the resolved config (`recipes.resolve_config`); on `resume` the run's saved
@@ -217,16 +210,24 @@ def run_training(
         resume: continue the run in `out`.
         overwrite: replace the run in `out`.
         progress: a progress-bar factory for `fit`.
+        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
+            ('tensorboard').
     """
+    check_loggers(loggers)
     with open_run(
         config, out, resume=resume, overwrite=overwrite, task=ClassificationTask.name,
         files=RUN_FILES,
     ) as config:  # fmt: skip
-        return _train_and_test(config, out, resume=resume, progress=progress)
+        return _train_and_test(config, out, resume=resume, progress=progress, loggers=loggers)
 
 
 def _train_and_test(
-    config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Progress | None,
+    loggers: Sequence[str],
 ) -> RunOutcome:
     device = config.device
     rank, world_size = world()
@@ -273,13 +274,12 @@ def _train_and_test(
         out,
     )
     task = ClassificationTask(model, config, teacher=teacher, meta=meta)
-    result = fit(
-        task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume, progress=progress
-    )
+    result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
+                 progress=progress, loggers=loggers)  # fmt: skip
     if result.corrupt_images:
         log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
     if result.interrupted:
-        return RunOutcome(result=result, test=None, out=out, rank=rank)
+        return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
     barrier()
     if (out / BEST_FILE).is_file():
         model.load_state_dict(load_state_dict(out / BEST_FILE))
@@ -296,4 +296,4 @@ def _train_and_test(
         atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
     if world_size > 1:
         torch.distributed.destroy_process_group()
-    return RunOutcome(result=result, test=test, out=out, rank=rank)
+    return RunOutcome(result=result, test=test, out=out, rank=rank, task=task.name)

@@ -20,10 +20,9 @@ from ...weights.checkpoint import save
 from ..distributed import all_reduce
 from ..loop import autocast
 from ..optim import param_groups
+from ..run_folder import ENCODER_FILE, PICTURE_FILE
 from .base import Task
 
-ENCODER_FILE = "encoder.safetensors"
-PICTURE_FILE = "reconstructions.png"
 BETAS = (0.9, 0.95)  # MAE's pretraining optimiser
 
 
