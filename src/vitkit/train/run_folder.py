@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from .. import __version__
 from ..files import atomic_write, remove_stale_temp_files
 from .config import TrainConfig, read_settings
 from .distributed import barrier, init_distributed, world
-from .lock import run_lock
+from .lock import NotRegularFileError, file_kind, run_lock
 
 if TYPE_CHECKING:
     from .fit import FitResult
@@ -115,18 +116,21 @@ def prepare_out(
     files: tuple[str, ...] = RUN_FILES,
     state: str = STATE_FILE,
 ) -> None:
-    """Refuse to overwrite a run silently; check that `out` is writable and create it. Nothing
-    is removed here: `clear_out` does that under the run lock. `files` are what the run
-    writes, `state` the file `--resume` continues from (`vitkit pretrain` has its own)."""
+    """Refuse to overwrite a run silently; check that `out` is writable and create it, and
+    that whatever there has the name of a file vitkit writes is a regular file (a FIFO,
+    device, socket, folder or link is refused: it is never removed or replaced). Nothing is
+    removed here: `clear_out` does that under the run lock. `files` are what the run writes,
+    `state` the file a resumed run continues from."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
-    held = [name for name in files if (out / name).exists()]
+    held = [name for name in files if os.path.lexists(out / name)]
     if resume:
         if not (out / state).is_file():
             raise RunFolderError(
                 f"--resume: {out} holds no training state ({state}), the run stopped "
                 "before it began; start it again with --overwrite"
             )
+        vitkit_files(out)  # the run replaces them
         return
     if held and not overwrite:
         raise RunFolderError(
@@ -135,6 +139,8 @@ def prepare_out(
         )
     if out.exists() and not out.is_dir():
         raise RunFolderError(f"--out {out} exists and is not a folder")
+    if overwrite:
+        vitkit_files(out)  # before the run lock is taken: nothing is removed yet
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".vitkit-write-test-{os.getpid()}"
@@ -144,12 +150,36 @@ def prepare_out(
         raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
 
 
-def clear_out(out: Path, *, overwrite: bool, files: tuple[str, ...] = RUN_FILES) -> None:
+def vitkit_files(out: Path) -> list[Path]:
+    """The files in `out` that vitkit writes there (either job's run files, what `vitkit eval`
+    writes beside a checkpoint, TensorBoard's event files), each checked to be a regular
+    file: `NotRegularFileError` names the first that is not."""
+    if not out.is_dir():
+        return []
+    found = [out / name for name in _ALL_RUN_FILES if os.path.lexists(out / name)]
+    for pattern in EVAL_FILES:
+        found += sorted(out.glob(pattern))
+    events = out / TENSORBOARD_DIR
+    if os.path.lexists(events):
+        mode = os.lstat(events).st_mode
+        if not stat.S_ISDIR(mode):
+            raise NotRegularFileError(events, file_kind(mode), "the folder of TensorBoard's logs")
+        found += sorted(events.glob(TENSORBOARD_FILES))
+    for path in found:
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(path, file_kind(mode))
+    return found
+
+
+def clear_out(out: Path, *, overwrite: bool) -> None:
     """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
-    run's `files` (nothing else of the folder's). Call it holding the run lock."""
+    run's files: every file vitkit writes into a run folder (`vitkit_files`: of either job, and
+    an earlier `eval`'s), nothing else, and only regular files. Call it holding the run
+    lock."""
     if overwrite:
-        for name in files:
-            (out / name).unlink(missing_ok=True)
+        for path in vitkit_files(out):
+            path.unlink(missing_ok=True)
     remove_stale_temp_files(out)
 
 
@@ -169,7 +199,7 @@ def open_run(
     main = world()[0] == 0
     with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
         if main:
-            clear_out(out, overwrite=overwrite, files=files)
+            clear_out(out, overwrite=overwrite)
         barrier()
         yield config
 

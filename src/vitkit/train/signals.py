@@ -1,5 +1,10 @@
 """Stopping a run cleanly: SIGINT / SIGTERM set a `StopFlag` that the loop reads after each
 optimiser step, so the state is saved before the process ends (exit code 130 in the CLI).
+
+DataLoader worker processes ignore both signals (`quiet_worker`): a SIGTERM sent to the whole
+process group (a job scheduler, `kill -- -PGID`) reaches them too, and a worker that died of it
+would end the run with a traceback instead of the saved state. The main process shuts them
+down when the loop ends.
 """
 
 from __future__ import annotations
@@ -53,3 +58,10 @@ def stop_on_signals(stop: StopFlag) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def quiet_worker(worker_id: int) -> None:
+    """A DataLoader `worker_init_fn`: the worker ignores SIGINT and SIGTERM (the main process
+    decides when the run stops, and ends its workers)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -94,8 +94,33 @@ def save_state(state: RunState) -> None:
     if state.scaler is not None:
         payload["scaler"] = state.scaler.state_dict()
     payload.update(state.task.extra_state())
-    atomic_write(state.out / STATE_FILE, lambda f: torch.save(payload, f))
+    atomic_write(state.out / STATE_FILE, lambda f: torch_save(payload, f))
     state.saved_at = (state.epoch, state.running.batches if state.running else 0)
+
+
+def torch_save(payload: Any, file: Any) -> None:
+    """`torch.save(payload, file)`, except that a write the file refuses (a full disk) raises
+    that OSError: torch's writer swallows it and reports an internal 'enforce fail ...
+    unexpected pos' instead, which `atomic_write` cannot recognise as a full disk."""
+    refused: list[OSError] = []
+
+    class Recorded:
+        def write(self, data: Any) -> int:
+            try:
+                return file.write(data)
+            except OSError as err:
+                refused.append(err)
+                raise
+
+        def flush(self) -> None:
+            file.flush()
+
+    try:
+        torch.save(payload, Recorded())
+    except RuntimeError:
+        if refused:
+            raise refused[0] from None
+        raise
 
 
 def load_state(path: Path) -> dict[str, Any]:
