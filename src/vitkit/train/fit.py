@@ -94,14 +94,7 @@ def fit(
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("resume=True needs out_dir")
-    train_loader = make_loader(
-        train_set, config.batch_size, train=True, seed=config.seed, num_workers=config.workers
-    )
-    val_loader = make_loader(val_set, config.batch_size, train=False, num_workers=config.workers)
-    state = new_run_state(task, config, batches_per_epoch=len(train_loader), out=out, stop=stop)
-    if resume:
-        restore(state, load_state(out / STATE_FILE))
-    state.trained = _wrapped(state)
+    state, train_loader, val_loader = _start(task, train_set, val_set, config, out, resume, stop)
     writes = out is not None and world()[0] == 0
     with (
         stop_on_signals(state.stop),
@@ -136,6 +129,28 @@ def fit(
         interrupted=state.epoch < config.epochs,
         corrupt_images=corrupt_count(train_set),
     )
+
+
+def _start(
+    task: Task,
+    train_set: Dataset,
+    val_set: Dataset,
+    config: Any,
+    out: Path | None,
+    resume: bool,
+    stop: StopFlag | None,
+) -> tuple[RunState, Any, Any]:
+    """The loaders and the run's state (restored from `state.pt` on `resume`), its task's
+    module wrapped for DDP / torch.compile."""
+    train_loader = make_loader(
+        train_set, config.batch_size, train=True, seed=config.seed, num_workers=config.workers
+    )
+    val_loader = make_loader(val_set, config.batch_size, train=False, num_workers=config.workers)
+    state = new_run_state(task, config, batches_per_epoch=len(train_loader), out=out, stop=stop)
+    if resume:
+        restore(state, load_state(out / STATE_FILE))
+    state.trained = _wrapped(state)
+    return state, train_loader, val_loader
 
 
 @contextlib.contextmanager
