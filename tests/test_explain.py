@@ -1,4 +1,4 @@
-"""Attention rollout, class-token attention and the pictures."""
+"""Attention rollout, class-token attention and their pictures."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from vitkit.explain import (
     cls_attention,
     draw_explanation,
     explain_image,
-    plot_confusion,
-    plot_curves,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -71,24 +69,6 @@ def test_attention_maps_from_a_model(tmp_path):
         images[0].sigmoid(), {k: v[0] for k, v in maps.items()}, path, title="test", per_head=True
     )
     assert path.read_bytes()[:8] == PNG
-
-
-def test_curves_and_confusion_pictures(tmp_path):
-    history = [
-        {
-            "epoch": e,
-            "train_loss": 1 / e,
-            "val_loss": 1.2 / e,
-            "val_acc1": 0.5 + e / 10,
-            "val_acc5": 0.9,
-        }
-        for e in (1, 2, 3)
-    ]
-    plot_curves(history, tmp_path / "curves.png")
-    plot_confusion(torch.tensor([[3, 1], [0, 4]]), ["cat", "dog"], tmp_path / "cm.png")
-    for name in ("curves.png", "cm.png"):
-        data = (tmp_path / name).read_bytes()
-        assert data[:8] == PNG and len(data) > 2000
 
 
 # -- rollout with a discard ratio, class-specific relevance ------------------------------------
@@ -341,14 +321,14 @@ def _capture_figure(monkeypatch):
     import vitkit.explain as explain
 
     figures = []
-    real = explain._save_figure
+    real = explain.save_figure
 
     def keep(fig, path):
         figures.append([[im.get_array().copy() for im in ax.images] for ax in fig.axes])
         figures.append([ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text()])
         real(fig, path)
 
-    monkeypatch.setattr(explain, "_save_figure", keep)
+    monkeypatch.setattr(explain, "save_figure", keep)
     return figures
 
 

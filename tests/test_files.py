@@ -15,8 +15,9 @@ import torch
 
 import vitkit
 from vitkit import cli, create_model
-from vitkit.explain import attention_maps, draw_explanation, plot_confusion, plot_curves
-from vitkit.files import SpecialFileError, atomic_write, remove_output, remove_stale_temp_files
+from vitkit.explain import attention_maps, draw_explanation
+from vitkit.files import SpecialFileError, atomic_write, remove_stale_temp_files, require_regular
+from vitkit.plots import plot_confusion, plot_curves
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -143,21 +144,24 @@ def test_a_long_legal_name_works_and_its_temporary_name_fits(tmp_path, name):
     assert remove_stale_temp_files(tmp_path) == [tmp_path / temp]
 
 
-def test_removing_an_earlier_output_removes_only_regular_files_and_links(tmp_path):
+def test_only_a_regular_file_counts_as_one_vitkit_may_remove(tmp_path):
     (tmp_path / "old.png").write_bytes(b"old")
     (tmp_path / "link.png").symlink_to(tmp_path / "old.png")
-    assert remove_output(tmp_path / "link.png") and (tmp_path / "old.png").exists()
-    assert remove_output(tmp_path / "old.png") and not remove_output(tmp_path / "old.png")
-    for kind, (make, what) in {**SPECIAL, "chr": (_device_node, "a character device")}.items():
+    assert require_regular(tmp_path / "old.png") and not require_regular(tmp_path / "new.png")
+    specials = {**SPECIAL, "chr": (_device_node, "a character device")}
+    for kind, (make, what) in specials.items():
         path = tmp_path / kind
         make(path)
-        with pytest.raises(
-            SpecialFileError,
-            match=re.escape(f"cannot remove {path}: it is {what}, not a file vitkit"),
-        ):
-            remove_output(path)
+        with pytest.raises(SpecialFileError) as err:
+            require_regular(path, role="a run file")
+        assert str(err.value) == (
+            f"{path} is {what}, not a run file; vitkit never removes or replaces it: move it "
+            "away or choose another folder"
+        )
         os.lstat(path)  # still there
-    assert _names(tmp_path) == sorted([*SPECIAL, "chr"])
+    with pytest.raises(SpecialFileError, match="is a symbolic link, not a file vitkit writes"):
+        require_regular(tmp_path / "link.png")  # the link is not followed
+    assert _names(tmp_path) == sorted([*specials, "link.png", "old.png"])
 
 
 # -- end to end: the pictures ---------------------------------------------------------------

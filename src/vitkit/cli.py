@@ -20,17 +20,19 @@ from torch.utils.data import ConcatDataset
 
 from . import data as data_lib
 from .data.data_config import DataConfig
-from .explain import attention_maps, draw_explanation, plot_confusion, readout_of
+from .explain import attention_maps, draw_explanation, readout_of
 from .files import DiskFullError
 from .model import VisionTransformer, registry
 from .model.precision import PRECISIONS, set_precision
+from .plots import plot_confusion
 from .summary import summary
 from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
-from .train.config import GROWS, RUNTIME, TrainConfig, resolve_device
+from .train.config import TrainConfig, resolve_device
+from .train.distributed import world
 from .train.fit import Progress
 from .train.flags import add_arguments, given_options
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
-from .train.setup import default_out
+from .train.run_folder import default_out, read_run_config
 from .weights import load
 
 log = logging.getLogger("vitkit")
@@ -83,32 +85,9 @@ def _progress(enabled: bool) -> Progress:
 
 
 def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
-    """The run's own settings; options given again must match them, except how the run
-    executes (`RUNTIME`: threads, save_every, device, workers), which they change, and the
-    options that may grow (`GROWS`: more epochs). What was taken is logged."""
-    config_file = out / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"--resume: {config_file} does not exist; start without --resume")
-    saved = TrainConfig.from_dict(read_settings(config_file, complete=True), str(config_file))
-    taken = {
-        name: value
-        for name, value in given.items()
-        if name in RUNTIME or (name in GROWS and value >= getattr(saved, name))
-    }
-    changed = [n for n, v in given.items() if n not in taken and v != getattr(saved, n)]
-    if changed:
-        flags = ", ".join(f"--{n.replace('_', '-')} (saved {getattr(saved, n)!r})" for n in changed)
-        grows = [f"--{n}" for n in changed if n in GROWS]
-        hint = f"; {', '.join(grows)} may only grow" if grows else ""
-        raise UserError(
-            f"--resume continues {out} with its saved settings; it cannot change {flags}{hint}: "
-            f"drop them, or start a new run with --config {config_file} and the new values"
-        )
-    for name, value in taken.items():
-        if value != getattr(saved, name):
-            log.info("--resume: taking --%s %s (saved %s)", name.replace("_", "-"), value,
-                     getattr(saved, name))  # fmt: skip
-    return saved.replace(**taken)
+    """The run's own settings with the options given again; `run_training` /
+    `run_pretraining` check what may change on a resume."""
+    return read_run_config(out).replace(**given)
 
 
 def _run_config(
@@ -151,21 +130,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 130
     if outcome.rank == 0:
         result = outcome.result
-        print(f"best val top-1 {result.best_acc1:.4f} at epoch {result.best_epoch}; files in {out}")
+        print(f"best val top-1 {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
         print(f"test accuracy: {outcome.test['acc1']:.4f}")
     return 0
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from .train.pretrain import ENCODER, run_pretraining
+    from .train.pretrain import run_pretraining
+    from .train.run_folder import ENCODER_FILE
 
     config, out = _run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
-    history = run_pretraining(
+    result = run_pretraining(
         config, out, resume=args.resume, overwrite=args.overwrite,
         progress=_progress(not args.no_progress),
-    )  # fmt: skip
-    final = f"loss {history[-1]['loss']:.4f}; " if history else ""
-    print(f"{final}encoder in {out / ENCODER}: fine-tune it with --pretrained")
+    ).result  # fmt: skip
+    if result.interrupted:
+        if world()[0] == 0:
+            print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",
+                  file=sys.stderr)  # fmt: skip
+        return 130
+    history = result.history
+    final = f"loss {history[-1]['train_loss']:.4f}; " if history else ""
+    if world()[0] == 0:
+        print(f"{final}encoder in {out / ENCODER_FILE}: fine-tune it with --pretrained")
     return 0
 
 

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from .data.data_config import DataConfig
 from .data.images import image_to_tensor, open_image
 from .data.transforms import Normalize, eval_resize_crop
-from .files import atomic_write
+from .plots import pyplot, save_figure
 
 HEAD_FUSIONS = ("mean", "max", "min")
 READOUTS = ("class", "mean")
@@ -313,24 +313,6 @@ def explain_image(
 # -- drawing --------------------------------------------------------------------------------
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save_figure(fig: Any, path: str | os.PathLike) -> None:
-    plt = _pyplot()
-    path = Path(path)
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-
-
 def _show_image(ax: Any, image: Tensor) -> None:
     array = image.detach().cpu().clamp(0, 1)
     if array.shape[0] == 1:
@@ -383,7 +365,7 @@ def draw_explanation(
             left, bottom, right); drawn first, the part boxed, when it is not the whole file.
         caption: a line under the title saying which pixels the maps lie on.
     """
-    plt = _pyplot()
+    plt = pyplot()
     panels: list[tuple[str, Tensor | None]] = [("the model's view", None)]
     if "relevance" in maps:
         name = target_name if target_name is not None else str(int(maps.get("target", -1)))
@@ -418,7 +400,7 @@ def draw_explanation(
         _overlay(fig, axes[1 + h // cols, h % cols], image, heat, f"last block, head {h}")
     if title or caption:
         fig.suptitle("\n".join(t for t in (title, caption) if t), fontsize=10)
-    _save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def _whole(region: tuple[float, float, float, float], image: Tensor) -> bool:
@@ -439,62 +421,3 @@ def _boxed(ax: Any, original: Tensor, region: tuple[float, float, float, float])
     )  # fmt: skip
     ax.add_patch(box)
     ax.set_title("the file; the model saw the box", fontsize=9)
-
-
-def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
-    """PNG with two panels: train/val loss and val top-1 (and top-5) accuracy per epoch."""
-    plt = _pyplot()
-    epochs = [row["epoch"] for row in history]
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_ax.plot(epochs, [r["train_loss"] for r in history], label="train (mixed targets)")
-    loss_ax.plot(epochs, [r["val_loss"] for r in history], label="val")
-    loss_ax.set_xlabel("epoch")
-    loss_ax.set_ylabel("cross-entropy")
-    loss_ax.set_title("loss")
-    loss_ax.legend()
-    acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1")
-    acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5")
-    if "ema_val_acc1" in history[0]:
-        acc_ax.plot(epochs, [r["ema_val_acc1"] for r in history], label="EMA val top-1")
-    acc_ax.set_xlabel("epoch")
-    acc_ax.set_ylabel("accuracy")
-    acc_ax.set_ylim(0, 1.02)
-    acc_ax.set_title("accuracy")
-    acc_ax.legend(loc="lower right")
-    for ax in (loss_ax, acc_ax):
-        ax.grid(alpha=0.3)
-    _save_figure(fig, path)
-
-
-def plot_confusion(
-    confusion: Tensor, class_names: Sequence[str], path: str | os.PathLike, title: str = ""
-) -> None:
-    """PNG of a confusion matrix (rows true, columns predicted), counts written in the cells
-    when there are at most 20 classes."""
-    plt = _pyplot()
-    k = len(class_names)
-    matrix = confusion.cpu().numpy()
-    size = max(4.0, min(0.5 * k + 2, 20.0))
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(matrix, cmap="Blues")
-    if k <= 20:
-        ticks = list(range(k))
-        ax.set_xticks(ticks, class_names, rotation=90 if k > 10 else 0)
-        ax.set_yticks(ticks, class_names)
-        limit = matrix.max() / 2 if matrix.size else 0
-        for i in range(k):
-            for j in range(k):
-                ax.text(
-                    j,
-                    i,
-                    str(int(matrix[i, j])),
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if matrix[i, j] > limit else "black",
-                )
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if title:
-        ax.set_title(title)
-    _save_figure(fig, path)

@@ -84,14 +84,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
 
 
 class SpecialFileError(OSError):
-    """An output path that names something other than a regular file (a FIFO, socket, block
-    device or folder): vitkit neither replaces it nor writes into it."""
+    """A path vitkit would write or remove that names something other than a regular file (a
+    FIFO, socket, device, folder or, for removal, a symbolic link): vitkit neither replaces,
+    removes nor writes into it."""
 
-    def __init__(self, path: str | os.PathLike, what: str, removing: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, what: str, *, removing: bool = False, role: str = ""
+    ):
         if removing:
             message = (
-                f"cannot remove {path}: it is {what}, not a file vitkit wrote; move it away "
-                "yourself if it should go"
+                f"{path} is {what}, not {role or 'a file vitkit writes'}; vitkit never removes "
+                "or replaces it: move it away or choose another folder"
             )
         else:
             message = (
@@ -106,12 +109,34 @@ class SpecialFileError(OSError):
 
 
 _REGULAR, _CHAR_DEVICE = "regular", "character device"
-_KINDS = (  # (test, description) of the file kinds vitkit refuses to write to
+_KINDS = (  # (test of an lstat / stat mode, description)
+    (stat.S_ISREG, "a regular file"),
     (stat.S_ISDIR, "a folder"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
 )
+
+
+def file_kind(mode: int) -> str:
+    """What a `stat` / `lstat` mode names, as a phrase ('a regular file', 'a FIFO (named
+    pipe)', ...)."""
+    return next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
+
+
+def require_regular(path: str | os.PathLike, role: str = "") -> bool:
+    """Whether `path` holds a file vitkit may remove or replace in place: True for a regular
+    file, False for nothing there; anything else (a link included, which is not followed)
+    raises `SpecialFileError` naming `role` (what vitkit expected there)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise SpecialFileError(path, file_kind(mode), removing=True, role=role)
+    return True
 
 
 def check_output(path: str | os.PathLike) -> str | None:
@@ -130,8 +155,7 @@ def check_output(path: str | os.PathLike) -> str | None:
         return _REGULAR
     if stat.S_ISCHR(mode):
         return _CHAR_DEVICE
-    what = next((name for test, name in _KINDS if test(mode)), f"a file of mode {mode:o}")
-    raise SpecialFileError(path, what)
+    raise SpecialFileError(path, file_kind(mode))
 
 
 def _write_through(path: Path, write: Callable[[Any], None], mode: str) -> None:
@@ -155,22 +179,6 @@ def _temp_prefix(target: Path) -> str:
     while len(os.fsencode(name)) > room:
         name = name[:-1]
     return f".{name}.{_TEMP_MARK}"
-
-
-def remove_output(path: str | os.PathLike) -> bool:
-    """Remove a file an earlier run wrote (`--overwrite`): a regular file, or a symbolic link
-    (the link, not its target). False when nothing is there; `SpecialFileError` for anything
-    else, which stays."""
-    path = Path(path)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return False
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        what = next((name for test, name in _KINDS if test(mode)), "a character device")
-        raise SpecialFileError(path, what, removing=True)
-    path.unlink(missing_ok=True)
-    return True
 
 
 def current_umask() -> int:

@@ -5,6 +5,7 @@ an uninterrupted run ends."""
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
 import stat
@@ -345,3 +346,53 @@ def test_a_permission_error_names_the_path_and_keeps_the_state(tmp_path, monkeyp
     monkeypatch.undo()
     code, _, _ = run_cli("train", "--out", out, "--resume", "--no-progress")
     assert code == 0 and load_state(out / STATE_FILE)["epoch"] == 2
+
+
+class _FullAfter(io.RawIOBase):
+    """A file that takes `room` bytes, then fails as a full disk does."""
+
+    def __init__(self, raw, room: int) -> None:
+        self.raw, self.room = raw, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.raw.write(data)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def test_a_full_disk_inside_torch_save_is_one_line(tmp_path, monkeypatch, digits):
+    """The disk fills while torch.save writes state.pt (after epoch 1; a model whose tensors
+    exceed the file's buffer, so torch's own writer meets the error): DiskFullError's line
+    naming the state file kept, not torch's 'enforce fail ... unexpected pos'."""
+    real_fdopen, full = os.fdopen, {"disk": False}
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        f = real_fdopen(fd, mode, *args, **kwargs)
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if full["disk"] and f".{STATE_FILE}." in name and "b" in mode:
+            return io.BufferedWriter(_FullAfter(f.detach(), room=1000))
+        return f
+
+    def on_epoch_end(row):
+        full["disk"] = True
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(DiskFullError) as err:
+        model = vitkit.create_model("vit_digits", embed_dim=64, depth=1, num_heads=2)
+        fit(model, *digits, config(), out_dir=tmp_path, on_epoch_end=on_epoch_end)
+    assert str(err.value) == (
+        f"no space left on device while writing {tmp_path / STATE_FILE}; free space and continue "
+        "with --resume; the previous file is intact"
+    )
+    assert load_state(tmp_path / STATE_FILE)["epoch"] == 1 and temp_files(tmp_path) == []

@@ -291,10 +291,10 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, capsys, caplog):
             ["--data", "/nonexistent/data"],
             "vitkit: error: data '/nonexistent/data' is neither a built-in",
         ),
-        (["--resume"], "vitkit: error: --resume: {out}/config.json does not exist"),
+        (["--resume"], "vitkit: error: {out} holds no run settings (config.json)"),
         (["--model", "vit_nope"], "vitkit: error: unknown model"),
         (["--model-opt", "depth"], "vitkit: error: --model-opt takes KEY=VALUE"),
-        (["--resume", "--overwrite"], "vitkit: error: --resume: {out}/config.json does not exist"),
+        (["--resume", "--overwrite"], "vitkit: error: {out} holds no run settings (config.json)"),
     ],
 )
 def test_user_errors(tmp_path, capsys, argv, message):

@@ -177,8 +177,9 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(
-        f"vitkit: error: --resume continues {finished} with its saved settings; it cannot change "
-        "--seed (saved 0), --lr (saved None): drop them, or start a new run with --config"
+        f"vitkit: error: resuming {finished} continues its saved settings; it cannot change "
+        "seed (saved 0, given 3), lr (saved unset, given 0.1): keep the saved values, or start "
+        f"a new run from {finished / 'config.json'} with the new ones"
     )
     code = cli.main(
         ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
@@ -236,11 +237,11 @@ def test_resume_may_raise_the_epochs_never_lower_them(tmp_path, capsys, caplog):
     capsys.readouterr()
     code = cli.main(["train", "--out", str(out), "--resume", "--epochs", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and "--epochs (saved 2); --epochs may only grow: drop them" in err
+    assert code == 2 and "epochs (saved 2, given 1); epochs may only grow: keep the" in err
     caplog.set_level(logging.INFO, logger="vitkit")
     resume = ["train", "--out", str(out), "--resume", "--epochs", "3", "--no-progress"]
     assert cli.main(resume) == 0
-    assert "--resume: taking --epochs 3 (saved 2)" in caplog.messages
+    assert "resume: taking epochs 3 (saved 2)" in caplog.messages
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert json.loads((out / "config.json").read_text())["settings"]["epochs"] == 3

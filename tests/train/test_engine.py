@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -13,8 +14,10 @@ from vitkit import create_model, load
 from vitkit.data import Subset, TensorImages, Transformed, load_data
 from vitkit.train import (
     LAST_FILE,
+    RECIPES,
     STATE_FILE,
     ModelEma,
+    Schedule,
     ShardSampler,
     StopFlag,
     TrainConfig,
@@ -82,6 +85,32 @@ def test_schedule_values():
     )
     assert lr_at(110, **kw) == pytest.approx(1e-5)
     assert lr_at(500, **kw) == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["deit", "small", "fashion-mnist", "finetune"])
+def test_no_recipe_warm_up_is_cut(recipe, caplog):
+    config = TrainConfig(**RECIPES[recipe])
+    caplog.set_level(logging.INFO, logger="vitkit")
+    schedule = Schedule.of(config, 1e-3, steps_per_epoch=37)
+    assert schedule.warmup_steps == round(config.warmup_epochs * 37)
+    assert schedule.total_steps == 37 * config.epochs and not caplog.messages
+
+
+def test_a_short_run_warms_up_over_a_tenth_of_it_at_most(caplog):
+    caplog.set_level(logging.INFO, logger="vitkit")
+    schedule = Schedule.of(cfg(epochs=2, warmup_epochs=5, warmup_lr=1e-6), 1e-3, 30)
+    assert (schedule.total_steps, schedule.warmup_steps) == (60, 6)
+    assert schedule(6) == pytest.approx(1e-3) and schedule(3) == pytest.approx((1e-3 + 1e-6) / 2)
+    assert caplog.messages == [
+        "warm-up shortened from 5 epochs (150 steps) to 6 steps: at most 10% of the run's 60 steps"
+    ]
+
+
+def test_a_one_step_run_trains_at_the_peak_rate(digits):
+    """160 images in one batch, one epoch, DeiT's 5 warm-up epochs: the step is at lr."""
+    train, val = digits
+    rows = fit(tiny_model(), train, val, cfg(epochs=1, batch_size=160, warmup_epochs=5)).history
+    assert rows[0]["lr"] == 2e-3
 
 
 def test_train_config_errors():
@@ -165,7 +194,7 @@ def test_fit_writes_run_files_and_learns(tmp_path, digits):
     best = load(tmp_path / "model.safetensors")
     assert best.meta["class_names"] == list("0123456789")
     assert best.meta["epoch"] == result.best_epoch
-    assert best.meta["val_acc1"] == result.best_acc1 == max(r["val_acc1"] for r in lines)
+    assert best.meta["val_acc1"] == result.best == max(r["val_acc1"] for r in lines)
     state = torch.load(tmp_path / STATE_FILE, weights_only=True)
     assert state["epoch"] == 4 and state["step"] == 4 * 5
 

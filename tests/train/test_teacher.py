@@ -4,8 +4,6 @@ computation."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +12,7 @@ import vitkit
 from vitkit import cli
 from vitkit.data.data_config import DataConfig
 from vitkit.train import TrainConfig
-from vitkit.train.loop import DistillForward, _loss
+from vitkit.train.tasks import ClassificationTask, DistillForward
 from vitkit.train.teacher import load_teacher
 
 STUDENT = dict(student_mean=(0.3,), student_std=(0.2,), student_size=(8, 8))
@@ -56,8 +54,8 @@ def test_the_distillation_loss_with_a_cnn_teacher_is_deits(tmp_path):
     for mode in ("hard", "soft"):
         config = TrainConfig(distill=mode, teacher="timm:test_resnet", distill_alpha=0.3,
                              distill_tau=2.0)  # fmt: skip
-        state = SimpleNamespace(config=config, trained=DistillForward(student), teacher=teacher)
-        loss, _ = _loss(state, images, targets)
+        task = ClassificationTask(student, config, teacher=teacher)
+        loss, _ = task.loss(DistillForward(student), images, targets)
         cls_logits, dist_logits = student.forward_distill(images)
         teacher_logits = teacher(images)
         if mode == "hard":

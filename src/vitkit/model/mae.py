@@ -121,7 +121,7 @@ class MaskedAutoencoder(nn.Module):
         prefix, patches = tokens[:, : self.num_prefix_tokens], tokens[:, self.num_prefix_tokens :]
         index = ids_keep[..., None].expand(-1, -1, patches.shape[-1])  # (B, keep, D)
         visible = torch.gather(patches, 1, index)  # (B, keep, D)
-        x = self.encoder.blocks(torch.cat([prefix, visible], dim=1))
+        x = self.encoder.encode(torch.cat([prefix, visible], dim=1))  # checkpointed if on
         return self.encoder.norm(x)
 
     def decode(self, latent: Tensor, ids_keep: Tensor) -> Tensor:
@@ -129,7 +129,8 @@ class MaskedAutoencoder(nn.Module):
         x = self.decoder_embed(latent)  # (B, P + keep, Dd)
         prefix, visible = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
         b, n = x.shape[0], self.grid[0] * self.grid[1]
-        full = self.mask_token.expand(b, n, -1).clone()  # (B, N, Dd)
+        # (B, N, Dd), in x's dtype (bf16 / fp16 under autocast) for the scatter
+        full = self.mask_token.expand(b, n, -1).to(x.dtype).clone()
         index = ids_keep[..., None].expand(-1, -1, x.shape[-1])
         full.scatter_(1, index, visible)
         x = torch.cat([prefix, full], dim=1) + self.decoder_pos_embed  # (B, P + N, Dd)

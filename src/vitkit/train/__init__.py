@@ -5,31 +5,15 @@ Imports flow one way: `cli` -> `train` -> `weights`, `explain` -> `model`, `data
 
 from .config import TrainConfig, read_settings
 from .distributed import ShardSampler, make_loader
-from .fit import (
-    BEST_FILE,
-    EMA_FILE,
-    LAST_FILE,
-    METRICS_FILE,
-    STATE_FILE,
-    FitResult,
-    fit,
-    load_state,
-    save_state,
-)
-from .loop import (
-    EpochState,
-    NonFiniteLossError,
-    RunState,
-    Schedule,
-    StopFlag,
-    evaluate,
-    predict,
-    train_one_epoch,
-)
+from .fit import FitResult, fit
+from .loop import NonFiniteLossError, evaluate, predict, train_one_epoch
 from .losses import distill_loss, soft_cross_entropy
-from .optim import ModelEma, lr_at, param_groups
+from .optim import ModelEma, Schedule, lr_at, param_groups
 from .recipes import PRESETS, RECIPES, resolve_config
+from .run_folder import BEST_FILE, EMA_FILE, LAST_FILE, METRICS_FILE, STATE_FILE
 from .setup import TrainingSetup, run_training, training_setup
+from .signals import StopFlag
+from .state import EpochState, RunState, load_state, save_state
 
 __all__ = [
     "BEST_FILE",

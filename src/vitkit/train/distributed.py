@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..data import collate
+from .signals import quiet_worker
 
 
 def world() -> tuple[int, int]:
@@ -102,6 +103,7 @@ def make_loader(
         num_workers=num_workers,
         collate_fn=collate,
         drop_last=False,
+        worker_init_fn=quiet_worker if num_workers else None,  # the main process stops them
         # its own generator: creating an iterator then draws no number from the global one,
         # so a run resumed in mid-epoch sees the same random stream
         generator=torch.Generator().manual_seed(seed),

@@ -1,7 +1,8 @@
 """One writer per run folder: an OS lock that a second run, or a `--resume` of a live one, meets.
 
 The lock is `fcntl.flock` on `.vitkit.lock` in the folder, which holds the owner's PID, host and
-start time for the message. The operating system releases it when the process ends, however it
+start time for the message; anything but a regular file with its name is refused, never
+opened for writing. The operating system releases it when the process ends, however it
 ends (kill -9 included), so a killed run's folder is taken over by the next run without any
 clean-up. Reading commands (eval, predict, explain) take no lock: every file a run writes
 appears whole (`files.atomic_write`).
@@ -14,9 +15,12 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from ..files import SpecialFileError, file_kind
 
 LOCK_FILE = ".vitkit.lock"
 
@@ -35,7 +39,7 @@ def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
     """Hold the folder's run lock for the block; `RunLockedError` naming the live process when
     another one holds it. The folder must exist."""
     path = Path(folder) / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock_file(path)
     try:
         if fcntl is not None:
             try:
@@ -54,6 +58,24 @@ def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, opened for reading and writing (created if absent); anything but a
+    regular file there (a FIFO, device, folder, link) is refused before it is touched."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise SpecialFileError(path, file_kind(mode), removing=True, role="vitkit's run lock")
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags, 0o666)
+    found = os.fstat(fd).st_mode
+    if not stat.S_ISREG(found):  # swapped in since the check
+        os.close(fd)
+        raise SpecialFileError(path, file_kind(found), removing=True, role="vitkit's run lock")
+    return fd
 
 
 def _read_owner(fd: int) -> dict:

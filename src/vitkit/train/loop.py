@@ -1,19 +1,16 @@
 """One epoch of training, evaluation and prediction: plain functions over a `RunState`.
 
-As in DeiT's `engine.py`: `train_one_epoch(state, loader)` mixes each batch, computes the loss
-(with the distillation term when a teacher is given), steps the optimiser on the schedule,
-updates the EMA and counts; `evaluate` gives loss, top-1 and top-5 (and a confusion matrix).
+As in DeiT's `engine.py`: `train_one_epoch(state, loader)` takes each batch through the task
+(mixing, the loss), accumulates gradients, steps the optimiser on the schedule and counts;
+`evaluate` gives a classifier's loss, top-1 and top-5 (and a confusion matrix).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,26 +18,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import Mixup
-from .config import TrainConfig
 from .distributed import all_reduce, world
-from .losses import distill_loss, soft_cross_entropy
-from .optim import ModelEma, lr_at, set_lr
-
-
-class StopFlag:
-    """Set by a signal handler (or a test); the loop stops after the current optimiser step."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.signal_name = ""
-
-    def set(self, name: str = "stop") -> None:
-        self.signal_name = name
-        self._event.set()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
+from .optim import set_lr
+from .state import EpochState, RunState
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -49,91 +29,6 @@ class NonFiniteLossError(FloatingPointError):
     def __init__(self, message: str, *, step: int, batch: int, loss: float) -> None:
         super().__init__(message)
         self.step, self.batch, self.loss = step, batch, loss
-
-
-@dataclass
-class EpochState:
-    """Running sums of the current epoch (saved with a mid-epoch stop)."""
-
-    batches: int = 0
-    samples: float = 0.0
-    loss_sum: float = 0.0
-    correct: float = 0.0
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The learning rate per optimiser step: linear warmup, then half a cosine (`lr_at`)."""
-
-    lr: float
-    total_steps: int
-    warmup_steps: int
-    min_lr: float = 0.0
-    warmup_lr: float = 0.0
-
-    @classmethod
-    def of(cls, config: TrainConfig, lr: float, steps_per_epoch: int) -> Schedule:
-        """The schedule of a run: `config`'s epochs, warmup and floors at peak `lr`."""
-        return cls(
-            lr=lr,
-            total_steps=steps_per_epoch * config.epochs,
-            warmup_steps=round(config.warmup_epochs * steps_per_epoch),
-            min_lr=config.min_lr,
-            warmup_lr=config.warmup_lr,
-        )
-
-    def __call__(self, step: int) -> float:
-        return lr_at(
-            step,
-            total_steps=self.total_steps,
-            warmup_steps=self.warmup_steps,
-            lr=self.lr,
-            min_lr=self.min_lr,
-            warmup_lr=self.warmup_lr,
-        )
-
-
-@dataclass
-class RunState:
-    """A run in progress: the live objects, and the counters that `state.pt` saves.
-
-    `model` is the unwrapped network (what is saved); `trained` is what the loop calls (the
-    model wrapped for distillation, DistributedDataParallel or torch.compile).
-    """
-
-    config: TrainConfig
-    model: nn.Module
-    trained: nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: Schedule
-    mixup: Mixup
-    device: torch.device
-    amp: str
-    scaler: torch.amp.GradScaler | None = None
-    ema: ModelEma | None = None
-    teacher: nn.Module | None = None
-    out: Path | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    stop: StopFlag = field(default_factory=StopFlag)
-    epoch: int = 0  # epochs finished
-    step: int = 0  # optimiser steps taken
-    running: EpochState | None = None  # the sums of an unfinished epoch
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best_acc1: float = -1.0
-    best_epoch: int = 0
-    saved_at: tuple[int, int] = (0, 0)  # (epoch, batches) that state.pt holds
-
-
-class DistillForward(nn.Module):
-    """Wraps a distilled ViT so that `forward` returns (class logits, distillation logits):
-    DistributedDataParallel and torch.compile only see `forward`."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.model.forward_distill(x)
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -156,14 +51,13 @@ def train_one_epoch(
     them (with no gradient accumulation pending) `on_save(state)` writes the state.
 
     Args:
-        state: the run; its `trained` module, optimiser, schedule, mixing, EMA and teacher.
+        state: the run; its task, `trained` module, optimiser and schedule.
         loader: yields (images, labels) batches.
         on_step: called with the running sums and images/second (progress bars).
         on_save: writes the mid-epoch state.
     """
-    config, device = state.config, state.device
-    model = state.trained
-    model.train(not config.linear_probe)  # a linear probe reads the encoder as at inference
+    config = state.config
+    state.task.train_mode(state.trained)
     sums = state.running = state.running or EpochState()
     state.optimizer.zero_grad(set_to_none=True)
     pending = 0
@@ -173,32 +67,10 @@ def train_one_epoch(
         if len(labels) == 0:  # every file of the batch was unreadable
             sums.batches += 1
             continue
-        images, labels = images.to(device), labels.to(device)
-        mixed, targets = state.mixup(images, labels)
         sync = pending + 1 == config.accum_steps
-        no_sync = getattr(model, "no_sync", None)
-        context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
-        with context:
-            with autocast(state.amp, device):
-                loss, logits = _loss(state, mixed, targets)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"training loss is {loss.item()} at step {state.step} (batch "
-                    f"{sums.batches + 1} of the epoch); lower the learning rate or clip "
-                    "gradients (clip_grad)",
-                    step=state.step,
-                    batch=sums.batches + 1,
-                    loss=loss.item(),
-                )
-            scaled = loss / config.accum_steps
-            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+        _backward(state, images, labels, sync=sync)
         pending += 1
-        batch = len(labels)
-        sums.batches += 1
-        sums.samples += batch
-        sums.loss_sum += loss.item() * batch
-        sums.correct += (logits.argmax(-1) == targets.argmax(-1)).sum().item()
-        seen += batch
+        seen += len(labels)
         if sync:
             _optimizer_step(state)
             pending = 0
@@ -213,24 +85,38 @@ def train_one_epoch(
     return sums
 
 
-def _loss(state: RunState, images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """(loss, logits) of a mixed batch; with a teacher, DeiT's mix of the class loss and the
-    distillation term, and the mean of both heads as the logits."""
-    if state.teacher is None:
-        logits = state.trained(images)
-        return soft_cross_entropy(logits, targets), logits
-    config = state.config
-    cls_logits, dist_logits = state.trained(images)
-    with torch.no_grad():
-        teacher_logits = state.teacher(images)  # in its own preparation (`Teacher`)
-    base = soft_cross_entropy(cls_logits, targets)
-    extra = distill_loss(dist_logits, teacher_logits, config.distill, config.distill_tau)
-    loss = base * (1 - config.distill_alpha) + extra * config.distill_alpha
-    return loss, (cls_logits + dist_logits) / 2
+def _backward(state: RunState, images: Tensor, labels: Tensor, *, sync: bool) -> None:
+    """The task's loss of one batch, its gradient (accumulated; DDP synchronises the last of
+    an accumulation only) and the running sums."""
+    device, sums = state.device, state.running
+    images, labels = images.to(device), labels.to(device)
+    inputs, targets = state.task.batch(images, labels)
+    no_sync = getattr(state.trained, "no_sync", None)
+    context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+    with context:
+        with autocast(state.amp, device):
+            loss, correct = state.task.loss(state.trained, inputs, targets)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {state.step} (batch "
+                f"{sums.batches + 1} of the epoch); lower the learning rate or clip "
+                "gradients (clip_grad)",
+                step=state.step,
+                batch=sums.batches + 1,
+                loss=loss.item(),
+            )
+        scaled = loss / state.config.accum_steps
+        (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+    batch = len(labels)
+    sums.batches += 1
+    sums.samples += batch
+    sums.loss_sum += loss.item() * batch
+    sums.correct += correct
 
 
 def _optimizer_step(state: RunState) -> None:
-    """One optimiser step at the schedule's rate (unscaled, clipped), then the EMA."""
+    """One optimiser step at the schedule's rate (unscaled, clipped), then the task's own
+    (the EMA)."""
     optimizer, scaler = state.optimizer, state.scaler
     set_lr(optimizer, state.schedule(state.step))  # times each group's layer-decay scale
     if scaler is not None:
@@ -244,8 +130,7 @@ def _optimizer_step(state: RunState) -> None:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     state.step += 1
-    if state.ema is not None:
-        state.ema.update(state.model)
+    state.task.after_step()
 
 
 @torch.no_grad()
@@ -259,7 +144,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Mean cross-entropy, top-1 and top-5 accuracy over `loader` (reduced across ranks).
 
-    With `num_classes` also the confusion matrix, rows = true class, columns = predicted.
+    With `num_classes` also the confusion matrix, rows = true class, columns = predicted, and
+    each class's precision, recall, F1 and support (`per_class`).
     """
     device = torch.device(device)
     model.eval()
@@ -297,7 +183,27 @@ def evaluate(
     }
     if confusion is not None:
         result["confusion"] = confusion
+        result["per_class"] = per_class_scores(confusion)
     return result
+
+
+def per_class_scores(confusion: Tensor) -> dict[str, list[float] | list[int]]:
+    """Precision, recall and F1 per class from a confusion matrix (rows true, columns
+    predicted), and each class's support; 0 where a ratio has nothing to divide by, as
+    scikit-learn's `precision_recall_fscore_support(zero_division=0)`."""
+    matrix = confusion.double()
+    hits = matrix.diagonal()
+    predicted, actual = matrix.sum(0), matrix.sum(1)
+    precision = torch.where(predicted > 0, hits / predicted.clamp(min=1), 0.0)
+    recall = torch.where(actual > 0, hits / actual.clamp(min=1), 0.0)
+    both = precision + recall
+    f1 = torch.where(both > 0, 2 * precision * recall / both.clamp(min=1e-300), 0.0)
+    return {
+        "precision": precision.tolist(),
+        "recall": recall.tolist(),
+        "f1": f1.tolist(),
+        "support": actual.long().tolist(),
+    }
 
 
 @torch.no_grad()

@@ -1,88 +1,136 @@
 """`vitkit pretrain`: MAE self-supervised pretraining on the training images (labels unused),
 the small-data remedy the MAE paper (He et al. 2022) offers when there are no pretrained
-weights.
+weights. The loop is the training engine's (`fit` with `tasks.MaeTask`): AMP, gradient
+accumulation, DDP under torchrun, `save_every`, the stop on SIGINT / SIGTERM, the run lock and
+`state.pt` work as they do for `vitkit train`.
 
-The run folder holds `config.json` (the settings), `metrics.jsonl` (loss per epoch),
-`mae_state.pt` (encoder, decoder, optimiser, counters, RNG: `--resume` continues from it),
-`encoder.safetensors` (a plain vitkit ViT with its data config, what `vitkit train
---pretrained` fine-tunes) and `reconstructions.png` (originals, what the encoder saw, and the
-reconstruction, redrawn every epoch). One writer per folder (`lock.py`); every file is written
-atomically. The optimiser is MAE's: AdamW with betas (0.9, 0.95), warmup then cosine.
+The run folder holds `config.json` (the settings), `metrics.jsonl` (train and validation MAE
+loss per epoch), `state.pt` (`--resume` continues from it), `encoder.safetensors` (a plain
+vitkit ViT with its data config, what `vitkit train --pretrained` fine-tunes),
+`reconstructions.png` (originals, what the encoder saw, and the reconstruction, redrawn every
+epoch) and `curves.png`. The augmentation is MAE's: random resized crops and flips only.
 """
 
 from __future__ import annotations
 
-import io
-import json
+import dataclasses
 import logging
-import math
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
-from ..files import atomic_write
-from ..model.mae import MaskedAutoencoder, patchify, unpatchify
-from ..weights import save
-from .config import TrainConfig
-from .distributed import make_loader
-from .fit import Progress
-from .lock import run_lock
-from .loop import Schedule, steps_per_epoch
-from .optim import param_groups
-from .setup import clear_out, prepare_out, training_setup
+from ..data import Splits, Subset, Transformed, build_transform, load_data
+from ..data.data_config import DataConfig
+from ..model import create_model, get_config, to_2tuple
+from ..model.mae import MaskedAutoencoder
+from ..weights.cnn import is_timm_name
+from .distributed import world
+from .fit import Progress, fit
+from .logs import check_loggers
+from .run_folder import PRETRAIN_FILES, RunOutcome, open_run, write_record
+from .tasks.mae import MaeTask
 
 log = logging.getLogger(__name__)
 
-STATE = "mae_state.pt"
-ENCODER = "encoder.safetensors"
-PICTURE = "reconstructions.png"
-PRETRAIN_FILES = ("config.json", "metrics.jsonl", STATE, ENCODER, PICTURE)
+_FINE_TUNING = ("layer_decay", "freeze", "linear_probe", "distill", "teacher", "pretrained")
+
+
+@dataclass
+class PretrainingSetup:
+    """What `vitkit pretrain` builds before it trains: the splits, the MAE around a fresh
+    encoder (seeded, on the CPU) and the train / val datasets with MAE's augmentation."""
+
+    splits: Splits
+    mae: MaskedAutoencoder
+    train_set: Dataset
+    val_set: Dataset
 
 
 def run_pretraining(
-    config: TrainConfig,
+    config: Any,
     out: Path,
     *,
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
-) -> list[dict[str, Any]]:
-    """Pretrain `config`'s model as an MAE encoder on its training images; returns the
-    per-epoch rows of `metrics.jsonl`.
+    loggers: Sequence[str] = (),
+) -> RunOutcome:
+    """Pretrain `config`'s model as an MAE encoder on its training images; returns how the
+    run ended (`result.history`: the rows of `metrics.jsonl`; `summary()`).
 
     Args:
         config: the run's settings (the MAE options `mask_ratio`, `decoder_*`, `norm_pix`).
         out: the run folder.
-        resume: continue from `out/mae_state.pt`.
+        resume: continue from `out/state.pt`.
         overwrite: replace a run in `out` (its files only).
         progress: wraps the batch loop (a progress bar), or None.
+        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
+            ('tensorboard').
     """
-    prepare_out(out, resume=resume, overwrite=overwrite, files=PRETRAIN_FILES, state=STATE)
-    with run_lock(out):
-        clear_out(out, overwrite=overwrite, files=PRETRAIN_FILES)
-        return _pretrain(config, out, resume=resume, progress=progress)
+    _refuse_fine_tuning(config)
+    check_loggers(loggers)
+    with open_run(
+        config, out, resume=resume, overwrite=overwrite, task=MaeTask.name, files=PRETRAIN_FILES
+    ) as config:
+        return _pretrain(config, out, resume=resume, progress=progress, loggers=loggers)
 
 
 def _pretrain(
-    config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
-) -> list[dict[str, Any]]:
-    fine_tuning = [f"--{n.replace('_', '-')}" for n in ("layer_decay", "freeze", "linear_probe")
-                   if getattr(config, n) not in (None, False)]  # fmt: skip
-    if fine_tuning or config.distill != "none":
-        given = ", ".join(fine_tuning + (["--distill"] if config.distill != "none" else []))
-        raise ValueError(
-            f"{given} tune or distil a classifier; MAE pretraining trains the whole encoder "
-            "without labels: drop them here and use them in `vitkit train --pretrained`"
-        )
+    config: Any, out: Path, *, resume: bool, progress: Progress | None, loggers: Sequence[str]
+) -> RunOutcome:
+    rank, world_size = world()
     if config.threads:
         torch.set_num_threads(config.threads)
-    # MAE's own augmentation: random resized crops and flips, nothing label-mixing.
-    plain = config.replace(aa="none", reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0)
-    setup = training_setup(plain)
-    encoder = setup.model
-    encoder.reset_classifier(0)
+    setup = pretraining_setup(config)
+    mae = setup.mae.to(config.device)
+    torch.manual_seed(config.seed + rank)  # each rank draws its own masks
+    splits = setup.splits
+    meta = {"data": config.data_spec(), "model_name": config.model, "mean": list(splits.mean),
+            "std": list(splits.std)}  # fmt: skip
+    if rank == 0:
+        write_record(out, config, mae.encoder, meta, world_size, task=MaeTask.name)
+    log.info(
+        "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d epochs -> %s",
+        config.model, splits.name, len(setup.train_set), config.mask_ratio, config.epochs, out,
+    )  # fmt: skip
+    sample = torch.stack([setup.val_set[i][0] for i in range(min(4, len(setup.val_set)))])
+    task = MaeTask(mae, config, sample=sample, mean=splits.mean, std=splits.std)
+    result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
+                 progress=progress, loggers=loggers)  # fmt: skip
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+    return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
+
+
+def pretraining_setup(config: Any) -> PretrainingSetup:
+    """The data, the MAE and the datasets of a pretraining run: the encoder is the config's
+    model sized to the data (its head removed), the augmentation random resized crops
+    (`crop_scale`) and flips (`hflip`) only."""
+    torch.manual_seed(config.seed)
+    if is_timm_name(config.model):
+        raise ValueError(f"MAE pretrains a ViT encoder; {config.model} is a CNN")
+    base = get_config(config.model)
+    in_chans = config.in_chans or config.model_opts.get("in_chans", base.in_chans)
+    splits = load_data(
+        config.data_spec(),
+        val_fraction=config.val_fraction,
+        test_fraction=config.test_fraction,
+        seed=config.seed,
+        in_chans=in_chans,
+        img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
+        skip_corrupt=not config.strict,
+    )
+    if config.train_limit and config.train_limit < len(splits.train):
+        order = torch.randperm(
+            len(splits.train), generator=torch.Generator().manual_seed(config.seed)
+        )
+        keep = sorted(order[: config.train_limit].tolist())
+        splits = dataclasses.replace(splits, train=Subset(splits.train, keep))
+    encoder = _encoder(config, splits)
     mae = MaskedAutoencoder(
         encoder,
         mask_ratio=config.mask_ratio,
@@ -91,122 +139,52 @@ def _pretrain(
         decoder_heads=config.decoder_heads,
         norm_pix_loss=config.norm_pix,
     )
-    loader = make_loader(setup.train_set, config.batch_size, train=True, seed=config.seed,
-                         num_workers=config.workers)  # fmt: skip
-    steps = steps_per_epoch(len(loader), 1)
-    schedule = Schedule.of(config, config.peak_lr(), steps)
-    optimizer = torch.optim.AdamW(
-        param_groups(mae, config.weight_decay), lr=schedule(0), betas=(0.9, 0.95)
+    common = {"img_size": encoder.data_config.img_size, "mean": splits.mean, "std": splits.std,
+              "interpolation": encoder.data_config.interpolation}  # fmt: skip
+    train_tf = build_transform(True, crop_scale=config.crop_scale, hflip=config.hflip,
+                               rand_augment="none", reprob=0.0, **common)  # fmt: skip
+    eval_tf = build_transform(False, **common)
+    return PretrainingSetup(
+        splits=splits,
+        mae=mae,
+        train_set=Transformed(splits.train, train_tf),
+        val_set=Transformed(splits.val, eval_tf),
     )
-    epoch, step, history = 0, 0, []
-    if resume:
-        saved = torch.load(out / STATE, map_location="cpu", weights_only=True)
-        mae.load_state_dict(saved["mae"])
-        optimizer.load_state_dict(saved["optimizer"])
-        epoch, step = int(saved["epoch"]), int(saved["step"])
-        history = [json.loads(row) for row in saved["history"]]
-        torch.set_rng_state(saved["rng"])
-        log.info("resuming the pretraining in %s at epoch %d", out, epoch + 1)
-    settings = {k: v for k, v in config.to_dict().items() if k != "device"}
-    _write_text(out / "config.json", json.dumps({"settings": settings}, indent=2) + "\n")
-    sample = torch.stack([setup.val_set[i][0] for i in range(min(4, len(setup.val_set)))])
-    log.info(
-        "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d epochs -> %s",
-        config.model, setup.splits.name, len(setup.train_set), config.mask_ratio,
-        config.epochs, out,
-    )  # fmt: skip
-    while epoch < config.epochs:
-        started, total, count = time.perf_counter(), 0.0, 0
-        mae.train()
-        batches = progress(loader, len(loader), f"epoch {epoch + 1}") if progress else loader
-        for images, _ in batches:
-            for group in optimizer.param_groups:
-                group["lr"] = schedule(step)
-            loss, _, _ = mae(images)
-            if not math.isfinite(loss.item()):
-                raise FloatingPointError(
-                    f"MAE loss is {loss.item()} at step {step}; the state of epoch {epoch} is "
-                    f"kept in {out / STATE}: use a lower --lr"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.clip_grad:
-                torch.nn.utils.clip_grad_norm_(mae.parameters(), config.clip_grad)
-            optimizer.step()
-            step += 1
-            total += loss.item() * len(images)
-            count += len(images)
-        epoch += 1
-        history.append({"epoch": epoch, "loss": total / max(count, 1), "lr": schedule(step),
-                        "seconds": round(time.perf_counter() - started, 2)})  # fmt: skip
-        log.info("epoch %d/%d  loss %.4f", epoch, config.epochs, history[-1]["loss"])
-        _save(out, mae, optimizer, epoch, step, history)
-        draw_reconstructions(mae, sample, setup.splits.mean, setup.splits.std, out / PICTURE)
-    return history
 
 
-def _save(out: Path, mae: MaskedAutoencoder, optimizer, epoch: int, step: int, history) -> None:
-    save(mae.encoder, out / ENCODER)  # with its data config: what --pretrained fine-tunes
-    payload = {
-        "mae": mae.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "epoch": epoch,
-        "step": step,
-        "history": [json.dumps(row) for row in history],
-        "rng": torch.get_rng_state(),
-    }
-    atomic_write(out / STATE, lambda f: torch.save(payload, f))
-    _write_text(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in history))
+def _encoder(config: Any, splits: Splits):
+    """The config's model for the data's channels and size, with drop-path, without a head;
+    its data config says how its inputs are prepared (as `setup.build_model`'s)."""
+    options = dict(config.model_opts)
+    if config.drop_path:
+        options.setdefault("drop_path_rate", config.drop_path)
+    options.setdefault("num_classes", splits.num_classes)
+    options.setdefault("in_chans", splits.in_chans)
+    size = config.img_size or splits.img_size
+    if size is not None:
+        options.setdefault("img_size", tuple(size))
+    encoder = create_model(config.model, **options)
+    encoder.reset_classifier(0)
+    height, width = encoder.patch_embed.img_size
+    encoder.data_config = DataConfig(
+        input_size=(encoder.config.in_chans, height, width),
+        mean=splits.mean,
+        std=splits.std,
+        interpolation="bilinear",
+        crop_mode="squash",
+    )
+    return encoder
 
 
-def _write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text), mode="w")
-
-
-@torch.no_grad()
-def draw_reconstructions(
-    mae: MaskedAutoencoder, images: torch.Tensor, mean, std, path: Path
-) -> None:
-    """A PNG: per image, the original, the visible patches, and the reconstruction (its
-    visible patches pasted back, as the MAE paper's figures show)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mae.eval()
-    _, pred, mask = mae(images, generator=torch.Generator().manual_seed(0))  # same masks
-    patches = patchify(images, mae.patch_size)  # (B, N, pixels)
-    if mae.norm_pix_loss:  # back to pixels with each patch's own statistics
-        std_per_patch = (patches.var(-1, keepdim=True) + 1e-6) ** 0.5
-        pred = pred * std_per_patch + patches.mean(-1, keepdim=True)
-    keep = (1 - mask)[..., None]  # (B, N, 1): 1 at visible patches
-    seen = unpatchify(patches * keep, mae.patch_size, mae.grid)
-    rebuilt = unpatchify(patches * keep + pred * (1 - keep), mae.patch_size, mae.grid)
-    to_pixels = _denormalise(mean, std)
-    rows = len(images)
-    figure, axes = plt.subplots(rows, 3, figsize=(6, 2 * rows), squeeze=False)
-    columns = (("original", images), ("visible", seen), ("reconstruction", rebuilt))
-    for i in range(rows):
-        for j, (title, pictures) in enumerate(columns):
-            grey = pictures.shape[1] == 1
-            axes[i, j].imshow(to_pixels(pictures[i]), cmap="gray" if grey else None)
-            axes[i, j].set_axis_off()
-            if i == 0:
-                axes[i, j].set_title(title, fontsize=9)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80)
-    plt.close(figure)
-    atomic_write(path, lambda f: f.write(buffer.getvalue()))
-
-
-def _denormalise(mean, std):
-    mean_t = torch.tensor(mean).view(-1, 1, 1)
-    std_t = torch.tensor(std).view(-1, 1, 1)
-
-    def convert(picture: torch.Tensor):
-        pixels = (picture * std_t + mean_t).clamp(0, 1)
-        return pixels.permute(1, 2, 0).squeeze(-1).numpy()
-
-    return convert
+def _refuse_fine_tuning(config: Any) -> None:
+    """Options that tune or distil a classifier have no meaning here (a config that has
+    them: the one schema of both jobs)."""
+    given = [
+        name for name in _FINE_TUNING if getattr(config, name, None) not in (None, False, "none")
+    ]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} tune or distil a classifier; MAE pretraining trains the whole "
+            "encoder without labels: drop them here and use them in fine-tuning "
+            "(vitkit train --pretrained)"
+        )

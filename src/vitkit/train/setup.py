@@ -9,11 +9,10 @@ the best weights (`test.json`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,25 +21,22 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .. import __version__
 from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
-from ..files import atomic_write, remove_stale_temp_files
+from ..files import atomic_write
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from .config import TrainConfig
-from .distributed import barrier, init_distributed, make_loader, world
-from .fit import BEST_FILE, RUN_FILES, STATE_FILE, TEST_FILE, FitResult, Progress, fit
-from .lock import run_lock
+from .distributed import barrier, make_loader, world
+from .fit import Progress, fit
+from .logs import check_loggers
 from .loop import evaluate
+from .run_folder import BEST_FILE, RUN_FILES, TEST_FILE, RunOutcome, open_run, write_record
+from .tasks import ClassificationTask
 from .teacher import load_teacher
 
 log = logging.getLogger(__name__)
-
-
-class RunFolderError(ValueError):
-    """A run folder that cannot be used as asked (exists, missing, not writable)."""
 
 
 @dataclass
@@ -194,68 +190,6 @@ def transforms(config: TrainConfig, splits: Splits, data_config: DataConfig) -> 
     return train, eval_tf
 
 
-def default_out(data: str, model: str, name: str | None = None) -> Path:
-    """`runs/<name>`, by default `runs/<data>-<model>`."""
-    return Path("runs") / (name or f"{Path(data).name}-{model}")
-
-
-def prepare_out(
-    out: Path,
-    *,
-    resume: bool,
-    overwrite: bool,
-    files: tuple[str, ...] = RUN_FILES,
-    state: str = STATE_FILE,
-) -> None:
-    """Refuse to overwrite a run silently; check that `out` is writable and create it. Nothing
-    is removed here: `clear_out` does that under the run lock. `files` are what the run
-    writes, `state` the file `--resume` continues from (`vitkit pretrain` has its own)."""
-    if resume and overwrite:
-        raise RunFolderError("--resume and --overwrite exclude each other")
-    held = [name for name in files if (out / name).exists()]
-    if resume:
-        if not (out / state).is_file():
-            raise RunFolderError(
-                f"--resume: {out} holds no training state ({state}), the run stopped "
-                "before it began; start it again with --overwrite"
-            )
-        return
-    if held and not overwrite:
-        raise RunFolderError(
-            f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or "
-            "--overwrite to replace it"
-        )
-    if out.exists() and not out.is_dir():
-        raise RunFolderError(f"--out {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".vitkit-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
-
-
-def clear_out(out: Path, *, overwrite: bool, files: tuple[str, ...] = RUN_FILES) -> None:
-    """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
-    run's `files` (nothing else of the folder's). Call it holding the run lock."""
-    if overwrite:
-        for name in files:
-            (out / name).unlink(missing_ok=True)
-    remove_stale_temp_files(out)
-
-
-@dataclass
-class RunOutcome:
-    """How a run ended: its `fit` result and, when it finished, the test metrics; `rank` is
-    this process's (only rank 0 reports)."""
-
-    result: FitResult
-    test: dict[str, Any] | None
-    out: Path
-    rank: int = 0
-
-
 def run_training(
     config: TrainConfig,
     out: Path,
@@ -263,29 +197,37 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    loggers: Sequence[str] = (),
 ) -> RunOutcome:
-    """A whole run: the folder, the set-up, `fit`, then the best weights on the test split.
+    """A whole run: the folder, the set-up, `fit`, then the best weights on the test split;
+    `RunOutcome.summary()` is its machine-readable summary.
 
     Args:
-        config: the resolved config (`recipes.resolve_config`, or a run's saved one).
+        config: the resolved config (`recipes.resolve_config`); on `resume` the run's saved
+            one (`run_folder.read_run_config`) with the options to change, which must be
+            those a resume may change (`run_folder.resumed_config`).
         out: the run folder.
         resume: continue the run in `out`.
         overwrite: replace the run in `out`.
         progress: a progress-bar factory for `fit`.
+        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
+            ('tensorboard').
     """
-    device = init_distributed(config.resolved_device())
-    config = config.replace(device=device)
-    prepare_out(out, resume=resume, overwrite=overwrite)
-    main = world()[0] == 0
-    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
-        if main:
-            clear_out(out, overwrite=overwrite)
-        barrier()
-        return _train_and_test(config, out, resume=resume, progress=progress)
+    check_loggers(loggers)
+    with open_run(
+        config, out, resume=resume, overwrite=overwrite, task=ClassificationTask.name,
+        files=RUN_FILES,
+    ) as config:  # fmt: skip
+        return _train_and_test(config, out, resume=resume, progress=progress, loggers=loggers)
 
 
 def _train_and_test(
-    config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Progress | None,
+    loggers: Sequence[str],
 ) -> RunOutcome:
     device = config.device
     rank, world_size = world()
@@ -316,7 +258,7 @@ def _train_and_test(
         "test_fraction": config.test_fraction,
     }
     if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
-        write_record(out, config, model, meta, world_size)
+        write_record(out, config, model, meta, world_size, task=ClassificationTask.name)
     log.info(
         "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
         "%d epochs -> %s",
@@ -331,21 +273,13 @@ def _train_and_test(
         config.epochs,
         out,
     )
-    result = fit(
-        model,
-        setup.train_set,
-        setup.val_set,
-        config,
-        out_dir=out,
-        meta=meta,
-        resume=resume,
-        teacher=teacher,
-        progress=progress,
-    )
+    task = ClassificationTask(model, config, teacher=teacher, meta=meta)
+    result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
+                 progress=progress, loggers=loggers)  # fmt: skip
     if result.corrupt_images:
         log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
     if result.interrupted:
-        return RunOutcome(result=result, test=None, out=out, rank=rank)
+        return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
     barrier()
     if (out / BEST_FILE).is_file():
         model.load_state_dict(load_state_dict(out / BEST_FILE))
@@ -362,21 +296,4 @@ def _train_and_test(
         atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
     if world_size > 1:
         torch.distributed.destroy_process_group()
-    return RunOutcome(result=result, test=test, out=out, rank=rank)
-
-
-def write_record(
-    out: Path, config: TrainConfig, model: VisionTransformer, meta: dict, world_size: int
-) -> None:
-    """`config.json`: the settings (what `--config` and `--resume` read back), the model's
-    config, the metadata and the versions."""
-    record = {
-        "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
-        "model": model.config.to_dict() if hasattr(model, "config") else model.vitkit_timm,
-        "meta": meta,
-        "world_size": world_size,
-        "vitkit_version": __version__,
-        "torch_version": torch.__version__,
-    }
-    text = json.dumps(record, indent=2) + "\n"
-    atomic_write(out / "config.json", lambda f: f.write(text), mode="w")
+    return RunOutcome(result=result, test=test, out=out, rank=rank, task=task.name)

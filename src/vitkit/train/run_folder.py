@@ -1,0 +1,307 @@
+"""The run folder: the names of the files a run writes, taking a folder for a run (refusing
+to overwrite one silently), clearing a previous run's files, and the record `config.json`.
+
+One writer per folder: `prepare_out` checks and creates it, then the caller takes the run lock
+(`lock.py`) and calls `clear_out`, which removes only what vitkit wrote there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .. import __version__
+from ..files import (
+    SpecialFileError,
+    atomic_write,
+    file_kind,
+    remove_stale_temp_files,
+    require_regular,
+)
+from .config import TrainConfig, read_settings
+from .distributed import barrier, init_distributed, world
+from .lock import run_lock
+
+if TYPE_CHECKING:
+    from .fit import FitResult
+    from .state import RunState
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+BEST_FILE = "model.safetensors"
+LAST_FILE = "last.safetensors"
+EMA_FILE = "ema.safetensors"
+METRICS_FILE = "metrics.jsonl"
+CSV_FILE = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
+CURVES_FILE = "curves.png"
+TEST_FILE = "test.json"
+CONFIG_FILE = "config.json"
+ENCODER_FILE = "encoder.safetensors"
+PICTURE_FILE = "reconstructions.png"
+# The files of a run, of each job.
+RUN_FILES = (
+    STATE_FILE, BEST_FILE, LAST_FILE, EMA_FILE, METRICS_FILE, CSV_FILE, CONFIG_FILE, CURVES_FILE,
+    TEST_FILE,
+)  # fmt: skip
+PRETRAIN_FILES = (
+    STATE_FILE, METRICS_FILE, CSV_FILE, CONFIG_FILE, CURVES_FILE, ENCODER_FILE, PICTURE_FILE,
+)  # fmt: skip
+# Everything vitkit writes into a run folder: what --overwrite removes, and nothing else. The
+# files of both jobs, the state file of vitkit 0.1's pretraining, what `vitkit eval` writes
+# beside a checkpoint (globs), and TensorBoard's event files in their folder.
+_ALL_RUN_FILES = tuple(dict.fromkeys((*RUN_FILES, *PRETRAIN_FILES, "mae_state.pt")))
+EVAL_FILES = ("confusion*.png", "per_class*.png", "eval*.json")
+TENSORBOARD_FILES = "events.out.tfevents.*"
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended: its `fit` result and, when it finished, the test metrics (a
+    classification run); `rank` is this process's (only rank 0 reports)."""
+
+    result: FitResult
+    test: dict[str, Any] | None
+    out: Path
+    rank: int = 0
+    task: str = "classification"
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary of the run (what `vitkit train --json` prints): the job, the
+        folder, the epochs done, the best epoch by the task's metric, the last epoch's row,
+        the test metrics and the files the folder holds."""
+        result = self.result
+        test = None
+        if self.test is not None:
+            test = {k: self.test[k] for k in ("loss", "acc1", "acc5", "count") if k in self.test}
+        return {
+            "task": self.task,
+            "out": str(self.out),
+            "interrupted": result.interrupted,
+            "epochs": len(result.history),
+            "best": {
+                "metric": result.best_metric,
+                "value": result.best,
+                "epoch": result.best_epoch,
+            },  # fmt: skip
+            "last": result.history[-1] if result.history else None,
+            "test": test,
+            "skipped_images": result.corrupt_images,
+            "files": sorted(p.name for p in self.out.iterdir() if p.name in _ALL_RUN_FILES)
+            if self.out.is_dir()
+            else [],
+        }
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked (exists, missing, not writable)."""
+
+
+def default_out(data: str, model: str, name: str | None = None) -> Path:
+    """`runs/<name>`, by default `runs/<data>-<model>`."""
+    return Path("runs") / (name or f"{Path(data).name}-{model}")
+
+
+def prepare_out(
+    out: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    files: tuple[str, ...] = RUN_FILES,
+    state: str = STATE_FILE,
+) -> None:
+    """Refuse to overwrite a run silently; check that `out` is writable and create it, and
+    that whatever there has the name of a file vitkit writes is a regular file (a FIFO,
+    device, socket, folder or link is refused: it is never removed or replaced). Nothing is
+    removed here: `clear_out` does that under the run lock. `files` are what the run writes,
+    `state` the file a resumed run continues from."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    held = [name for name in files if os.path.lexists(out / name)]
+    if resume:
+        if not (out / state).is_file():
+            raise RunFolderError(
+                f"--resume: {out} holds no training state ({state}), the run stopped "
+                "before it began; start it again with --overwrite"
+            )
+        vitkit_files(out)  # the run replaces them
+        return
+    if held and not overwrite:
+        raise RunFolderError(
+            f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or "
+            "--overwrite to replace it"
+        )
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"--out {out} exists and is not a folder")
+    if overwrite:
+        vitkit_files(out)  # before the run lock is taken: nothing is removed yet
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".vitkit-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise RunFolderError(f"--out {out} is not writable ({err.strerror or err})") from None
+
+
+def vitkit_files(out: Path) -> list[Path]:
+    """The files in `out` that vitkit writes there (either job's run files, what `vitkit eval`
+    writes beside a checkpoint, TensorBoard's event files), each checked to be a regular
+    file: `SpecialFileError` names the first that is not."""
+    if not out.is_dir():
+        return []
+    found = [out / name for name in _ALL_RUN_FILES if os.path.lexists(out / name)]
+    for pattern in EVAL_FILES:
+        found += sorted(out.glob(pattern))
+    events = out / TENSORBOARD_DIR
+    if os.path.lexists(events):
+        mode = os.lstat(events).st_mode
+        if not stat.S_ISDIR(mode):
+            raise SpecialFileError(
+                events, file_kind(mode), removing=True, role="the folder of TensorBoard's logs"
+            )
+        found += sorted(events.glob(TENSORBOARD_FILES))
+    for path in found:
+        require_regular(path)
+    return found
+
+
+def clear_out(out: Path, *, overwrite: bool) -> None:
+    """Remove what a killed write left (temporary files) and, with `overwrite`, the previous
+    run's files: every file vitkit writes into a run folder (`vitkit_files`: of either job, and
+    an earlier `eval`'s), nothing else, and only regular files. Call it holding the run
+    lock."""
+    if overwrite:
+        for path in vitkit_files(out):
+            path.unlink(missing_ok=True)
+    remove_stale_temp_files(out)
+
+
+@contextlib.contextmanager
+def open_run(
+    config: Any, out: Path, *, resume: bool, overwrite: bool, task: str, files: tuple[str, ...]
+) -> Iterator[Any]:
+    """The run folder of a job, held for the block: joins the torchrun group, checks the
+    folder (`prepare_out`), on `resume` the saved settings (`resumed_config`), then holds the
+    run lock and clears the previous run's `files` (`clear_out`); yields the config with this
+    process's device."""
+    device = init_distributed(config.resolved_device())
+    config = config.replace(device=device)
+    prepare_out(out, resume=resume, overwrite=overwrite, files=files)
+    if resume:
+        config = resumed_config(out, config, task=task)
+    main = world()[0] == 0
+    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
+        if main:
+            clear_out(out, overwrite=overwrite)
+        barrier()
+        yield config
+
+
+def read_run_config(out: Path, config_type: type = TrainConfig) -> Any:
+    """The settings a run in `out` saved in its `config.json`, as a `config_type`: what a
+    resumed run continues with (`saved.replace(**changes)` for the options given again)."""
+    path = out / CONFIG_FILE
+    if not path.is_file():
+        raise RunFolderError(f"{out} holds no run settings ({CONFIG_FILE}); start a new run there")
+    return config_type.from_dict(read_settings(path, complete=True), str(path))
+
+
+def resumed_config(out: Path, config: Any, *, task: str) -> Any:
+    """`config` checked against the run's saved settings: an option may differ when it says
+    how the run executes (its field's `runtime` metadata: threads, save_every, device,
+    workers, grad_ckpt) or when it may grow and grew (`grows`: epochs); any other change is
+    one error naming the options with their saved and given values. Changes taken are
+    logged. `task` must be the job the folder holds."""
+    saved_task = _saved_task(out)
+    if saved_task is not None and saved_task != task:
+        raise RunFolderError(
+            f"{out} holds a {saved_task} run, not a {task} run; resume it with its own command"
+        )
+    saved = read_run_config(out, type(config))
+    changed, refused = {}, []
+    for item in dataclasses.fields(config):
+        before, after = getattr(saved, item.name), getattr(config, item.name)
+        if after == before:
+            continue
+        grew = item.metadata.get("grows") and after > before
+        if item.metadata.get("runtime") or grew:
+            changed[item.name] = (before, after)
+        else:
+            refused.append(item)
+    if refused:
+        values = ", ".join(
+            f"{f.name} (saved {_shown(getattr(saved, f.name))}, given "
+            f"{_shown(getattr(config, f.name))})"
+            for f in refused
+        )
+        grows = [f.name for f in refused if f.metadata.get("grows")]
+        hint = f"; {', '.join(grows)} may only grow" if grows else ""
+        raise RunFolderError(
+            f"resuming {out} continues its saved settings; it cannot change {values}{hint}: "
+            f"keep the saved values, or start a new run from {out / CONFIG_FILE} with the new "
+            "ones"
+        )
+    for name, (before, after) in changed.items():
+        if name != "device" or before is not None:  # the device is never saved
+            log.info("resume: taking %s %s (saved %s)", name, _shown(after), _shown(before))
+    return config
+
+
+def _saved_task(out: Path) -> str | None:
+    try:
+        return json.loads((out / CONFIG_FILE).read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None  # read_run_config says what is wrong with the file
+
+
+def _shown(value: Any) -> str:
+    """A setting as a person reads it: 'unset' for None, JSON otherwise."""
+    if value is None:
+        return "unset"
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def write_record(
+    out: Path, config: Any, model: nn.Module, meta: dict, world_size: int, *, task: str
+) -> None:
+    """`config.json`: the job, its settings (what `--config` and a resumed run read back), the
+    model's config, the metadata and the versions."""
+    record = {
+        "task": task,
+        "settings": {k: v for k, v in config.to_dict().items() if k != "device"},
+        "model": model.config.to_dict() if hasattr(model, "config") else model.vitkit_timm,
+        "meta": meta,
+        "world_size": world_size,
+        "vitkit_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    text = json.dumps(record, indent=2) + "\n"
+    atomic_write(out / CONFIG_FILE, lambda f: f.write(text), mode="w")
+
+
+def kept_files(state: RunState) -> str:
+    """The files a failed run leaves, and the point of training each holds."""
+    if state.out is None or world()[0] != 0:
+        return "none (no out_dir)"
+    done, batches = state.saved_at
+    if batches:
+        when = f"epoch {done + 1} after batch {batches}"
+    else:
+        when = f"end of epoch {done}" if done else "before the first epoch"
+    files = [f"{state.out / STATE_FILE} ({when})"]
+    if state.history:
+        files.append(f"{state.out / LAST_FILE} (epoch {state.history[-1]['epoch']})")
+    return ", ".join(files)

@@ -1,0 +1,67 @@
+"""Stopping a run cleanly: SIGINT / SIGTERM set a `StopFlag` that the loop reads after each
+optimiser step, so the state is saved before the process ends (exit code 130 in the CLI).
+
+DataLoader worker processes ignore both signals (`quiet_worker`): a SIGTERM sent to the whole
+process group (a job scheduler, `kill -- -PGID`) reaches them too, and a worker that died of it
+would end the run with a traceback instead of the saved state. The main process shuts them
+down when the loop ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopFlag:
+    """Set by a signal handler (or a test); the loop stops after the current optimiser step."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+
+    def set(self, name: str = "stop") -> None:
+        self.signal_name = name
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: StopFlag) -> Iterator[None]:
+    """SIGINT / SIGTERM set `stop` (a second SIGINT interrupts at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stop and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.warning("%s received: stopping after this step and saving the state", name)
+        stop.set(name)
+
+    for sig in STOP_SIGNALS:
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def quiet_worker(worker_id: int) -> None:
+    """A DataLoader `worker_init_fn`: the worker ignores SIGINT and SIGTERM (the main process
+    decides when the run stops, and ends its workers)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
