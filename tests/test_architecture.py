@@ -1,5 +1,6 @@
 """The layout's promise: imports flow one way (cli -> train -> weights / explain / export ->
-model, data; files below all), so there is no import cycle and each layer reads on its own."""
+model, data; files and options below all), so there is no import cycle and each layer reads on
+its own."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ SRC = Path(vitkit.__file__).resolve().parent
 # What each part of the package may import from the rest of vitkit.
 ALLOWED: dict[str, set[str]] = {
     "files": set(),
-    "model": set(),
-    "data": set(),
+    "options": set(),
+    "model": {"options"},
+    "data": {"options"},
     "weights": {"model", "data", "files"},
     "summary": set(),
     "explain": {"files"},
     "export": {"model"},
     "convert": {"weights"},
-    "train": {"model", "data", "weights", "explain", "files"},
+    "train": {"model", "data", "weights", "explain", "files", "options"},
     "cli": {
+        "options",
         "model",
         "data",
         "weights",
