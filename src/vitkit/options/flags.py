@@ -51,19 +51,14 @@ def add_flags(
         key=lambda f: order.index(f.metadata["group"]) if f.metadata["group"] in order else -1,
     )
     if generic is not None and items:
-        flag, text = generic
-        group(items[0].metadata["group"]).add_argument(
-            f"--{flag}", dest=f"{prefix}*", action="append", type=_key_value,
-            metavar="KEY=VALUE", default=argparse.SUPPRESS, help=text,
-        )  # fmt: skip
+        _add_generic(group(items[0].metadata["group"]), *generic, dest=f"{prefix}*")
     for item in items:
         meta, kind = item.metadata, kinds(config_cls)[item.name]
-        if meta["of"] is not None:
-            add_flags(
-                parser, meta["of"], exclude=meta["no_flags"], notes=notes,
-                prefix=f"{prefix}{item.name}.", show_defaults=False,
-                generic=(meta["flag"] or item.name, meta["help"]),
-            )  # fmt: skip
+        if meta["of"] is not None:  # its generic flag here, its options' flags in their groups
+            nested = f"{prefix}{item.name}."
+            _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
+            add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
+                      show_defaults=False)  # fmt: skip
             continue
         shown = (choices or {}).get(item.name) or meta["choices"]
         text = _help(item, (notes or {}).get(item.name), show_defaults)
@@ -78,6 +73,12 @@ def add_flags(
                 f"--{name}", dest=dest, action="store_const", const=None, help=none_help,
                 default=argparse.SUPPRESS,
             )  # fmt: skip
+
+
+def _add_generic(group: argparse._ArgumentGroup, flag: str, text: str, dest: str) -> None:
+    """A repeatable --FLAG KEY=VALUE for any option of a config, by name."""
+    group.add_argument(f"--{flag}", dest=dest, action="append", type=_key_value,
+                       metavar="KEY=VALUE", default=argparse.SUPPRESS, help=text)  # fmt: skip
 
 
 def flag_of(item: dataclasses.Field) -> str:
@@ -109,6 +110,7 @@ def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | N
 
 def _parser(convert: type, what: str):
     """An argparse type: `convert(text)`, else one line saying what the flag takes."""
+
     def parse(text: str) -> Any:
         try:
             return convert(text)
@@ -172,7 +174,7 @@ def given_options(
         dest, kind = prefix + item.name, kinds(config_cls)[item.name]
         if item.metadata["of"] is not None:
             entries = given_options(args, item.metadata["of"], prefix=f"{dest}.",
-                                    generic=item.metadata["flag"] or item.name)  # fmt: skip
+                                    generic=flag_of(item)[2:])  # fmt: skip
             if entries:
                 given[item.name] = entries
         elif hasattr(args, dest):

@@ -25,7 +25,7 @@ import torch
 from ..files import atomic_write
 from ..model.mae import MaskedAutoencoder, patchify, unpatchify
 from ..weights import save
-from .config import TrainConfig
+from .config import PretrainConfig
 from .distributed import make_loader
 from .fit import Progress
 from .lock import run_lock
@@ -42,7 +42,7 @@ PRETRAIN_FILES = ("config.json", "metrics.jsonl", STATE, ENCODER, PICTURE)
 
 
 def run_pretraining(
-    config: TrainConfig,
+    config: PretrainConfig,
     out: Path,
     *,
     resume: bool = False,
@@ -66,21 +66,11 @@ def run_pretraining(
 
 
 def _pretrain(
-    config: TrainConfig, out: Path, *, resume: bool, progress: Progress | None
+    config: PretrainConfig, out: Path, *, resume: bool, progress: Progress | None
 ) -> list[dict[str, Any]]:
-    fine_tuning = [f"--{n.replace('_', '-')}" for n in ("layer_decay", "freeze", "linear_probe")
-                   if getattr(config, n) not in (None, False)]  # fmt: skip
-    if fine_tuning or config.distill != "none":
-        given = ", ".join(fine_tuning + (["--distill"] if config.distill != "none" else []))
-        raise ValueError(
-            f"{given} tune or distil a classifier; MAE pretraining trains the whole encoder "
-            "without labels: drop them here and use them in `vitkit train --pretrained`"
-        )
     if config.threads:
         torch.set_num_threads(config.threads)
-    # MAE's own augmentation: random resized crops and flips, nothing label-mixing.
-    plain = config.replace(aa="none", reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0)
-    setup = training_setup(plain)
+    setup = training_setup(config)  # MAE's own augmentation: crops and flips, no label mixing
     encoder = setup.model
     encoder.reset_classifier(0)
     mae = MaskedAutoencoder(
