@@ -294,7 +294,9 @@ def test_help_groups_defaults_and_notes():
     assert "passes (default: 10; recipes may change it)" in text
     assert "--crop MIN MAX" in text and "--no-crop             no crops" in text
     assert "--kind {x,y}" in text and "--size N [N ...]" in text
-    assert "--inner-opt KEY=VALUE\n" in text and "--bias, --no-bias" in text
+    main = text[text.index("main options:") : text.index("inner shape:")]
+    assert "--inner-opt KEY=VALUE\n" in main and "an inner option by name" in main
+    assert "--bias, --no-bias" in text
     assert "a kind\n" in text  # a nested option's default is not shown (a preset decides it)
     assert "--classes" not in text and "--extra EXTRA" in text
     hidden = _parser(exclude=("extra",), choices={"epochs": (1, 2)}).format_help()
