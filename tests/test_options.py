@@ -126,6 +126,9 @@ def test_unions_ranges_and_choices_of_each_kind():
     assert check_value(Inner, "scale", None) is None and check_value(Inner, "scale", 2) == 2
     with pytest.raises(ValueError, match=r"^scale must be > 0, got -1$"):
         check_value(Inner, "scale", -1)
+    assert check_value(Inner, "scale", 10**400) == 10**400  # an int too large for a float
+    with pytest.raises(ValueError, match=r"^size must be in \[1, 64\], got 1000000000"):
+        check_value(Inner, "size", 10**400)
     with pytest.raises(ValueError, match=r"^unknown kind 'z'; expected one of 'x', 'y'$"):
         check_value(Inner, "kind", "z")
 

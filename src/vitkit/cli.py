@@ -93,7 +93,8 @@ def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> J
     saved = job.from_dict(read_settings(config_file, job, complete=True))
     RUNTIME, GROWS = option_names(job, "runtime"), option_names(job, "grows")  # noqa: N806
     if "model_opts" in given:  # model options given again are compared one by one
-        given = {**given, "model_opts": {**saved.model_opts, **given["model_opts"]}}
+        merged = saved.replace(model_opts={**saved.model_opts, **given["model_opts"]})
+        given = {**given, "model_opts": merged.model_opts}
     taken = {
         name: value
         for name, value in given.items()

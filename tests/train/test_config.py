@@ -483,7 +483,8 @@ def test_an_older_runs_config_json_resumes(tmp_path, capsys, first):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "run"
-    tiny = ["--embed-dim", "16", "--depth", "1", "--model-opt", "num_heads=2"]  # both forms
+    tiny = ["--embed-dim", "16", "--depth", "1", "--model-opt", "num_heads=2", "--img-size", "8",
+            "8"]  # both forms  # fmt: skip
     assert cli.main(["train", "--out", str(out), "--epochs", "1", *tiny, "--no-progress"]) == 0
     return out
 
@@ -499,7 +500,7 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
     code = cli.main(["train", "--out", str(finished), "--resume", "--depth", "2"])
     assert code == 2 and "it cannot change --model-opts (saved {" in capsys.readouterr().err
     argv = ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
-    assert cli.main([*argv, "--depth", "1"]) == 0  # the saved value, given again
+    assert cli.main([*argv, "--depth", "1", "--model-opt", "img_size=[8, 8]"]) == 0  # as saved
 
 
 @pytest.mark.parametrize(

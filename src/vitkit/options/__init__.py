@@ -2,8 +2,8 @@
 
 `option()` declares a field; `Options` is the base of a config made of such fields (every
 value checked when the config is built, `to_dict` / `from_dict` / `replace`); from the same
-fields come the settings-file reader (`read_settings`) and the command-line flags
-(`flags.py`: `add_flags`, `given_options`). A config is then written once, as nanoGPT's configurator
+fields come the settings-file reader (`read_settings`) and the command-line flags (`flags.py`:
+`add_flags`, `given_options`). A config is then written once, as nanoGPT's configurator
 accepts only an override whose key exists and whose type matches, and as transformers'
 `HfArgumentParser` and tyro make flags from a dataclass's type hints.
 
@@ -263,7 +263,7 @@ def check_value(config_cls: type, name: str, value: Any) -> Any:
         check_choice(name, value, choices)
     numbers = [v for v in (value if isinstance(value, tuple) else (value,))
                if isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
-    if any(not math.isfinite(v) for v in numbers):
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         limits = f" {bounds.phrase()}" if bounds else ""
         raise ValueError(f"{name} must be a finite number{limits}, got {value!r}")
     if bounds is not None and not all(bounds.holds(v) for v in numbers):
