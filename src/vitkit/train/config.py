@@ -202,6 +202,11 @@ class JobConfig(Options):
         if not is_timm_name(self.model):  # a timm CNN's options are timm's to check
             opts = check_options(ViTConfig, self.model_opts, "model option")
             object.__setattr__(self, "model_opts", opts)
+        if self.model_opts.get("in_chans", 1) not in (1, 3):
+            raise ValueError(
+                f"in_chans {self.model_opts['in_chans']}: training reads images with 1 or 3 "
+                "channels; choose one of them"
+            )
         if self.crop_scale is not None and not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
             raise ValueError(
                 f"crop_scale (MIN, MAX) needs 0 < MIN <= MAX <= 1, got {self.crop_scale}"

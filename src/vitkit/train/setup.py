@@ -115,8 +115,12 @@ def build_model(config: JobConfig, splits: Splits) -> VisionTransformer:
         return _cnn_model(config, splits, options)
     if _pretrained(config):
         return _pretrained_model(config, splits, options)
+    if options.setdefault("in_chans", splits.in_chans) != splits.in_chans:
+        raise ValueError(
+            f"{splits.name} holds {splits.in_chans}-channel images; the in_chans option "
+            f"({options['in_chans']}) says how image files are read: drop it for this data"
+        )
     options.setdefault("num_classes", splits.num_classes)
-    options.setdefault("in_chans", splits.in_chans)
     if splits.img_size is not None:
         options.setdefault("img_size", tuple(splits.img_size))
     model = create_model(config.model, **options)
