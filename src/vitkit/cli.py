@@ -91,19 +91,19 @@ def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> J
     if not config_file.is_file():
         raise UserError(f"--resume: {config_file} does not exist; start without --resume")
     saved = job.from_dict(read_settings(config_file, job, complete=True))
-    RUNTIME, GROWS = option_names(job, "runtime"), option_names(job, "grows")  # noqa: N806
+    runtime, growing = option_names(job, "runtime"), option_names(job, "grows")
     if "model_opts" in given:  # model options given again are compared one by one
         merged = saved.replace(model_opts={**saved.model_opts, **given["model_opts"]})
         given = {**given, "model_opts": merged.model_opts}
     taken = {
         name: value
         for name, value in given.items()
-        if name in RUNTIME or (name in GROWS and value >= getattr(saved, name))
+        if name in runtime or (name in growing and value >= getattr(saved, name))
     }
     changed = [n for n, v in given.items() if n not in taken and v != getattr(saved, n)]
     if changed:
         flags = ", ".join(f"--{n.replace('_', '-')} (saved {getattr(saved, n)!r})" for n in changed)
-        grows = [f"--{n}" for n in changed if n in GROWS]
+        grows = [f"--{n}" for n in changed if n in growing]
         hint = f"; {', '.join(grows)} may only grow" if grows else ""
         raise UserError(
             f"--resume continues {out} with its saved settings; it cannot change {flags}{hint}: "
