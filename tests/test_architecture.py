@@ -1,6 +1,6 @@
 """The layout's promise: imports flow one way (cli -> train -> weights / explain / export ->
-plots -> model, data; files below all), so there is no import cycle and each layer reads on
-its own."""
+plots -> model, data; files and options below all), so there is no import cycle and each layer
+reads on its own."""
 
 from __future__ import annotations
 
@@ -14,16 +14,18 @@ SRC = Path(vitkit.__file__).resolve().parent
 # What each part of the package may import from the rest of vitkit.
 ALLOWED: dict[str, set[str]] = {
     "files": set(),
-    "model": set(),
-    "data": set(),
+    "options": set(),
+    "model": {"options"},
+    "data": {"options"},
     "weights": {"model", "data", "files"},
     "summary": set(),
     "plots": {"model", "files"},
     "explain": {"data", "plots"},
     "export": {"model", "files"},
     "convert": {"weights"},
-    "train": {"model", "data", "weights", "plots", "files"},
+    "train": {"model", "data", "weights", "plots", "files", "options"},
     "cli": {
+        "options",
         "model",
         "data",
         "weights",

@@ -382,3 +382,19 @@ def test_the_flow_names_the_models_own_pooling(options, stage, detail, shape):
     (pool,) = [r for r in result.rows if r.role == "pooling"]
     assert (pool.stage, pool.detail, pool.shape) == (stage, detail, shape)
     assert sum(r.params or 0 for r in result.rows) == sum(p.numel() for p in model.parameters())
+
+
+def test_cli_summary_takes_every_model_option_as_a_flag(capsys):
+    """`--depth` is the model's (the table's depth is --max-depth); --num-classes, booleans
+    both ways and the KEY=VALUE form are ViTConfig's flags, as in `vitkit train`."""
+    argv = ["summary", "vit_digits", "--depth", "2", "--num-classes", "3", "--max-depth", "1"]
+    assert main([*argv, "--no-class-token", "--model-opt", "global_pool=avg"]) == 0
+    out = capsys.readouterr().out
+    expected = create_model("vit_digits", depth=2, num_classes=3, class_token=False,
+                            global_pool="avg")  # fmt: skip
+    assert f"Total params: {sum(p.numel() for p in expected.parameters()):,}" in out
+    assert "head (Linear)" in out and "blocks.0" not in out  # one level deep
+    assert main(["summary", "vit_digits", "--depth", "x"]) == 2
+    assert capsys.readouterr().err == (
+        "vitkit: error: --depth must be an integer, got 'x'; see `vitkit summary --help`\n"
+    )

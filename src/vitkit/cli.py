@@ -22,15 +22,16 @@ from . import data as data_lib
 from .data.data_config import DataConfig
 from .explain import attention_maps, draw_explanation, readout_of
 from .files import DiskFullError
-from .model import VisionTransformer, registry
+from .model import VisionTransformer, ViTConfig, registry
 from .model.precision import PRECISIONS, set_precision
+from .options import read_settings
+from .options.flags import add_flags, given_options
 from .plots import plot_confusion
 from .summary import summary
-from .train import evaluate, make_loader, predict, read_settings, resolve_config, run_training
-from .train.config import TrainConfig, resolve_device
+from .train import evaluate, make_loader, predict, resolve_config, run_training
+from .train.config import JobConfig, PretrainConfig, TrainConfig, resolve_device
 from .train.distributed import world
 from .train.fit import Progress
-from .train.flags import add_arguments, given_options
 from .train.recipes import RECIPE_OPTIONS, RECIPES, default_model
 from .train.run_folder import default_out, read_run_config
 from .weights import load
@@ -84,30 +85,34 @@ def _progress(enabled: bool) -> Progress:
     return make
 
 
-def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
-    """The run's own settings with the options given again; `run_training` /
-    `run_pretraining` check what may change on a resume."""
-    return read_run_config(out).replace(**given)
+def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> JobConfig:
+    """The run's own settings with the options given again (model options key by key);
+    `run_training` / `run_pretraining` check what may change on a resume."""
+    saved = read_run_config(out, job)
+    if "model_opts" in given:
+        given = {**given, "model_opts": {**saved.model_opts, **given["model_opts"]}}
+    return saved.replace(**given)
 
 
 def _run_config(
     args: argparse.Namespace, name_of: Callable[[str], str | None] = lambda data: None
-) -> tuple[TrainConfig, Path]:
+) -> tuple[JobConfig, Path]:
     """The settings and folder of a `train` / `pretrain` run: the saved settings on --resume,
     else the options over --config over the recipe. Without --out the folder is
     `runs/<--name>`, else `runs/<name_of(data)>`, else `runs/<data>-<model>`, the same
     whether the run starts or resumes."""
-    given = given_options(args)
+    job = args.job
+    given = given_options(args, job)
     if args.resume:
-        data = given.get("data", TrainConfig.data)
+        data = given.get("data", job.data)
         model = given.get("model") or default_model(data)
     else:
         settings = getattr(args, "config", None)
-        values = read_settings(settings, source=f"--config {settings}") if settings else {}
-        config = resolve_config(given, values)
+        values = read_settings(settings, job, source=f"--config {settings}") if settings else {}
+        config = resolve_config(given, values, job)
         data, model = config.data, config.model
     out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
-    return (_resumed_config(out, given) if args.resume else config), out
+    return (_resumed_config(out, given, job) if args.resume else config), out
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -500,7 +505,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     model = _summary_model(args)
     size = (args.batch_size, model.config.in_chans, *model.patch_embed.img_size)
     if not (args.flow or args.compare_torch):
-        print(summary(model, size, max_depth=args.depth))
+        print(summary(model, size, max_depth=args.max_depth))
         return 0
     native = flow(model, size)
     if args.flow:
@@ -515,50 +520,21 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-# train's flags that `summary` takes, with the help they have there (None: train's).
-_SUMMARY_MODEL_FIELDS = {
-    "model_opts": None,
-    "img_size": "input size: N or H W (default: the model's)",
-    "in_chans": "channels",
-}
-
-
 def _summary_model(args: argparse.Namespace, encoder: str | None = None) -> VisionTransformer:
-    """The model `vitkit train` would build from these options (the same `TrainConfig` checks
-    and `build_model`), for data with the preset's channels and classes."""
-    from .data import Splits
-    from .train.setup import build_model
-
-    given = {k: v for k, v in given_options(args).items() if k in _SUMMARY_MODEL_FIELDS}
-    options = dict(given.pop("model_opts", {}))
-    for flag, key, value in (
-        ("--patch-size", "patch_size", args.patch_size),
-        ("--num-classes", "num_classes", args.num_classes),
-    ):
-        if value is None:
-            continue
-        if key in options:
-            raise UserError(f"{flag} and --model-opt {key}=... both set {key}; give it once")
-        options[key] = tuple(value) if isinstance(value, list) else value
-    if isinstance(options.get("patch_size"), tuple) and len(options["patch_size"]) == 1:
-        options["patch_size"] = options["patch_size"][0]
+    """The preset with the model options of the command line (`ViTConfig`'s flags)."""
+    options = given_options(args, ViTConfig, generic="model-opt")
     if encoder is not None:
         options["encoder"] = encoder
-    # No stochastic depth: train's default rate is a training choice, not a shape.
-    config = TrainConfig(model=args.model, model_opts=options, drop_path=0.0, **given)
-    base = registry.get_config(args.model)
-    chans = config.in_chans or base.in_chans
-    shape_only = Splits(
-        train=[], val=[], test=[],
-        class_names=[str(i) for i in range(base.num_classes)],
-        in_chans=chans, img_size=None, mean=(0.5,) * chans, std=(0.5,) * chans,
-    )  # fmt: skip
-    return build_model(config, shape_only)
+    return registry.create_model(args.model, **options)
 
 
-def _run_arguments(p: argparse.ArgumentParser, default_out: str) -> argparse._ArgumentGroup:
-    """The `TrainConfig` flags and the run-folder flags of `train` and `pretrain`."""
-    add_arguments(p, RECIPE_OPTIONS, tuple(RECIPES))
+def _run_arguments(
+    p: argparse.ArgumentParser, default_out: str, job: type[JobConfig]
+) -> argparse._ArgumentGroup:
+    """The flags of the job's config and the run-folder flags of `train` and `pretrain`."""
+    notes = dict.fromkeys(RECIPE_OPTIONS, "recipes may change it")
+    add_flags(p, job, notes=notes, choices={"recipe": tuple(RECIPES)})
+    p.set_defaults(job=job)
     g = p.add_argument_group("this invocation")
     g.add_argument("--out", help=f"output folder (default: {default_out})")
     g.add_argument("--name", help="run name for the default output folder")
@@ -597,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
         "all.",
     )
-    g = _run_arguments(p, "runs/<name>")
+    g = _run_arguments(p, "runs/<name>", TrainConfig)
     g.add_argument(
         "--config",
         metavar="JSON",
@@ -610,11 +586,11 @@ def build_parser() -> argparse.ArgumentParser:
         "pretrain",
         help="MAE self-supervised pretraining of a ViT on the training images (no labels)",
         description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25%% of "
-        "the patches, a light decoder rebuilds the rest. Takes the options of `vitkit train` "
-        "(data, model, optimisation) and the MAE group; writes encoder.safetensors for "
+        "the patches, a light decoder rebuilds the rest. Takes the data, model, optimisation "
+        "and run options of `vitkit train` and the MAE group; writes encoder.safetensors for "
         "`vitkit train --pretrained` and reconstructions.png every epoch.",
     )
-    _run_arguments(p, "runs/mae-<data>")
+    _run_arguments(p, "runs/mae-<data>", PretrainConfig)
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("eval", help="loss, top-1/top-5 and a confusion matrix of a checkpoint")
@@ -740,20 +716,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-layer shapes, parameters and FLOPs of a model, or its forward pass stage by "
         "stage (--flow)",
         description="The table lists every module; --flow walks the forward pass, one line per "
-        "stage with its measured output shape. The model options are those of `vitkit train`.",
+        "stage with its measured output shape. The model options are `ViTConfig`'s, as in "
+        "`vitkit train`.",
     )
     p.add_argument("model", help="a registered model name (see `vitkit models`)")
-    g = add_arguments(p, only=_SUMMARY_MODEL_FIELDS, title="model options (as vitkit train)")
-    g.add_argument(
-        "--patch-size",
-        type=_int_in(1),
-        nargs="+",
-        metavar="N",
-        help="patch size: N or H W (as --model-opt patch_size=N)",
-    )
-    g.add_argument("--num-classes", type=_int_in(0), help="head outputs (default: the preset's)")
     p.add_argument("--batch-size", type=_int_in(1), default=1)
-    p.add_argument("--depth", type=_int_in(0), default=2, help="deepest module level listed")
+    p.add_argument(
+        "--max-depth", type=_int_in(0), default=2, help="deepest module level listed (default: 2)"
+    )
     p.add_argument(
         "--flow",
         action="store_true",
@@ -769,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="parameters per stage of the native encoder and the nn.TransformerEncoder one",
     )
+    model_opt = "any model option by name, the value as JSON or text, e.g. depth=6 (repeatable)"
+    add_flags(p, ViTConfig, show_defaults=False, generic=("model-opt", model_opt))
     p.set_defaults(func=_cmd_summary)
     return parser
 

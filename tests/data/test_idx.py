@@ -185,8 +185,9 @@ def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, cap
     assert record["settings"]["model"] == model_name == "vit_mnist_hybrid"
     assert record["model"]["conv_stem"] == list(get_config("vit_mnist_hybrid").conv_stem)
     assert record["model"]["embed_dim"] == 32 and record["settings"]["epochs"] == 2
-    for key in ("batch_size", "aa", "mixup", "cutmix", "crop_scale", "reprob", "drop_path"):
+    for key in ("batch_size", "aa", "mixup", "cutmix", "crop_scale", "reprob"):
         assert record["settings"][key] == recipe[key], key
+    assert record["model"]["drop_path_rate"] == 0.0  # the recipe leaves the preset's
 
 
 def test_cli_missing_fashion_files_is_one_line(tmp_path, capsys):

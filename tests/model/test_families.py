@@ -141,7 +141,7 @@ def test_no_embed_class_positions_and_registers_at_another_size_equal_timm():
         (dict(act_layer="relu"), "^unknown act_layer 'relu'; expected one of 'gelu', "),
         (dict(mlp_layer="swiglu_packed", mlp_ratio=1.5 + 1 / 64), "swiglu_packed' splits fc1"),
         (dict(global_pool="token", pool_include_prefix=True), "pool_include_prefix=True needs"),
-        (dict(reg_tokens=-1), r"reg_tokens must be in \[0, 4,096\]"),
+        (dict(reg_tokens=-1), r"reg_tokens must be in \[0, 4096\]"),
     ],
 )
 def test_bad_family_options_are_one_line(options, message):

@@ -37,7 +37,7 @@ def finished(tmp_path_factory) -> Path:
         (["--device", "bogus"], "device 'bogus' is not a device; use cpu, cuda or cuda:N"),
         (["--threads", "-1"], "threads must be in [1, 1024], got -1"),
         (["--threads", "100000"], "threads must be in [1, 1024], got 100000"),
-        (["--img-size", "0"], "img_size must be in [1, 65536], got (0, 0)"),
+        (["--img-size", "0"], "img_size must be in [1, 65536], got 0"),
         (["--img-size", "8", "0"], "img_size must be in [1, 65536], got (8, 0)"),
         (["--crop-scale", "0.5", "nan"], "crop_scale must be a finite number, got (0.5, nan)"),
         (["--batch-size", "0"], "batch_size must be >= 1, got 0"),

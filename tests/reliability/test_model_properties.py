@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitkit import VisionTransformer, ViTConfig
-from vitkit.model.config import SIZE_LIMITS
 from vitkit.model.layers import conv_to_unfold_weight
+from vitkit.options import option_fields
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -141,25 +141,38 @@ def test_same_seed_gives_the_same_weights_after_training_steps():
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+# The sizes: integer options with a declared range.
+SIZES = {
+    name: item.metadata["range"]
+    for name, item in option_fields(ViTConfig).items()
+    if item.metadata["range"] is not None and "int" in item.type
+}
+
+
+def test_every_size_has_a_range():
+    assert {"img_size", "patch_size", "in_chans", "conv_stem", "num_classes", "embed_dim",
+            "depth", "num_heads", "reg_tokens"} == set(SIZES)  # fmt: skip
+
+
 @SETTINGS
 @given(
-    name=st.sampled_from(sorted(SIZE_LIMITS)),
+    name=st.sampled_from(sorted(SIZES)),
     value=st.integers(-(10**30), 10**30) | st.integers(-2, 70000),
 )
 def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, value):
-    """Each size has a declared range (`SIZE_LIMITS`); a value outside it is one error naming
+    """Each size has a declared range (its field's); a value outside it is one error naming
     the range, raised by the config alone (no model, nothing allocated)."""
-    low, most = SIZE_LIMITS[name]
-    # (a size below 1 meets `to_2tuple`'s check first, with its own wording)
-    message = rf"^{name} must be (in \[{low}, {most:,}\]|a positive int).*, got \(?{value}"
-    if low <= value <= most:
+    bounds = SIZES[name]
+    setting = (value,) if name == "conv_stem" else value
+    if bounds.holds(value):
         try:
-            ViTConfig(**{name: value})
+            ViTConfig(**{name: setting})
         except ValueError as err:  # another rule (patch count, divisibility), not the range
             assert "must be in [" not in str(err)
     else:
+        message = rf"^{name} must be in \[{bounds.low:.0f}, {bounds.high:.0f}\].*, got \(?{value}"
         with pytest.raises(ValueError, match=message):
-            ViTConfig(**{name: value})
+            ViTConfig(**{name: setting})
 
 
 @pytest.mark.parametrize(
@@ -167,7 +180,7 @@ def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, v
     [
         (dict(img_size=20000, patch_size=2), "makes 100,000,000 patches; the most is 1,048,576"),
         (dict(mlp_ratio=1e9), "gives an MLP of width 768,000,000,000 for embed_dim 768"),
-        (dict(conv_stem=(32, 100000)), r"conv_stem channels must be <= 65,536"),
+        (dict(conv_stem=(32, 100000)), r"conv_stem must be in \[1, 65536\] \(channels per layer\)"),
     ],
 )
 def test_sizes_that_multiply_beyond_the_limits_are_refused(options, message):

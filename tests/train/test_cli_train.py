@@ -358,6 +358,21 @@ def test_training_setup_builds_what_train_would_train():
     assert image.shape == (1, 8, 8) and 0 <= label < 10
 
 
+def test_the_in_chans_option_is_how_image_files_are_read(tmp_path, capsys):
+    """Images are read with 1 or 3 channels (refused before anything is written); a built-in
+    source has its own, which the option may not contradict."""
+    from vitkit.train import resolve_config, training_setup
+
+    code = cli.main(["train", "--in-chans", "2", "--out", str(tmp_path / "run")])
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert capsys.readouterr().err == (
+        "vitkit: error: in_chans 2: training reads images with 1 or 3 channels; choose one of "
+        "them\n"
+    )
+    with pytest.raises(ValueError, match=r"^digits holds 1-channel images; the in_chans option"):
+        training_setup(resolve_config({"model_opts": {"in_chans": 3}}))
+
+
 def test_train_limit_takes_a_seeded_subset_of_the_training_images():
     from vitkit.train import resolve_config, training_setup
 

@@ -118,14 +118,14 @@ MAE_SCRIPT = textwrap.dedent(
     import json, sys
     import torch
     import torch.distributed as dist
-    from vitkit.train import TrainConfig, fit
+    from vitkit.train import PretrainConfig, fit
     from vitkit.train.pretrain import pretraining_setup
     from vitkit.train.tasks import MaeTask
 
     out = sys.argv[1]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    config = TrainConfig(model="vit_digits", model_opts={"embed_dim": 32, "depth": 2,
+    config = PretrainConfig(model="vit_digits", model_opts={"embed_dim": 32, "depth": 2,
                          "num_heads": 2}, epochs=3, batch_size=32, lr=2e-3, warmup_epochs=0.5,
                          decoder_dim=16, decoder_depth=1, decoder_heads=2, accum_steps=2)
     setup = pretraining_setup(config)

@@ -145,7 +145,7 @@ def test_frozen_run_saves_the_full_model_and_resumes_to_the_same_weights(tmp_pat
     they were), and a run stopped after one epoch and resumed rebuilds the same groups and ends
     with the weights of an uninterrupted run."""
     train, val = digits
-    config = cfg(epochs=2, freeze=1, layer_decay=0.7, drop_path=0.1)
+    config = cfg(epochs=2, freeze=1, layer_decay=0.7)
     start = tiny_model().state_dict()
     fit(tiny_model(), train, val, config, out_dir=tmp_path / "full")
     saved = load(tmp_path / "full" / LAST_FILE).state_dict()

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import vitkit
 from vitkit import cli
-from vitkit.train import TrainConfig, load_state
+from vitkit.train import PretrainConfig, load_state
 from vitkit.train.lock import RunLockedError, run_lock
 from vitkit.train.pretrain import run_pretraining
 from vitkit.train.run_folder import read_run_config
@@ -62,7 +62,7 @@ def test_pretrain_refuses_fine_tuning_options(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "layer_decay, freeze tune or distil a classifier; MAE pretraining" in err
+    assert "unrecognized arguments: --layer-decay 0.7 --freeze 1" in err  # not MAE options
 
 
 def test_pretrain_resumes_in_its_default_folder(tmp_path, monkeypatch, capsys):
@@ -78,12 +78,12 @@ def test_pretrain_resumes_in_its_default_folder(tmp_path, monkeypatch, capsys):
 # -- the engine's features, through run_pretraining --------------------------------------------
 
 
-def mae_config(**options) -> TrainConfig:
+def mae_config(**options) -> PretrainConfig:
     base = dict(model="vit_digits", model_opts={"embed_dim": 32, "depth": 2, "num_heads": 2},
                 epochs=2, batch_size=32, lr=1e-3, warmup_epochs=0.5, train_limit=320,
                 decoder_dim=16, decoder_depth=1, decoder_heads=2, threads=1, amp="bf16",
                 accum_steps=2, save_every=3, clip_grad=1.0)  # fmt: skip
-    return TrainConfig(**{**base, **options})
+    return PretrainConfig(**{**base, **options})
 
 
 def test_mae_with_bf16_accumulation_save_every_and_a_sigterm_resumes_bit_for_bit(

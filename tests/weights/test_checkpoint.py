@@ -271,7 +271,7 @@ def _edit_config(**changes):
 @pytest.mark.parametrize(
     "changes, pattern",
     [
-        (dict(depth=1_000_000), r"invalid vitkit config: depth must be in \[1, 1,024\]"),
+        (dict(depth=1_000_000), r"invalid vitkit config: depth must be in \[1, 1024\]"),
         (dict(depth=1000), r"config says depth 1000 but the file holds 2 blocks"),
         (dict(img_size=4096), r"does not match its tensors \(wrong shape: pos_embed"),
         (dict(embed_dim=65536, num_heads=2), r"does not match its tensors"),

@@ -136,11 +136,12 @@ def test_the_data_config_is_saved_with_the_model(tmp_path):
 @pytest.mark.parametrize(
     "values, pattern",
     [
-        ({"input_size": [3, 8], "mean": 0.5, "std": 0.5}, r"input_size must be \(channels"),
+        ({"input_size": [3, 8], "mean": 0.5, "std": 0.5}, r"input_size must be a list of 3 int"),
         ({"input_size": [3, 8, 8], "mean": [0.5], "std": 0.5}, r"mean must be 3 finite"),
         ({"input_size": [3, 8, 8], "mean": 0.5, "std": 0}, r"std must be > 0"),
         ({"input_size": [1, 8, 8], "mean": 0.5, "std": 0.5, "crop_pct": 2}, r"crop_pct must"),
-        ({"input_size": [1, 8, 8], "mean": "nan", "std": 0.5}, r"mean must be 1 finite"),
+        ({"input_size": [1, 8, 8], "mean": "nan", "std": 0.5}, r"mean must be a number or a list"),
+        ({"input_size": [1, 8, 8], "mean": float("nan"), "std": 0.5}, r"mean must be a finite"),
         ({"input_size": [1, 8, 8], "mean": 0.5, "std": 0.5, "interpolation": "x"}, "unknown"),
         ({"mean": 0.5, "std": 0.5}, r"lacks input_size"),
     ],

@@ -13,11 +13,13 @@ source of converted weights (`weights/preprocessing.py`), and `predict`, `eval`,
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Mapping, Sequence
+import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..options import POSITIVE, REQUIRED, Options, Range, option
+from ..options.flags import add_flags
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")
 CROP_MODES = ("center", "squash")
@@ -30,58 +32,54 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """The preparation of an image for one model's weights (timm's data-config fields).
+class DataConfig(Options):
+    """The preparation of an image for one model's weights (timm's data-config fields, each
+    declared with `option()`: the help says what it does). `mean` and `std` given as one
+    number hold for every channel; they are stored as one float per channel."""
 
-    Args:
-        input_size: (channels, height, width) the model takes.
-        mean, std: per-channel normalisation of pixels in [0, 1].
-        interpolation: the resize filter ('nearest', 'bilinear', 'bicubic', 'lanczos').
-        crop_pct: evaluation resizes to `size / crop_pct`, then crops the centre `size`
-            (1.0: no margin).
-        crop_mode: 'center' (resize the shorter side, centre crop) or 'squash' (resize both
-            sides to the input size, no crop).
-    """
+    NOUN = "data-config key"
+    GROUPS = {"prep": "image preparation (default: the weights')"}
 
-    input_size: tuple[int, int, int]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    interpolation: str = "bicubic"
-    crop_pct: float = 1.0
-    crop_mode: str = "center"
+    input_size: tuple[int, int, int] = option(
+        REQUIRED, "(channels, height, width) the model takes", range=Range(1, 65536),
+        metavar=("C", "H", "W"), group="prep",
+    )  # fmt: skip
+    mean: float | tuple[float, ...] = option(
+        REQUIRED, "per-channel mean of pixels in [0, 1]: one value, or one per channel",
+        metavar="MEAN", group="prep",
+    )  # fmt: skip
+    std: float | tuple[float, ...] = option(
+        REQUIRED, "per-channel std of pixels in [0, 1]: one value, or one per channel",
+        range=POSITIVE, metavar="STD", group="prep",
+    )  # fmt: skip
+    interpolation: str = option("bicubic", "the resize filter", choices=INTERPOLATIONS,
+                                group="prep")  # fmt: skip
+    crop_pct: float = option(
+        1.0,
+        "evaluation resizes to size / crop_pct, then crops the centre size (1: no margin)",
+        range=Range(0, 1, low_open=True),
+        group="prep",
+    )
+    crop_mode: str = option(
+        "center",
+        "'center' (resize the shorter side, centre crop) or 'squash' (resize both sides to "
+        "the input size, no crop)",
+        choices=CROP_MODES,
+        group="prep",
+    )
 
     def __post_init__(self) -> None:
-        size = tuple(self.input_size)
-        if len(size) != 3 or not all(_is_int(v) and 1 <= v <= 65536 for v in size):
-            raise ValueError(
-                f"input_size must be (channels, height, width) of positive ints, got "
-                f"{self.input_size!r}"
-            )
-        object.__setattr__(self, "input_size", size)
+        super().__post_init__()  # each field's type, range and choices
+        channels = self.input_size[0]
         for name in ("mean", "std"):
             values = getattr(self, name)
-            if isinstance(values, (int, float)) and not isinstance(values, bool):
-                values = (values,) * size[0]  # one value for every channel
-            values = tuple(values) if isinstance(values, Sequence) else (values,)
-            if len(values) != size[0] or not all(_is_number(v) for v in values):
+            values = values if isinstance(values, tuple) else (values,) * channels
+            if len(values) != channels:
                 raise ValueError(
-                    f"{name} must be {size[0]} finite numbers (one per channel), got "
+                    f"{name} must be {channels} finite numbers (one per channel), got "
                     f"{getattr(self, name)!r}"
                 )
             object.__setattr__(self, name, tuple(float(v) for v in values))
-        if not all(v > 0 for v in self.std):
-            raise ValueError(f"std must be > 0 for every channel, got {self.std}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(
-                f"unknown interpolation {self.interpolation!r}; expected one of "
-                f"{', '.join(INTERPOLATIONS)}"
-            )
-        if not (_is_number(self.crop_pct) and 0 < self.crop_pct <= 1):
-            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct!r}")
-        if self.crop_mode not in CROP_MODES:
-            raise ValueError(
-                f"unknown crop_mode {self.crop_mode!r}; expected one of {', '.join(CROP_MODES)}"
-            )
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -91,12 +89,7 @@ class DataConfig:
     def replace(self, **changes: Any) -> DataConfig:
         """A copy with `changes` (validated); None values are ignored, so flags that were not
         given leave the config as it is."""
-        given = {k: v for k, v in changes.items() if v is not None}
-        return dataclasses.replace(self, **given)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, timm's key names."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return super().replace(**{k: v for k, v in changes.items() if v is not None})
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "data config") -> DataConfig:
@@ -104,23 +97,17 @@ class DataConfig:
         one ValueError naming `source` when it is unusable."""
         if not isinstance(values, Mapping):
             raise ValueError(f"{source} must be a JSON object, got {type(values).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
         missing = {"input_size", "mean", "std"} - set(values)
         if missing:
             raise ValueError(f"{source} lacks {', '.join(sorted(missing))}")
         try:
-            return cls(**{k: v for k, v in values.items() if k in names})
+            return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
         except (TypeError, ValueError) as err:
             raise ValueError(f"{source}: {err}") from None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def data_config_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that override a weights' data config (--mean, --std, --interpolation,
+    --crop-pct, --crop-mode), made from its fields; `options.flags.given_options(args,
+    DataConfig)` reads back those given, for `DataConfig.replace`."""
+    add_flags(parser, DataConfig, exclude=("input_size",), show_defaults=False)

@@ -1,9 +1,10 @@
-"""The training job: one `TrainConfig`, recipe presets, set-up, the loop and `fit`.
+"""The training jobs: `TrainConfig` and `PretrainConfig`, recipe presets, set-up, the loop
+and `fit`.
 
 Imports flow one way: `cli` -> `train` -> `weights`, `explain` -> `model`, `data`.
 """
 
-from .config import TrainConfig, read_settings
+from .config import PretrainConfig, TrainConfig
 from .distributed import ShardSampler, make_loader
 from .fit import FitResult, fit
 from .loop import NonFiniteLossError, evaluate, predict, train_one_epoch
@@ -27,6 +28,7 @@ __all__ = [
     "FitResult",
     "ModelEma",
     "NonFiniteLossError",
+    "PretrainConfig",
     "RunState",
     "Schedule",
     "ShardSampler",
@@ -41,7 +43,6 @@ __all__ = [
     "make_loader",
     "param_groups",
     "predict",
-    "read_settings",
     "resolve_config",
     "run_training",
     "save_state",

@@ -13,30 +13,26 @@ epoch) and `curves.png`. The augmentation is MAE's: random resized crops and fli
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from ..data import Splits, Subset, Transformed, build_transform, load_data
-from ..data.data_config import DataConfig
-from ..model import create_model, get_config, to_2tuple
+from ..data import Splits
 from ..model.mae import MaskedAutoencoder
 from ..weights.cnn import is_timm_name
+from .config import PretrainConfig
 from .distributed import world
 from .fit import Progress, fit
 from .logs import check_loggers
 from .run_folder import PRETRAIN_FILES, RunOutcome, open_run, write_record
+from .setup import training_setup
 from .tasks.mae import MaeTask
 
 log = logging.getLogger(__name__)
-
-_FINE_TUNING = ("layer_decay", "freeze", "linear_probe", "distill", "teacher", "pretrained")
 
 
 @dataclass
@@ -51,7 +47,7 @@ class PretrainingSetup:
 
 
 def run_pretraining(
-    config: Any,
+    config: PretrainConfig,
     out: Path,
     *,
     resume: bool = False,
@@ -71,7 +67,6 @@ def run_pretraining(
         loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
             ('tensorboard').
     """
-    _refuse_fine_tuning(config)
     check_loggers(loggers)
     with open_run(
         config, out, resume=resume, overwrite=overwrite, task=MaeTask.name, files=PRETRAIN_FILES
@@ -80,8 +75,18 @@ def run_pretraining(
 
 
 def _pretrain(
-    config: Any, out: Path, *, resume: bool, progress: Progress | None, loggers: Sequence[str]
+    config: PretrainConfig,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Progress | None,
+    loggers: Sequence[str],
 ) -> RunOutcome:
+    if not isinstance(config, PretrainConfig):
+        raise TypeError(
+            f"run_pretraining takes a PretrainConfig, got {type(config).__name__}; build it "
+            "with resolve_config(values, job=PretrainConfig)"
+        )
     rank, world_size = world()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -106,31 +111,15 @@ def _pretrain(
     return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
 
 
-def pretraining_setup(config: Any) -> PretrainingSetup:
+def pretraining_setup(config: PretrainConfig) -> PretrainingSetup:
     """The data, the MAE and the datasets of a pretraining run: the encoder is the config's
-    model sized to the data (its head removed), the augmentation random resized crops
-    (`crop_scale`) and flips (`hflip`) only."""
-    torch.manual_seed(config.seed)
+    model sized to the data (`training_setup`, its head removed), the augmentation random
+    resized crops (`crop_scale`) and flips (`hflip`) only."""
     if is_timm_name(config.model):
         raise ValueError(f"MAE pretrains a ViT encoder; {config.model} is a CNN")
-    base = get_config(config.model)
-    in_chans = config.in_chans or config.model_opts.get("in_chans", base.in_chans)
-    splits = load_data(
-        config.data_spec(),
-        val_fraction=config.val_fraction,
-        test_fraction=config.test_fraction,
-        seed=config.seed,
-        in_chans=in_chans,
-        img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
-        skip_corrupt=not config.strict,
-    )
-    if config.train_limit and config.train_limit < len(splits.train):
-        order = torch.randperm(
-            len(splits.train), generator=torch.Generator().manual_seed(config.seed)
-        )
-        keep = sorted(order[: config.train_limit].tolist())
-        splits = dataclasses.replace(splits, train=Subset(splits.train, keep))
-    encoder = _encoder(config, splits)
+    setup = training_setup(config)
+    encoder = setup.model
+    encoder.reset_classifier(0)
     mae = MaskedAutoencoder(
         encoder,
         mask_ratio=config.mask_ratio,
@@ -139,52 +128,6 @@ def pretraining_setup(config: Any) -> PretrainingSetup:
         decoder_heads=config.decoder_heads,
         norm_pix_loss=config.norm_pix,
     )
-    common = {"img_size": encoder.data_config.img_size, "mean": splits.mean, "std": splits.std,
-              "interpolation": encoder.data_config.interpolation}  # fmt: skip
-    train_tf = build_transform(True, crop_scale=config.crop_scale, hflip=config.hflip,
-                               rand_augment="none", reprob=0.0, **common)  # fmt: skip
-    eval_tf = build_transform(False, **common)
     return PretrainingSetup(
-        splits=splits,
-        mae=mae,
-        train_set=Transformed(splits.train, train_tf),
-        val_set=Transformed(splits.val, eval_tf),
+        splits=setup.splits, mae=mae, train_set=setup.train_set, val_set=setup.val_set
     )
-
-
-def _encoder(config: Any, splits: Splits):
-    """The config's model for the data's channels and size, with drop-path, without a head;
-    its data config says how its inputs are prepared (as `setup.build_model`'s)."""
-    options = dict(config.model_opts)
-    if config.drop_path:
-        options.setdefault("drop_path_rate", config.drop_path)
-    options.setdefault("num_classes", splits.num_classes)
-    options.setdefault("in_chans", splits.in_chans)
-    size = config.img_size or splits.img_size
-    if size is not None:
-        options.setdefault("img_size", tuple(size))
-    encoder = create_model(config.model, **options)
-    encoder.reset_classifier(0)
-    height, width = encoder.patch_embed.img_size
-    encoder.data_config = DataConfig(
-        input_size=(encoder.config.in_chans, height, width),
-        mean=splits.mean,
-        std=splits.std,
-        interpolation="bilinear",
-        crop_mode="squash",
-    )
-    return encoder
-
-
-def _refuse_fine_tuning(config: Any) -> None:
-    """Options that tune or distil a classifier have no meaning here (a config that has
-    them: the one schema of both jobs)."""
-    given = [
-        name for name in _FINE_TUNING if getattr(config, name, None) not in (None, False, "none")
-    ]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)} tune or distil a classifier; MAE pretraining trains the whole "
-            "encoder without labels: drop them here and use them in fine-tuning "
-            "(vitkit train --pretrained)"
-        )

@@ -1,7 +1,10 @@
 """Recipe presets: named sets of `TrainConfig` overrides, and the one each kind of data gets.
 
-`deit` is the `TrainConfig` defaults themselves (DeiT, Touvron et al. 2021, Table 9, with a
-CPU-sized batch); the others were chosen by measurement on 2 CPU cores (README, "A real run").
+`deit` is the `TrainConfig` defaults (DeiT, Touvron et al. 2021, Table 9, with a CPU-sized
+batch) with DeiT's stochastic depth 0.1, a model option; the others were chosen by measurement
+on 2 CPU cores (README, "A real run"). A recipe's `model_opts` are merged key by key under
+those of a settings file and the command line; `vitkit pretrain` takes the options of a recipe
+that `PretrainConfig` has.
 """
 
 from __future__ import annotations
@@ -9,9 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..data import detect_source
-from ..model import get_config, to_2tuple
+from ..model import ViTConfig, get_config, to_2tuple
+from ..options import check_options, option_names
 from ..weights.cnn import is_timm_name
-from .config import TrainConfig, data_spec
+from .config import JobConfig, TrainConfig, data_spec
+
+# DeiT's stochastic depth (Table 9), kept by every recipe but the 28x28 ones.
+_DROP_PATH = {"drop_path_rate": 0.1}
 
 # Tiny images (<= 16 px, e.g. the 8x8 digits): crops, flips and RandAugment destroy the few
 # pixels there are (measured on digits, 40 epochs: no augmentation 0.967 test top-1,
@@ -27,6 +34,7 @@ _SMALL: dict[str, Any] = {
     "hflip": 0.0,
     "reprob": 0.0,
     "threads": 1,
+    "model_opts": _DROP_PATH,
 }
 # 28x28 grey images, 60,000 of them (Fashion-MNIST): chosen within a 15-minute budget.
 _FASHION: dict[str, Any] = {
@@ -39,7 +47,6 @@ _FASHION: dict[str, Any] = {
     "aa": "none",
     "crop_scale": None,
     "reprob": 0.0,
-    "drop_path": 0.0,
 }
 # Handwritten digits are not mirrored (a flipped 2 is no digit).
 _MNIST: dict[str, Any] = {**_FASHION, "hflip": 0.0}
@@ -51,7 +58,7 @@ _MNIST_5K: dict[str, Any] = {
     "crop_scale": (0.7, 1.0),
     "mixup": 0.8,
     "cutmix": 1.0,
-    "drop_path": 0.1,
+    "model_opts": _DROP_PATH,
 }
 # Fine-tuning pretrained weights (`--pretrained`) on a small labelled set, after MAE's
 # fine-tuning of ViT-B (He et al. 2022, the settings of its code): blr 5e-4 per 256 images
@@ -67,10 +74,11 @@ _FINETUNE: dict[str, Any] = {
     "min_lr": 1e-6,
     "warmup_epochs": 3.0,
     "layer_decay": 0.65,
+    "model_opts": _DROP_PATH,
 }
 
 RECIPES: dict[str, dict[str, Any]] = {
-    "deit": {},
+    "deit": {"model_opts": _DROP_PATH},
     "small": _SMALL,
     "fashion-mnist": _FASHION,
     "mnist": _MNIST,
@@ -93,8 +101,13 @@ NATIVE_SIZES: dict[str, tuple[int, int]] = {
     "mnist": (28, 28),
     "mnist-5k": (28, 28),
 }
-# Every option some recipe sets (marked so in `vitkit train --help`).
-RECIPE_OPTIONS = frozenset(key for recipe in RECIPES.values() for key in recipe)
+# Every option some recipe sets, model options among them (marked so in `--help`).
+RECIPE_OPTIONS = frozenset(
+    key
+    for recipe in RECIPES.values()
+    for key in (*recipe, *recipe.get("model_opts", {}))
+    if key != "model_opts"
+)
 
 
 def default_model(data: str) -> str:
@@ -103,13 +116,14 @@ def default_model(data: str) -> str:
     return PRESETS[source][0] if source in PRESETS else "vit_digits"
 
 
-def recipe_for(data: str, model: str, img_size: tuple[int, int] | None) -> str:
+def recipe_for(data: str, model: str, img_size: int | tuple[int, int] | None) -> str:
     """The recipe a run gets by default: the source's preset, else by input size (tiny images
     the small one, larger ones DeiT's)."""
     source = detect_source(data)[0]
     if source in PRESETS:
         return PRESETS[source][1]
-    size = img_size or NATIVE_SIZES.get(source) or _model_size(model)
+    size = to_2tuple(img_size, "img_size") if img_size else None
+    size = size or NATIVE_SIZES.get(source) or _model_size(model)
     return "small" if max(size) <= 16 else "deit"
 
 
@@ -118,16 +132,32 @@ def _model_size(model: str) -> tuple[int, int]:
     return (224, 224) if is_timm_name(model) else to_2tuple(get_config(model).img_size, "")
 
 
-def resolve_config(given: dict[str, Any], file: dict[str, Any] | None = None) -> TrainConfig:
-    """A new run's `TrainConfig`: `given` (the command line) over `file` (a --config file) over
-    the recipe over the defaults. The model and the recipe are resolved to names."""
-    values = {**(file or {}), **given}
-    data = values.get("data", TrainConfig.data)
+def resolve_config(
+    given: dict[str, Any],
+    file: dict[str, Any] | None = None,
+    job: type[JobConfig] = TrainConfig,
+) -> JobConfig:
+    """A new run's config: `given` (the command line) over `file` (a --config file) over the
+    recipe over the defaults, the model options merged key by key in the same order. The
+    model and the recipe are resolved to names.
+
+    Args:
+        given: the options the command line set.
+        file: the settings of a --config file.
+        job: `TrainConfig` or `PretrainConfig` (which takes the recipe's options it has).
+    """
+    file = file or {}
+    values = {**file, **given}
+    data = values.get("data", job.data)
     spec = data_spec(data, values.get("data_dir"))
     model = values.get("model") or default_model(data)
+    opts = {**file.get("model_opts", {}), **given.get("model_opts", {})}
     if not is_timm_name(model):
         get_config(model)  # an unknown name fails here, with the close ones
-    recipe = values.get("recipe") or recipe_for(spec, model, values.get("img_size"))
+        opts = check_options(ViTConfig, opts, "model option")  # before the size is read
+    recipe = values.get("recipe") or recipe_for(spec, model, opts.get("img_size"))
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {', '.join(RECIPES)}")
-    return TrainConfig(**{**RECIPES[recipe], **values, "model": model, "recipe": recipe})
+    preset = {k: v for k, v in RECIPES[recipe].items() if k in option_names(job)}
+    opts = {**preset.get("model_opts", {}), **opts}
+    return job(**{**preset, **values, "model": model, "recipe": recipe, "model_opts": opts})

@@ -29,7 +29,8 @@ from ..files import (
     remove_stale_temp_files,
     require_regular,
 )
-from .config import TrainConfig, read_settings
+from ..options import read_settings
+from .config import PretrainConfig, TrainConfig
 from .distributed import barrier, init_distributed, world
 from .lock import run_lock
 
@@ -210,13 +211,16 @@ def open_run(
         yield config
 
 
-def read_run_config(out: Path, config_type: type = TrainConfig) -> Any:
-    """The settings a run in `out` saved in its `config.json`, as a `config_type`: what a
+def read_run_config(out: Path, config_type: type | None = None) -> Any:
+    """The settings a run in `out` saved in its `config.json`, as a `config_type` (default:
+    the config of the job the folder records, `TrainConfig` or `PretrainConfig`): what a
     resumed run continues with (`saved.replace(**changes)` for the options given again)."""
     path = out / CONFIG_FILE
     if not path.is_file():
         raise RunFolderError(f"{out} holds no run settings ({CONFIG_FILE}); start a new run there")
-    return config_type.from_dict(read_settings(path, complete=True), str(path))
+    if config_type is None:
+        config_type = PretrainConfig if _saved_task(out) == "mae" else TrainConfig
+    return config_type.from_dict(read_settings(path, config_type, complete=True))
 
 
 def resumed_config(out: Path, config: Any, *, task: str) -> Any:

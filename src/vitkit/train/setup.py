@@ -27,7 +27,7 @@ from ..files import atomic_write
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
 from ..weights import load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
-from .config import TrainConfig
+from .config import JobConfig, TrainConfig
 from .distributed import barrier, make_loader, world
 from .fit import Progress, fit
 from .logs import check_loggers
@@ -44,7 +44,7 @@ class TrainingSetup:
     """What `vitkit train` builds before it trains: the config, the data splits, the model
     (seeded, on the CPU) and the transformed train / val / test datasets."""
 
-    config: TrainConfig
+    config: JobConfig
     splits: Splits
     model: VisionTransformer
     train_set: Dataset
@@ -52,7 +52,7 @@ class TrainingSetup:
     test_set: Dataset
 
 
-def training_setup(config: TrainConfig) -> TrainingSetup:
+def training_setup(config: JobConfig) -> TrainingSetup:
     """The data, model and datasets of a run (benchmarks and notebooks call it too; resolve a
     config with the recipes first: `recipes.resolve_config({"data": "fashion-mnist"})`)."""
     if config.model is None:
@@ -60,17 +60,17 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     torch.manual_seed(config.seed)
     cnn = is_timm_name(config.model)
     base = get_config("vit_base_patch16_224" if cnn else config.model)
+    opts = config.model_opts
     # Image files decode to the model's channels; pretrained weights and CNNs take RGB unless
-    # --in-chans says otherwise.
-    default_chans = 3 if config.pretrained or cnn else base.in_chans
-    in_chans = config.in_chans or config.model_opts.get("in_chans", default_chans)
+    # the in_chans option says otherwise.
+    default_chans = 3 if _pretrained(config) or cnn else base.in_chans
     splits = load_data(
         config.data_spec(),
         val_fraction=config.val_fraction,
         test_fraction=config.test_fraction,
         seed=config.seed,
-        in_chans=in_chans,
-        img_size=config.img_size or to_2tuple(base.img_size, "img_size"),
+        in_chans=opts.get("in_chans", default_chans),
+        img_size=to_2tuple(opts.get("img_size", base.img_size), "img_size"),
         skip_corrupt=not config.strict,
     )
     if config.train_limit and config.train_limit < len(splits.train):
@@ -80,7 +80,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         keep = sorted(order[: config.train_limit].tolist())
         splits = dataclasses.replace(splits, train=Subset(splits.train, keep))
     model = build_model(config, splits)
-    if config.pretrained:  # the weights' own normalisation, as they were trained with
+    if _pretrained(config):  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
     train_tf, eval_tf = transforms(config, splits, model.data_config)
     return TrainingSetup(
@@ -93,26 +93,31 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     )
 
 
-def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
-    """The registered model with the config's options, sized to the data; or, with
+def _pretrained(config: JobConfig) -> str | None:
+    """The weights a classifier's run fine-tunes (`TrainConfig.pretrained`); MAE starts anew."""
+    return config.pretrained if isinstance(config, TrainConfig) else None
+
+
+def build_model(config: JobConfig, splits: Splits) -> VisionTransformer:
+    """The registered model with the config's model options, sized to the data; or, with
     `config.pretrained`, the architecture of those weights (any format `load_pretrained`
-    reads), with a new head for the data's classes, the position grid resampled to
-    `config.img_size` and the model options applied. `model.data_config` says how its
+    reads), with a new head for the data's classes, the position grid resampled to the
+    `img_size` option and the other model options applied. `model.data_config` says how its
     inputs are prepared."""
     options = dict(config.model_opts)
-    if config.drop_path:
-        options.setdefault("drop_path_rate", config.drop_path)
-    if config.distill != "none":
+    if isinstance(config, TrainConfig) and config.distill != "none":
         options.setdefault("distilled", True)
     if is_timm_name(config.model):
         return _cnn_model(config, splits, options)
-    if config.pretrained:
+    if _pretrained(config):
         return _pretrained_model(config, splits, options)
+    if options.setdefault("in_chans", splits.in_chans) != splits.in_chans:
+        raise ValueError(
+            f"{splits.name} holds {splits.in_chans}-channel images; the in_chans option "
+            f"({options['in_chans']}) says how image files are read: drop it for this data"
+        )
     options.setdefault("num_classes", splits.num_classes)
-    options.setdefault("in_chans", splits.in_chans)
-    if config.img_size:
-        options.setdefault("img_size", tuple(config.img_size))
-    elif splits.img_size is not None:
+    if splits.img_size is not None:
         options.setdefault("img_size", tuple(splits.img_size))
     model = create_model(config.model, **options)
     height, width = model.patch_embed.img_size
@@ -126,19 +131,20 @@ def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
     return model
 
 
-def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
-    """A timm CNN (`--model timm:NAME`) for the data: a distillation teacher to train."""
-    if config.pretrained:
+def _cnn_model(config: JobConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
+    """A timm CNN (`--model timm:NAME`) for the data: a distillation teacher to train. The
+    `img_size` and `in_chans` options size the data; the others go to timm."""
+    if _pretrained(config):
         raise ValueError(
             f"--pretrained loads ViT weights; {config.model} is a CNN: train it from scratch"
         )
-    if config.distill != "none":
+    if options.pop("distilled", None):
         raise ValueError(f"distillation trains a ViT student; {config.model} is a CNN")
-    options.pop("distilled", None)
+    img_size, _ = options.pop("img_size", None), options.pop("in_chans", None)
     model = create_timm_classifier(
         config.model, num_classes=splits.num_classes, in_chans=splits.in_chans, **options
     )
-    size = config.img_size or splits.img_size or (224, 224)
+    size = to_2tuple(img_size, "img_size") if img_size else splits.img_size or (224, 224)
     model.data_config = DataConfig(
         input_size=(splits.in_chans, *size), mean=splits.mean, std=splits.std,
         interpolation="bilinear", crop_mode="squash",
@@ -149,11 +155,13 @@ def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> 
 def _pretrained_model(
     config: TrainConfig, splits: Splits, options: dict[str, Any]
 ) -> VisionTransformer:
-    img_size = tuple(config.img_size) if config.img_size else options.pop("img_size", None)
+    """The weights of `config.pretrained` for the data; the `in_chans` option says how the
+    images were read (the weights decide the model's channels)."""
+    options.pop("in_chans", None)
     model = load_pretrained(
         config.pretrained,
         num_classes=splits.num_classes,
-        img_size=img_size,
+        img_size=options.pop("img_size", None),
         pos_resample=config.pos_resample,
         **options,
     )
@@ -166,22 +174,25 @@ def _pretrained_model(
     return model.train()
 
 
-def transforms(config: TrainConfig, splits: Splits, data_config: DataConfig) -> tuple[Any, Any]:
+def transforms(config: JobConfig, splits: Splits, data_config: DataConfig) -> tuple[Any, Any]:
     """The training and evaluation pipelines of the config for the model's data config: its
     input size and filter; evaluation also its crop (`crop_pct`, `crop_mode`), as timm's
-    `create_transform` from a model's data config. Normalised with the splits' mean and std."""
+    `create_transform` from a model's data config. Normalised with the splits' mean and std.
+    A classifier's training adds RandAugment and random erasing; MAE's has crops and flips
+    only."""
     common = {
         "img_size": data_config.img_size,
         "mean": splits.mean,
         "std": splits.std,
         "interpolation": data_config.interpolation,
     }
+    classifier = isinstance(config, TrainConfig)
     train = build_transform(
         True,
         crop_scale=config.crop_scale,
         hflip=config.hflip,
-        rand_augment=config.aa,
-        reprob=config.reprob,
+        rand_augment=config.aa if classifier else "none",
+        reprob=config.reprob if classifier else 0.0,
         **common,
     )
     eval_tf = build_transform(

@@ -1,0 +1,199 @@
+"""Command-line flags made from a config's `option()` fields, and back: `add_flags` declares
+one flag per option (typed, grouped, with its help and default), `given_options` returns the
+options a command line set, in their types (transformers' `HfArgumentParser`, tyro)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from . import Kind, Options, kinds, option_fields
+
+
+def add_flags(
+    parser: argparse.ArgumentParser,
+    config_cls: type[Options],
+    *,
+    exclude: Collection[str] = (),
+    choices: Mapping[str, Sequence[Any]] | None = None,
+    notes: Mapping[str, str] | None = None,
+    prefix: str = "",
+    show_defaults: bool = True,
+    generic: tuple[str, str] | None = None,
+) -> None:
+    """One flag per option of `config_cls`, in argument groups titled by its `GROUPS` (in that
+    order). No flag has an argparse default: `given_options` returns only what was given.
+
+    Args:
+        parser: the (sub-)parser.
+        config_cls: the config.
+        exclude: options without a flag.
+        choices: other choices to list for some options (e.g. the recipe names).
+        notes: a remark per option, shown beside its default (e.g. 'recipes may change it').
+        prefix: put before each destination (the options of a dict option, `of=`).
+        show_defaults: show each default in the help (not where a preset decides it).
+        generic: (flag, help) of a repeatable KEY=VALUE flag for any option of the config.
+    """
+    groups: dict[str | None, argparse._ArgumentGroup] = {}
+
+    def group(key: str | None) -> argparse._ArgumentGroup:
+        if key not in groups:
+            title = config_cls.GROUPS.get(key, key) if key else None
+            groups[key] = parser.add_argument_group(title)
+        return groups[key]
+
+    order = list(config_cls.GROUPS)
+    items = sorted(
+        (f for f in dataclasses.fields(config_cls) if f.name not in exclude),
+        key=lambda f: order.index(f.metadata["group"]) if f.metadata["group"] in order else -1,
+    )
+    if generic is not None and items:
+        _add_generic(group(items[0].metadata["group"]), *generic, dest=f"{prefix}*")
+    for item in items:
+        meta, kind = item.metadata, kinds(config_cls)[item.name]
+        if meta["of"] is not None:  # its generic flag here, its options' flags in their groups
+            nested = f"{prefix}{item.name}."
+            _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
+            add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
+                      show_defaults=False)  # fmt: skip
+            continue
+        shown = (choices or {}).get(item.name) or meta["choices"]
+        text = _help(item, (notes or {}).get(item.name), show_defaults)
+        kwargs = _flag_kwargs(item, kind, shown)
+        dest = prefix + item.name
+        target = group(meta["group"])
+        target.add_argument(flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text,
+                            **kwargs)  # fmt: skip
+        if meta["none_flag"]:
+            name, none_help = meta["none_flag"]
+            target.add_argument(
+                f"--{name}", dest=dest, action="store_const", const=None, help=none_help,
+                default=argparse.SUPPRESS,
+            )  # fmt: skip
+
+
+def _add_generic(group: argparse._ArgumentGroup, flag: str, text: str, dest: str) -> None:
+    """A repeatable --FLAG KEY=VALUE for any option of a config, by name."""
+    group.add_argument(f"--{flag}", dest=dest, action="append", type=_key_value,
+                       metavar="KEY=VALUE", default=argparse.SUPPRESS, help=text)  # fmt: skip
+
+
+def flag_of(item: dataclasses.Field) -> str:
+    """The command-line flag of an option: '--' and its `flag`, else its name with - for _."""
+    return "--" + (item.metadata["flag"] or item.name.replace("_", "-"))
+
+
+def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | None) -> dict:
+    """argparse's action, type, nargs and metavar for an option of this kind: booleans as
+    --x / --no-x (a preset or a file may have set either), tuples as several values."""
+    if kind.has(bool):
+        return {"action": argparse.BooleanOptionalAction}
+    metavar = item.metadata["metavar"]
+    if metavar is None:
+        metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
+        metavar = metavar or (item.metadata["flag"] or item.name).replace("-", "_").upper()
+    pair = kind.tuple_type
+    if pair is None:
+        base = kind.alternatives[0].base
+        if base not in _PARSERS:
+            raise TypeError(f"{item.name}: a {base.__name__} option has no flag; give it of=")
+        return {"type": _PARSERS[base], "metavar": metavar}
+    scalar = any(alt.base is not tuple for alt in kind.alternatives)
+    nargs = "+" if scalar else (pair.length or "*")
+    if isinstance(metavar, tuple) and nargs != len(metavar):
+        raise TypeError(f"{item.name}: metavar {metavar} does not match {nargs} values")
+    return {"type": _PARSERS[pair.item], "nargs": nargs, "metavar": metavar}
+
+
+def _parser(convert: type, what: str):
+    """An argparse type: `convert(text)`, else one line saying what the flag takes."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+    return parse
+
+
+_PARSERS = {int: _parser(int, "an integer"), float: _parser(float, "a number"), str: str}
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value as JSON (else the text itself)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE (e.g. drop_rate=0.1), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"value of {key!r} is nested too deeply") from None
+
+
+def _help(item: dataclasses.Field, note: str | None, show_default: bool) -> str:
+    """The option's help, with its default (and the note) in parentheses."""
+    text = item.metadata["help"]
+    default = item.default if item.default is not dataclasses.MISSING else None
+    if not show_default:
+        return f"{text} ({note})" if note else text
+    if default is None or default == {}:
+        return text if "default" in text else f"{text} (default: none)"
+    return f"{text} (default: {_flag_text(default)}{f'; {note}' if note else ''})"
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(_flag_text, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def given_options(
+    args: argparse.Namespace,
+    config_cls: type[Options],
+    *,
+    prefix: str = "",
+    generic: str | None = None,
+) -> dict[str, Any]:
+    """The options of `config_cls` that a command line set (from `add_flags`' flags), in
+    their types; a ValueError when one is given twice (its flag and the KEY=VALUE form).
+
+    Args:
+        args: the parsed command line.
+        config_cls: the config.
+        prefix: as given to `add_flags`.
+        generic: the KEY=VALUE flag given to `add_flags` (its values are taken too).
+    """
+    given: dict[str, Any] = {}
+    for item in dataclasses.fields(config_cls):
+        dest, kind = prefix + item.name, kinds(config_cls)[item.name]
+        if item.metadata["of"] is not None:
+            entries = given_options(args, item.metadata["of"], prefix=f"{dest}.",
+                                    generic=flag_of(item)[2:])  # fmt: skip
+            if entries:
+                given[item.name] = entries
+        elif hasattr(args, dest):
+            given[item.name] = _from_flag(getattr(args, dest), kind, flag_of(item))
+    pairs = dict(getattr(args, f"{prefix}*", []))
+    for key in given.keys() & pairs.keys():
+        flag = flag_of(option_fields(config_cls)[key])
+        raise ValueError(f"{flag} and --{generic} {key}=... both set {key}; give it once")
+    return {**pairs, **given}
+
+
+def _from_flag(value: Any, kind: Kind, flag: str) -> Any:
+    """A parsed flag's value in the option's type: argparse's lists as tuples, and one value
+    of an 'N or H W' option as N."""
+    if not isinstance(value, list):
+        return value
+    pair = kind.tuple_type
+    if len(value) == 1 and any(alt.base is not tuple for alt in kind.alternatives):
+        return value[0]
+    if pair is not None and pair.length is not None and len(value) != pair.length:
+        raise ValueError(f"{flag} takes 1 or {pair.length} values, got {len(value)}")
+    return tuple(value)
