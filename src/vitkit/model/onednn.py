@@ -1,6 +1,6 @@
 """The CPU fast path: oneDNN kernels swapped into a model's encoder blocks.
 
-A reader of the model can skip this module: `layers.py` is the paper, and this file only makes
+A reader of the model can skip this module: `layers/` is the paper, and this file only makes
 the same function faster on CPUs. `enable_fast_path(model)` changes, in place, the class of each
 plain `Block` to `OneDNNBlock` and that of the Linear layers of its attention and MLP to
 `OneDNNLinear`. The module objects stay the same, so their parameters, state-dict keys and hooks
