@@ -461,14 +461,10 @@ def _module_params(module: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def _plain_path(model: nn.Module) -> Iterator[None]:
-    """The model on its plain, explicit path for the walk (no CPU fast path, attention
-    computed as softmax(q k^T) v), restored afterwards with its training flag."""
-    classes = {module: type(module) for module in model.modules()}
-    set_fast_path = getattr(model, "set_fast_path", None)
-    if set_fast_path is not None:
-        set_fast_path(False)
-    was_fast = any(type(module) is not cls for module, cls in classes.items())
+def _explicit_attention(model: nn.Module) -> Iterator[None]:
+    """The model with its attention computed as softmax(q k^T) v (each `fused_attn` flag off)
+    in eval mode for the walk, restored afterwards with its training flag. The CPU fast path
+    needs nothing: grad stays on in the walk, and its layers then run their plain function."""
     fused = {
         m: m.fused_attn for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)
     }
@@ -482,19 +478,17 @@ def _plain_path(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
         for module, value in fused.items():
             module.fused_attn = value
-        if was_fast:
-            set_fast_path(True)
 
 
 def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
     """The forward pass of a vitkit `VisionTransformer`, stage by stage: one batch of zeros
-    runs through the model on its plain path while every torch function (and, inside
+    runs through the model (explicit attention, grad on) while every torch function (and, inside
     `nn.MultiheadAttention`, every aten operator) is recorded with the module it runs in, so
     each shape is the one the model produced, for any option and either encoder.
 
     Args:
-        model: a `VisionTransformer` (native blocks or `encoder='torch'`); its fast path,
-            attention kernel choice and training flag are restored afterwards.
+        model: a `VisionTransformer` (native blocks or `encoder='torch'`); its attention
+            kernel choice and training flag are restored afterwards.
         input_size: (B, C, H, W), or (C, H, W) for batch 1.
     """
     if not all(hasattr(model, name) for name in ("patch_embed", "blocks", "config", "head")):
@@ -506,7 +500,7 @@ def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
         input_size = (1, *input_size)
     param = next(model.parameters())
     x = torch.zeros(input_size, device=param.device, dtype=param.dtype)
-    with _plain_path(model):
+    with _explicit_attention(model):
         trace = _run_traced(model, x)
         rows = _walk(model, trace, x)
     patches = trace.outputs["patch_embed"][1]

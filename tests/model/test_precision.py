@@ -148,7 +148,12 @@ def test_other_autocast_dtypes_are_not_fused(digits):
 
 def test_int8_quantises_every_block_linear_and_the_head(digits):
     model = _copy(digits[0])
+    fast_linears = [n for n, m in model.named_modules() if isinstance(m, onednn.OneDNNLinear)]
+    block_classes = [type(block) for block in model.blocks]
     assert set_precision(model, "int8") == "int8"
+    # The fast path's Linear layers are quantised as they are (nothing switched off first).
+    assert len(fast_linears) == (0 if onednn.unsupported_reason() else 4 * len(model.blocks))
+    assert [type(block) for block in model.blocks] == block_classes
     quantised = [n for n, m in model.named_modules() if type(m).__name__ == "Linear"
                  and type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")]  # fmt: skip
     depth = len(model.blocks)

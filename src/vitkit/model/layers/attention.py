@@ -22,7 +22,8 @@ class Attention(nn.Module):
     The default path calls `F.scaled_dot_product_attention` (fused kernels); the explicit path
     computes softmax(q k^T * scale) v itself and is the one that can hand back the weights.
     `qk_norm` normalises each head's queries and keys (ViT-22B), `scale_norm` the merged heads
-    before the output projection (BEiT-3); both use `norm_layer`.
+    before the output projection (BEiT-3); both use `norm_layer`. `qkv` and `proj` are built
+    as `linear_layer` (an `nn.Linear` subclass computing the same function).
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class Attention(nn.Module):
         proj_bias: bool = True,
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -50,12 +52,12 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
         self.fused_attn = True
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = linear_layer(dim, dim * 3, bias=qkv_bias)
         self.q_norm = make_norm(norm_layer, self.head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm = make_norm(norm_layer, self.head_dim, norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = make_norm(norm_layer, dim, norm_eps) if scale_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj = linear_layer(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def split_heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -103,7 +105,8 @@ class Attention(nn.Module):
 class AttentionPool(nn.Module):
     """Multihead attention pooling: one learned query attends over the tokens, then a residual
     MLP (Lee et al., "Set Transformer", 2019; SigLIP's MAP head, timm's
-    `AttentionPoolLatent`). Tokens (B, N, D) -> (B, D)."""
+    `AttentionPoolLatent`). Tokens (B, N, D) -> (B, D). `linear_layer` builds the MLP's
+    Linear layers."""
 
     def __init__(
         self,
@@ -114,6 +117,7 @@ class AttentionPool(nn.Module):
         act_layer: str = "gelu",
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -125,7 +129,7 @@ class AttentionPool(nn.Module):
         self.kv = nn.Linear(dim, dim * 2)
         self.proj = nn.Linear(dim, dim)
         self.norm = make_norm(norm_layer, dim, norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, linear_layer=linear_layer)
 
     def forward(self, x: Tensor) -> Tensor:
         batch, tokens, dim = x.shape

@@ -28,6 +28,7 @@ class Block(nn.Module):
         proj_drop, attn_drop, drop_path: dropout rates and stochastic depth.
         init_values: LayerScale init; None disables it.
         norm_layer, norm_eps: 'layernorm' or 'rmsnorm', and its epsilon, for every norm.
+        linear_layer: the class of the attention's and the MLP's Linear layers.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class Block(nn.Module):
         scale_attn_norm: bool = False,
         scale_mlp_norm: bool = False,
         proj_bias: bool = True,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
         check_choice("mlp_layer", mlp_layer, MLP_LAYERS)
@@ -66,6 +68,7 @@ class Block(nn.Module):
             proj_bias=proj_bias,
             norm_layer=norm_layer,
             norm_eps=norm_eps,
+            linear_layer=linear_layer,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
@@ -75,7 +78,13 @@ class Block(nn.Module):
         if scale_mlp_norm:
             mlp_norm = make_norm(norm_layer, mlp_hidden_width(mlp_layer, dim, mlp_ratio), norm_eps)
         self.mlp = MLP_CLASSES[mlp_layer](
-            dim, hidden, drop=proj_drop, act_layer=act_layer, bias=proj_bias, norm=mlp_norm
+            dim,
+            hidden,
+            drop=proj_drop,
+            act_layer=act_layer,
+            bias=proj_bias,
+            norm=mlp_norm,
+            linear_layer=linear_layer,
         )
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()

@@ -35,7 +35,8 @@ def make_act(kind: str) -> nn.Module:
 
 class Mlp(nn.Module):
     """Linear -> GELU -> Dropout -> Linear -> Dropout (paper Eq. 3); another activation and a
-    norm on the hidden layer (BEiT-3) are options."""
+    norm on the hidden layer (BEiT-3) are options. Every MLP kind builds its Linear layers as
+    `linear_layer` (an `nn.Linear` subclass computing the same function, e.g. a faster kernel)."""
 
     def __init__(
         self,
@@ -46,13 +47,14 @@ class Mlp(nn.Module):
         act_layer: str = "gelu",
         bias: bool = True,
         norm: nn.Module | None = None,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc1 = linear_layer(dim, hidden_dim, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
         self.norm = norm if norm is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.fc2 = linear_layer(hidden_dim, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -72,14 +74,15 @@ class SwiGLU(nn.Module):
         act_layer: str = "silu",
         bias: bool = True,
         norm: nn.Module | None = None,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
-        self.fc1_g = nn.Linear(dim, hidden_dim, bias=bias)
-        self.fc1_x = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc1_g = linear_layer(dim, hidden_dim, bias=bias)
+        self.fc1_x = linear_layer(dim, hidden_dim, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
         self.norm = norm if norm is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.fc2 = linear_layer(hidden_dim, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -100,13 +103,14 @@ class SwiGLUPacked(nn.Module):
         act_layer: str = "silu",
         bias: bool = True,
         norm: nn.Module | None = None,
+        linear_layer: type[nn.Linear] = nn.Linear,
     ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc1 = linear_layer(dim, hidden_dim, bias=bias)
         self.act = make_act(act_layer)
         self.drop1 = nn.Dropout(drop)
         self.norm = norm if norm is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden_dim // 2, dim, bias=bias)
+        self.fc2 = linear_layer(hidden_dim // 2, dim, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
