@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "model": set(),
     "data": set(),
     "weights": {"model", "data", "files"},
-    "summary": set(),
+    "summary": {"model"},
     "explain": {"files"},
     "export": {"model"},
     "convert": {"weights"},

@@ -34,8 +34,10 @@ from .config import ViTConfig
 from .intermediates import IntermediateFeatures, take_indices
 from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, make_norm
 from .pos_embed import fixed_pos_embed, resample_pos_embed
+from .stages import FlowSpec
 from .timm_api import TimmModelApi, block_feature_info
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
+from .vit_flow import describe_vit
 from .weight_init import trunc_normal_
 
 # `take_indices` and `trunc_normal_` live in intermediates.py / weight_init.py; importable here.
@@ -200,6 +202,11 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
     def fast_path_in_use(self) -> bool:
         """Whether any layer would take the CPU fast path's kernels (`set_fast_path`)."""
         return onednn.fast_path_in_use(self)
+
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """This model's forward pass for an input of `input_size` (B, C, H, W), stage by
+        stage, for `vitkit.summary.flow` to measure (vit_flow.py)."""
+        return describe_vit(self, input_size)
 
     # -- forward ----------------------------------------------------------------------------
 
