@@ -95,8 +95,11 @@ class _InnerProduct(torch.autograd.Function):
         if need_x and torch.is_grad_enabled():  # create_graph=True: differentiable ops
             grad_x = grad @ weight
         elif need_x:
-            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)
-        grad_weight = rows.t().mm(x.reshape(-1, x.shape[-1])) if need_weight else None
+            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)  # W^T: (in, out)
+        grad_weight = None
+        if need_weight:
+            inputs = x.reshape(-1, x.shape[-1])  # (tokens, in_features)
+            grad_weight = rows.t().mm(inputs)  # (out_features, in_features)
         grad_bias = rows.sum(0) if need_bias else None
         return grad_x, grad_weight, grad_bias
 

@@ -63,7 +63,7 @@ class Attention(nn.Module):
     def split_heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Packed projections (B, N, 3 * D) -> q, k, v, each (B, heads, N, head_dim)."""
         batch, tokens, _ = qkv.shape
-        qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)  # (B, N, 3, h, hd)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, heads, N, head_dim)
         q, k, v = qkv.unbind(0)
         return q, k, v
@@ -135,7 +135,7 @@ class AttentionPool(nn.Module):
         batch, tokens, dim = x.shape
         q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim)  # (1, 1, h, hd)
         q = q.transpose(1, 2).expand(batch, -1, -1, -1)  # (B, heads, 1, head_dim)
-        kv = self.kv(x).reshape(batch, tokens, 2, self.num_heads, self.head_dim)
+        kv = self.kv(x).reshape(batch, tokens, 2, self.num_heads, self.head_dim)  # (B, N, 2, h, hd)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, N, head_dim)
         x = F.scaled_dot_product_attention(q, k, v)  # (B, heads, 1, head_dim)
         x = self.proj(x.transpose(1, 2).reshape(batch, dim))  # (B, D)

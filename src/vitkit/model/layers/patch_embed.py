@@ -21,12 +21,12 @@ def conv_to_unfold_weight(weight: Tensor) -> Tensor:
     nn.Unfold flattens each patch channel-major, then row, then column: the same order as a
     reshape of the convolution kernel, so the two embeddings compute the same function.
     """
-    return weight.reshape(weight.shape[0], -1)
+    return weight.reshape(weight.shape[0], -1)  # (D, C*ph*pw)
 
 
 def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, int]) -> Tensor:
     """Linear patch weight (D, C*ph*pw) -> Conv2d weight (D, C, ph, pw)."""
-    return weight.reshape(weight.shape[0], in_chans, *patch_size)
+    return weight.reshape(weight.shape[0], in_chans, *patch_size)  # (D, C, ph, pw)
 
 
 class ConvStem(nn.Sequential):
