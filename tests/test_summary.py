@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from _helpers import requires_torchinfo
 from vitkit import VisionTransformer, create_model, summary
 from vitkit.cli import main
 
@@ -74,13 +75,11 @@ def test_training_flag_is_restored():
     assert model.training
 
 
-torchinfo = pytest.importorskip(
-    "torchinfo", reason="torchinfo is not installed (pip install -e '.[test]')"
-)
-
-
+@requires_torchinfo
 @pytest.mark.parametrize("size", [(1, 3, 32, 32), (2, 3, 24, 40)])
 def test_totals_and_shapes_agree_with_torchinfo(size):
+    import torchinfo
+
     model = VisionTransformer(
         img_size=size[2:], patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3
     )

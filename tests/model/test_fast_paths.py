@@ -1,8 +1,11 @@
-"""Every fast path computes what the plain path computes.
+"""Every fast path computes what the plain path computes, on random weights (`tiny`: biases,
+norms and LayerScale far from their initial zeros and ones, so dropping one is caught).
 
-Tolerances: float32 paths agree within 1e-5 absolute on outputs of order 1 (the kernels sum in
-different orders); bfloat16 within 3e-2 (8 mantissa bits); gradient checkpointing replays the
-same kernels, so its gradients match within 1e-6.
+Tolerances, from measurement (2-core AVX-512 CPU): the float32 fused path and oneDNN products
+differ from the plain path by at most 2e-7 on outputs of magnitude 0.3-2 (most are
+bit-identical here), 1.6e-6 for 256-wide products; tolerance 1e-5 absolute, room for CPUs whose
+kernels sum in another order. bfloat16: measured 6e-3 on logits up to 0.46, tolerance 1.5e-2.
+Gradient checkpointing replays the same kernels: measured 0, tolerance 1e-6.
 """
 
 from __future__ import annotations
@@ -18,22 +21,21 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
+from _helpers import randomize, requires_onednn
 from vitkit.model import onednn, onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn import OneDNNBlock, OneDNNLinear
 from vitkit.model.onednn_support import native_bf16
 from vitkit.summary import flop_counter
 
-requires_onednn = pytest.mark.skipif(
-    bool(onednn.unsupported_reason()), reason="this torch build cannot run the oneDNN fast path"
-)
-
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 
 
 def tiny(**overrides) -> vitkit.VisionTransformer:
+    """The tiny model on random weights (biases, norms and any LayerScale far from their
+    initial zeros and ones, so a fast path that drops one of them is caught), in eval mode."""
     torch.manual_seed(0)
-    return vitkit.VisionTransformer(**{**TINY, **overrides}).eval()
+    return randomize(vitkit.VisionTransformer(**{**TINY, **overrides}))
 
 
 @pytest.fixture
@@ -255,7 +257,8 @@ def test_fused_inference_in_bfloat16(fused_calls):
     with torch.inference_mode():
         fast = model(x)
     assert len(fused_calls) == 2
-    torch.testing.assert_close(fast, plain_output(model, x), atol=3e-2, rtol=3e-2)
+    # measured 6.0e-3 on logits up to 0.46 (bf16 rounds to 8 bits); tolerance 2.5x that
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1.5e-2, rtol=0)
 
 
 # -- packed weights ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from _helpers import randomize, requires_timm
 from vitkit import create_model, get_config, list_models
 from vitkit.model.config import to_2tuple
 from vitkit.model.registry import _STANDARD_NAMES, FAMILIES, SIZES
@@ -149,14 +150,14 @@ def test_list_models_filters():
     assert list_models("vit_base*") == sorted(n for n in list_models() if n.startswith("vit_base"))
 
 
-timm = pytest.importorskip("timm", reason="timm is not installed (pip install -e '.[interop]')")
-
-
 _TIMM_NAMES = [n for n in _PRESETS if not n.startswith(("vit_digits", "vit_mnist"))]
 
 
+@requires_timm
 @pytest.mark.parametrize("name", _TIMM_NAMES)
 def test_parameter_counts_and_keys_equal_timm(name):
+    import timm
+
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
         ours = create_model(name, num_classes=1000)
         theirs = timm.create_model(name, pretrained=False, num_classes=1000)
@@ -168,6 +169,7 @@ def test_parameter_counts_and_keys_equal_timm(name):
         assert sum(p.numel() for p in ours.parameters()) == 632_045_800
 
 
+@requires_timm
 @pytest.mark.parametrize(
     "options",
     [
@@ -183,10 +185,10 @@ def test_a_timm_state_dict_loads_unchanged_and_computes_the_same(options):
     small = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=7)
     small.update(options)
     torch.manual_seed(0)
-    theirs = TimmViT(**small).eval()
+    theirs = randomize(TimmViT(**small))
     ours = create_model("vit_tiny_patch16_224", **small).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)
     h, w = ours.patch_embed.img_size
     x = torch.randn(2, 3, h, w)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # measured at most 7.5e-8 on random weights; tolerance 1e-5
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
