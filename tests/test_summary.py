@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from _helpers import requires_torchinfo
 from vitkit import VisionTransformer, create_model, summary
 from vitkit.cli import main
 
@@ -74,13 +75,11 @@ def test_training_flag_is_restored():
     assert model.training
 
 
-torchinfo = pytest.importorskip(
-    "torchinfo", reason="torchinfo is not installed (pip install -e '.[test]')"
-)
-
-
+@requires_torchinfo
 @pytest.mark.parametrize("size", [(1, 3, 32, 32), (2, 3, 24, 40)])
 def test_totals_and_shapes_agree_with_torchinfo(size):
+    import torchinfo
+
     model = VisionTransformer(
         img_size=size[2:], patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3
     )
@@ -333,7 +332,9 @@ def test_flow_restores_the_fast_path_attention_kernel_and_mode():
 def test_flow_errors():
     from vitkit.summary import flow
 
-    with pytest.raises(TypeError, match="flow walks a vitkit VisionTransformer, not Linear"):
+    with pytest.raises(
+        TypeError, match=r"describes its stages \(a vitkit VisionTransformer\), not Linear"
+    ):
         flow(torch.nn.Linear(2, 2), (1, 2))
 
 
@@ -398,3 +399,71 @@ def test_cli_summary_takes_every_model_option_as_a_flag(capsys):
     assert capsys.readouterr().err == (
         "vitkit: error: --depth must be an integer, got 'x'; see `vitkit summary --help`\n"
     )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(mlp_layer="swiglu", act_layer="silu"),
+        dict(mlp_layer="swiglu_packed", act_layer="silu", scale_mlp_norm=True),
+        dict(qk_norm=True, scale_attn_norm=True, norm_layer="rmsnorm"),
+        dict(res_post_norm=True, pre_norm=True, act_layer="quick_gelu"),
+    ],
+    ids=["swiglu", "swiglu-packed", "qk-norm", "res-post-norm"],
+)
+def test_the_flow_of_other_blocks_is_measured_and_owns_every_parameter(options):
+    """Each layer describes its own stages: gated MLPs, q/k norms, post-norm blocks and the
+    pre-norm of CLIP (the walk used to know the paper's MLP only)."""
+    from vitkit.summary import flow
+
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=24, depth=2, num_heads=3,
+                              mlp_ratio=2.0, **options)  # fmt: skip
+    result = flow(model, (2, 3, 16, 16))
+    _, _, hooked = _hooked_shapes(model, torch.zeros(2, 3, 16, 16), ["blocks.1.mlp.fc2"])
+    rows = {(r.block, r.role): r for r in result.rows}
+    assert rows[(1, "MLP output")].shape == hooked["blocks.1.mlp.fc2"] == (2, 5, 24)
+    assert sum(r.params or 0 for r in result.rows) == sum(p.numel() for p in model.parameters())
+    roles = [r.role for r in result.rows if r.block == 0]
+    if "swiglu" in options.get("mlp_layer", ""):
+        assert rows[(0, "gated hidden")].shape == (2, 5, 48 if options["mlp_layer"] == "swiglu"
+                                                   else 24)  # fmt: skip
+    if options.get("qk_norm"):
+        assert rows[(0, "query norm")].shape == rows[(0, "key norm")].shape == (2, 3, 5, 8)
+        assert rows[(0, "attention norm")].detail == "RMSNorm"
+    if options.get("res_post_norm"):  # the norm follows each branch
+        assert roles.index("attention norm") == roles.index("attention projection") + 1
+        first_block = next(i for i, r in enumerate(result.rows) if r.block == 0)
+        assert result.rows[first_block - 1].role == "norm before the blocks"
+
+
+def test_any_model_that_describes_its_stages_is_walked():
+    """summary.flow knows no ViT attribute: a model naming its own stages is measured."""
+    from torch import nn
+
+    from vitkit.model.stages import FlowSpec, Input, Op, Output, Stage
+    from vitkit.summary import flow
+
+    class Toy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 4, stride=4)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            x = self.stem(x).flatten(2).transpose(1, 2)  # (B, P, 8)
+            return self.head(x.mean(1))
+
+        def describe_flow(self, input_size):
+            stages = (
+                Stage("input", "image", "", "(B, C, H, W)", Input("")),
+                Stage("stem", "patches", "Conv2d 3->8", "(B, 8, h, w)", Output("stem"), 392),
+                Stage("", "tokens", "flatten + transpose", "(B, P, 8)", Op("", ("transpose",))),
+                Stage("head", "head", "Linear 8->2", "(B, 2)", Output("head"), 18),
+            )
+            grid = (input_size[2] // 4, input_size[3] // 4)
+            return FlowSpec(stages, "toy", "", grid, Output("stem"), Op("", ("transpose",)), "toy")
+
+    result = flow(Toy(), (2, 3, 8, 12))
+    assert [r.shape for r in result.rows] == [(2, 3, 8, 12), (2, 8, 2, 3), (2, 6, 8), (2, 2)]
+    assert (result.grid, result.patches, result.tokens) == ((2, 3), 8, 6)
+    assert "2x3 grid = 8 patches, 6 tokens; encoder: toy" in result.render()

@@ -17,7 +17,7 @@ needs `onnxscript`). What is dynamic in the exported graph:
 The ONNX graph does not validate its input the way `PatchEmbed.check_input` does: feed it
 sizes that are multiples of the patch size (any size to a `dynamic_img_pad` model). The
 TorchScript-based (legacy) ONNX exporter cannot export the antialiased bicubic resample;
-`torch.jit.trace` works for the traced size, and `torch.jit.script` with the CPU fast path off.
+`torch.jit.trace` works for the traced size, and `torch.jit.script` (the plain path).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Every fast path computes what the plain path computes.
+"""Every fast path computes what the plain path computes, on random weights (`tiny`: biases,
+norms and LayerScale far from their initial zeros and ones, so dropping one is caught).
 
-Tolerances: float32 paths agree within 1e-5 absolute on outputs of order 1 (the kernels sum in
-different orders); bfloat16 within 3e-2 (8 mantissa bits); gradient checkpointing replays the
-same kernels, so its gradients match within 1e-6.
+Tolerances, from measurement (2-core AVX-512 CPU): the float32 fused path and oneDNN products
+differ from the plain path by at most 2e-7 on outputs of magnitude 0.3-2 (most are
+bit-identical here), 1.6e-6 for 256-wide products; tolerance 1e-5 absolute, room for CPUs whose
+kernels sum in another order. bfloat16: measured 6e-3 on logits up to 0.46, tolerance 1.5e-2.
+Gradient checkpointing replays the same kernels: measured 0, tolerance 1e-6.
 """
 
 from __future__ import annotations
@@ -18,22 +21,21 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.model import onednn
+from _helpers import randomize, requires_onednn
+from vitkit.model import onednn, onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn import OneDNNBlock, OneDNNLinear
-from vitkit.model.precision import native_bf16
+from vitkit.model.onednn_support import native_bf16
 from vitkit.summary import flop_counter
-
-requires_onednn = pytest.mark.skipif(
-    bool(onednn.unsupported_reason()), reason="this torch build cannot run the oneDNN fast path"
-)
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 
 
 def tiny(**overrides) -> vitkit.VisionTransformer:
+    """The tiny model on random weights (biases, norms and any LayerScale far from their
+    initial zeros and ones, so a fast path that drops one of them is caught), in eval mode."""
     torch.manual_seed(0)
-    return vitkit.VisionTransformer(**{**TINY, **overrides}).eval()
+    return randomize(vitkit.VisionTransformer(**{**TINY, **overrides}))
 
 
 @pytest.fixture
@@ -179,8 +181,8 @@ def test_blockers_name_the_reason():
     x = torch.randn(2, 17, 64)
     with torch.inference_mode():
         assert block.fast_path_blocker(x) == ""
-        model.set_fast_path(False)  # the plain Block: no fused path to block
-        assert type(block) is Block and not hasattr(block, "fast_path_blocker")
+        model.set_fast_path(False)  # a flag: the same block, of the same class
+        assert block.fast_path_blocker(x) == "the fast path is switched off (set_fast_path(False))"
         model.set_fast_path(True)
         assert type(block) is OneDNNBlock and block is model.blocks[0]
         block.attn.fused_attn = False
@@ -255,7 +257,8 @@ def test_fused_inference_in_bfloat16(fused_calls):
     with torch.inference_mode():
         fast = model(x)
     assert len(fused_calls) == 2
-    torch.testing.assert_close(fast, plain_output(model, x), atol=3e-2, rtol=3e-2)
+    # measured 6.0e-3 on logits up to 0.46 (bf16 rounds to 8 bits); tolerance 2.5x that
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1.5e-2, rtol=0)
 
 
 # -- packed weights ----------------------------------------------------------------------------
@@ -372,7 +375,7 @@ def test_onednn_linear_supports_a_second_derivative():
     for fast in (True, False):  # a gradient penalty: d/dW of |d out / d x|^2
         if not fast:
             onednn.disable_fast_path(layer)
-            assert type(layer) is nn.Linear
+            assert type(layer) is OneDNNLinear and not layer.fast_path
         out = layer(x)
         assert onednn_used(out) == fast
         (grad_x,) = torch.autograd.grad(out.tanh().sum(), x, create_graph=True)
@@ -393,7 +396,9 @@ def test_onednn_linear_steps_aside_for_what_must_see_or_trace_the_product():
     assert counter.get_total_flops() == 2 * 2 * 8 * 4
     assert not onednn_used(layer.double()(x.double()))
     onednn.disable_fast_path(layer.float())
-    assert type(layer) is nn.Linear and not onednn_used(layer(x))
+    assert not layer.fast_path and not onednn_used(layer(x))
+    onednn.enable_fast_path(layer, min_features=4)
+    assert onednn_used(layer(x))
 
 
 @requires_onednn
@@ -458,30 +463,32 @@ def test_enable_and_disable_log_one_line_each(caplog):
     assert len(fast_path_log(caplog)) == 1
 
 
-def test_enable_disable_round_trips_keep_the_same_modules_parameters_and_state(fused_calls):
+def test_enable_disable_round_trips_keep_the_same_modules_classes_and_state(fused_calls):
     model = tiny()
     modules, params = list(model.modules()), list(model.parameters())
+    classes = [type(module) for module in modules]
     state = {name: (t.data_ptr(), t.clone()) for name, t in model.state_dict().items()}
     seen: list[int] = []
     model.blocks[0].mlp.fc1.register_forward_hook(lambda module, args, out: seen.append(1))
     x = images()
     with torch.inference_mode():
         expected = model(x)
-    options = ("gelu_in_epilogue", "slice_bytes", "min_features")
     for enable in (False, True, True, False, True):
         assert onednn.enable_fast_path(model, enable) is enable
-        # The same objects, classes swapped in place: parameters shared, not copied.
+        assert model.fast_path_in_use() is enable
+        # Only flags change: the same objects of the same classes, parameters shared.
         assert all(a is b for a, b in zip(model.modules(), modules, strict=True))
+        assert [type(module) for module in model.modules()] == classes
         assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
         after = model.state_dict()
         assert list(after) == list(state)
         for name, (pointer, value) in state.items():
             assert after[name].data_ptr() == pointer and torch.equal(after[name], value), name
-        left = {name for module in model.modules() for name in options if name in vars(module)}
-        assert left == (set(options) if enable else set())  # a plain model keeps no options
+        flags = [m.fast_path for m in model.modules() if isinstance(m, (OneDNNBlock, OneDNNLinear))]
+        assert flags == [enable] * 10  # two blocks and their eight Linear layers
         with torch.inference_mode():
             torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
-    assert seen == [1] * 6  # the hook survived every swap
+    assert seen == [1] * 6  # the hook ran in every pass
     assert len(fused_calls) == 4  # block 0 has a hook; block 1 fused in the 4 fast runs
 
 
@@ -498,10 +505,11 @@ def test_a_fast_model_pickles_and_copies_with_its_fast_path(fused_calls):
 def force_plain(monkeypatch, how: str) -> str:
     """Make the capability check fail as a torch without one of the APIs would."""
     if how == "missing op":
-        monkeypatch.setattr(onednn, "_REQUIRED_OPS", onednn._REQUIRED_OPS + ("_no_such_op",))
+        ops = onednn_support._REQUIRED_OPS + ("_no_such_op",)
+        monkeypatch.setattr(onednn_support, "_REQUIRED_OPS", ops)
         return "torch.ops.mkldnn._no_such_op"
     if how == "missing internal":
-        monkeypatch.setattr(onednn, "_get_current_dispatch_mode", None)
+        monkeypatch.setattr(onednn_support, "_get_current_dispatch_mode", None)
         return "torch.utils._python_dispatch._get_current_dispatch_mode"
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     return "no oneDNN"
@@ -580,11 +588,84 @@ def test_without_the_private_apis_the_model_keeps_the_plain_path(
             plain_results[name], fast_results[name], atol=1e-5, rtol=0, msg=name
         )
     torch.testing.assert_close(plain_out, fast_out, atol=1e-5, rtol=0)
-    # A model swapped before (e.g. unpickled from elsewhere) checks at run time and runs plain.
+    # A model built with the fast layers (e.g. unpickled from elsewhere) checks at run time
+    # and runs plain; enable_fast_path switches its flags off and says why.
     torch.testing.assert_close(infer(fast), plain_out, atol=1e-5, rtol=0)
     assert len(fused_runs) == 2 * supported
-    assert onednn.enable_fast_path(fast) is False  # and enable_fast_path swaps it back
-    assert [type(block) for block in fast.blocks] == [Block] * 2
+    assert onednn.enable_fast_path(fast) is False
+    assert not fast.fast_path_in_use() and not any(block.fast_path for block in fast.blocks)
+    assert [type(block) for block in plain.blocks] == [Block] * 2
+
+
+# -- chosen at build time: no class changes, TorchScript and torch.fx as built -----------------
+
+
+def test_no_module_changes_class_after_construction():
+    """The block a reader opens is the block that runs: no `__class__` assignment in src/."""
+    import ast
+    from pathlib import Path
+
+    src = Path(vitkit.__file__).resolve().parent
+    found = [
+        f"{path.relative_to(src)}:{node.lineno}"
+        for path in sorted(src.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr == "__class__"
+    ]
+    assert found == []
+    assert not any("setattr" in path.read_text() and "__class__" in path.read_text()
+                   for path in src.rglob("*.py"))  # fmt: skip
+
+
+@requires_onednn
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_the_fast_blocks_plain_branch_is_block_forward():
+    """OneDNNBlock restates Block.forward for TorchScript (no super() there): with LayerScale
+    and drop path in training (same masks), and scripted, it computes Block's function bit for
+    bit."""
+    options = dict(num_heads=4, init_values=0.5, drop_path=0.5)
+    torch.manual_seed(0)
+    plain = Block(64, **options)
+    torch.manual_seed(0)
+    fast = OneDNNBlock(64, **options, linear_layer=OneDNNLinear)
+    with torch.no_grad():
+        for param in fast.parameters():  # non-trivial norms, biases and scales
+            param.add_(torch.randn_like(param) * 0.1)
+    plain.load_state_dict(fast.state_dict())
+    x = torch.randn(4, 17, 64)
+    for mode in (True, False):
+        plain.train(mode), fast.train(mode)
+        torch.manual_seed(1)
+        want = plain(x)
+        torch.manual_seed(1)
+        assert torch.equal(fast(x), want)
+    scripted = torch.jit.script(fast.eval())
+    assert torch.equal(scripted(x), plain.eval()(x))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_summary_jit_and_fx_leave_the_model_as_built(fused_calls):
+    """Nothing is switched off and back on: the classes, the flags and the fused path stay."""
+    from vitkit.summary import flow
+
+    model = tiny()
+    classes = [type(m) for m in model.modules()]
+    x = images()
+    expected = fused(model, x)
+    vitkit.summary(model, (1, 3, 32, 32))
+    flow(model, (1, 3, 32, 32))
+    scripted = torch.jit.script(model)
+    traced = torch.fx.symbolic_trace(model)
+    assert [type(m) for m in model.modules()] == classes and model.fast_path_in_use()
+    calls = len(fused_calls)
+    torch.testing.assert_close(fused(model, x), expected, atol=0, rtol=0)
+    assert len(fused_calls) == calls + 2  # both blocks still fused
+    with torch.inference_mode():  # the compiled copies run the plain path
+        torch.testing.assert_close(scripted(x), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(traced(x), expected, atol=1e-5, rtol=0)
+    assert len(fused_calls) == calls + 2
 
 
 # -- gradient checkpointing ------------------------------------------------------------------

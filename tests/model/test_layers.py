@@ -178,9 +178,12 @@ def test_gelu_is_the_exact_erf_form():
 def test_layers_are_plain_pytorch():
     """The CPU fast path and its private torch APIs live in onednn.py, never in the paper's
     layers: a torch upgrade cannot break these."""
-    source = Path(layers.__file__).read_text()
-    for name in ("mkldnn", "onednn", "torch.ops", "_c.", "torch._", "_python_dispatch"):
-        assert name not in source.lower(), name
+    files = sorted(Path(layers.__file__).parent.glob("*.py"))
+    assert {path.name for path in files} >= {"attention.py", "block.py", "mlp.py", "norm.py"}
+    for path in files:
+        source = path.read_text().lower()
+        for name in ("mkldnn", "onednn", "torch.ops", "_c.", "torch._", "_python_dispatch"):
+            assert name not in source, (path.name, name)
     block = Block(16, num_heads=2)
     projections = [block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2]
     assert [type(layer) for layer in projections] == [nn.Linear] * 4

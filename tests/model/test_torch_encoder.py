@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import randomize
 from vitkit import VisionTransformer
 from vitkit.model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
 
@@ -11,8 +12,9 @@ SMALL = dict(img_size=16, patch_size=4, num_classes=6, embed_dim=48, depth=3, nu
 
 
 def pair(**overrides):
+    """A native model with random biases and norms, and the torch encoder holding its weights."""
     torch.manual_seed(0)
-    native = VisionTransformer(**{**SMALL, **overrides})
+    native = randomize(VisionTransformer(**{**SMALL, **overrides}))
     backend = VisionTransformer(**{**SMALL, **overrides}, encoder="torch")
     backend.load_state_dict(native_to_torch_state_dict(native.state_dict()), strict=True)
     return native, backend
@@ -33,11 +35,12 @@ def layer_kinds(module: nn.Module) -> dict[str, int]:
 def test_same_output_in_fp32(options):
     native, backend = pair(**options)
     x = torch.randn(3, 3, 16, 16)
+    # measured at most 2.5e-7 on logits up to 0.87 (random biases and norms); tolerance 1e-5
     for mode in ("eval", "train"):  # train mode with zero dropout takes the non-fused path
         getattr(native, mode)(), getattr(backend, mode)()
-        torch.testing.assert_close(backend(x), native(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(backend(x), native(x), atol=1e-5, rtol=0)
     with torch.no_grad():  # eval + no_grad may take PyTorch's fused encoder kernel
-        torch.testing.assert_close(backend.eval()(x), native.eval()(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(backend.eval()(x), native.eval()(x), atol=1e-5, rtol=0)
 
 
 def test_same_parameter_count_and_layer_composition():
@@ -69,8 +72,8 @@ def test_same_gradients():
     native.train()(x).square().sum().backward()
     backend.train()(x).square().sum().backward()
     grads = native_to_torch_state_dict({n: p.grad for n, p in native.named_parameters()})
-    for name, param in backend.named_parameters():
-        torch.testing.assert_close(param.grad, grads[name], atol=1e-5, rtol=1e-4)
+    for name, param in backend.named_parameters():  # measured 7.2e-7 on gradients up to 3.7
+        torch.testing.assert_close(param.grad, grads[name], atol=1e-5, rtol=0, msg=name)
 
 
 def test_dropout_rate_reaches_every_place_but_qkv():

@@ -14,7 +14,6 @@ from ..options import (
     POSITIVE,
     Options,
     Range,
-    check_choice,  # noqa: F401  (the layers check their own choices with it)
     default_of,
     option,
     option_names,

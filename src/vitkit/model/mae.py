@@ -41,7 +41,7 @@ def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
     ph, pw = patch_size
     x = images.reshape(b, c, h // ph, ph, w // pw, pw)  # (B, C, gh, ph, gw, pw)
     x = x.permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, ph, pw, C)
-    return x.reshape(b, (h // ph) * (w // pw), ph * pw * c)
+    return x.reshape(b, (h // ph) * (w // pw), ph * pw * c)  # (B, N, ph*pw*C)
 
 
 def unpatchify(patches: Tensor, patch_size: tuple[int, int], grid: tuple[int, int]) -> Tensor:
@@ -52,7 +52,7 @@ def unpatchify(patches: Tensor, patch_size: tuple[int, int], grid: tuple[int, in
     c = dim // (ph * pw)
     x = patches.reshape(b, gh, gw, ph, pw, c)  # (B, gh, gw, ph, pw, C)
     x = x.permute(0, 5, 1, 3, 2, 4)  # (B, C, gh, ph, gw, pw)
-    return x.reshape(b, c, gh * ph, gw * pw)
+    return x.reshape(b, c, gh * ph, gw * pw)  # (B, C, H, W)
 
 
 class MaskedAutoencoder(nn.Module):

@@ -1,43 +1,43 @@
-"""The CPU fast path: oneDNN kernels swapped into a model's encoder blocks.
+"""The CPU fast path: oneDNN kernels in a model's encoder blocks, chosen when it is built.
 
-A reader of the model can skip this module: `layers.py` is the paper, and this file only makes
-the same function faster on CPUs. `enable_fast_path(model)` changes, in place, the class of each
-plain `Block` to `OneDNNBlock` and that of the Linear layers of its attention and MLP to
-`OneDNNLinear`. The module objects stay the same, so their parameters, state-dict keys and hooks
-do too; `disable_fast_path(model)` changes the classes back and frees the packed weight copies.
+A reader of the model can skip this module: `layers/` is the paper, and this file only makes
+the same function faster on CPUs. Where torch can run the kernels, `layer_classes()` gives the
+model builder `OneDNNBlock` for `Block` and `OneDNNLinear` for the Linear layers of attention and
+MLP: subclasses with the same parameters, keys and hooks, whose `forward` takes the kernels when
+they apply and is the plain layer's otherwise (and under TorchScript and torch.fx).
 
 - `OneDNNLinear`: the forward product and the input gradient on oneDNN's inner product, the
   weight gradient on `torch.mm` (float32 on CPU, training included).
 - `OneDNNBlock`: in eval mode with grad off, oneDNN GEMMs with the bias, GELU and residual add
-  fused in, on weights packed once into oneDNN's layout, plus SDPA attention; large batches run
-  in cache-sized slices of whole images. float32, or bf16 (bf16 weights, or bf16 autocast over
-  float32 weights) where the CPU has native bf16.
+  fused in, on weights packed once into oneDNN's layout, plus SDPA attention, in cache-sized
+  slices of whole images; float32, or bf16 where the CPU has native bf16.
 
-Both call private torch APIs (`torch.ops.mkldnn.*` and a few internals). `unsupported_reason`
-looks them up once: where one is missing, or oneDNN is not built in, `enable_fast_path` keeps
-the plain modules, so a torch upgrade can cost speed but never break the model. Every call also
-checks that nothing needs the plain modules to run (training, autograd, hooks, autocast other
-than bf16, dispatch modes, tensor subclasses, tracing, compiling, dtype, device), so outputs and
+`enable_fast_path` (`VisionTransformer.set_fast_path`) sets their `fast_path` flag and options,
+as timm's `fused_attn`; no class changes after construction. The private torch APIs they
+call are looked up once (`onednn_support.py`): where one is missing the model is built with
+the plain layers, so a torch upgrade can cost speed but never break the model. Every call checks
+that nothing needs the plain layers to run (training, autograd, hooks, autocast other than
+bf16, dispatch modes, tensor subclasses, tracing, compiling, dtype, device), so outputs and
 gradients always equal the plain path's (bf16 autocast: within bf16 rounding).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import Attention, Block, Mlp
-from .precision import native_bf16
-
-try:  # private; unsupported_reason() reports it missing
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-except ImportError:  # pragma: no cover - depends on the torch version
-    _get_current_dispatch_mode = None
+from .layers import Block, Mlp
+from .onednn_support import (
+    default_gelu_in_epilogue,
+    dispatch_mode,
+    native_bf16,
+    unsupported_reason,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,55 +51,6 @@ MIN_FEATURES = 192
 # (2 slices) on a 2-core, 32 MiB-L3 machine, with identical outputs (rows are independent); on a
 # 16 MiB-L3 one, 24 MiB still beat 12 and 6 MiB and unsliced batches.
 SLICE_BYTES = 24 * 2**20
-
-# The oneDNN operators called below (`name.overload` for an overload), in torch.ops.mkldnn.
-_REQUIRED_OPS = (
-    "_linear_pointwise",
-    "_linear_pointwise.binary",
-    "_reorder_linear_weight",
-    "_is_mkldnn_bf16_supported",
-)
-
-
-def _has_mkldnn_op(name: str) -> bool:
-    op, _, overload = name.partition(".")
-    try:
-        packet = getattr(torch.ops.mkldnn, op)
-        if overload:
-            getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        return False
-    return True
-
-
-@functools.cache
-def unsupported_reason() -> str:
-    """Why this torch build cannot run the fast path ('' when it can), checked once: the
-    private APIs it calls may be renamed or removed by any torch release."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-    missing = [f"torch.ops.mkldnn.{name}" for name in _REQUIRED_OPS if not _has_mkldnn_op(name)]
-    if _get_current_dispatch_mode is None:
-        missing.append("torch.utils._python_dispatch._get_current_dispatch_mode")
-    if not hasattr(torch._C, "_are_functorch_transforms_active"):
-        missing.append("torch._C._are_functorch_transforms_active")
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks"):
-        if not hasattr(nn.modules.module, name):
-            missing.append(f"torch.nn.modules.module.{name}")
-    if not hasattr(Tensor, "_version"):
-        missing.append("torch.Tensor._version")
-    if missing:
-        return f"torch {torch.__version__} lacks {', '.join(missing)}"
-    return ""
-
-
-@functools.cache
-def default_gelu_in_epilogue() -> bool:
-    """Whether the fused path runs fc1's GELU in oneDNN's GEMM epilogue (True) or in place after
-    the product. The epilogue's erf is slow without AVX-512: on an AVX2 CPU it held fc1 to
-    ~106 GFLOP/s against ~130 for the product followed by `gelu_` (ViT-B/16, 2 threads)."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
 
 # -- oneDNN Linear ---------------------------------------------------------------------------
 
@@ -115,7 +66,7 @@ def _onednn_linear_applies(x: Tensor, weight: Tensor) -> bool:
         and x.dtype == weight.dtype == torch.float32
         and not unsupported_reason()
         and not torch.is_autocast_enabled("cpu")
-        and _get_current_dispatch_mode() is None
+        and dispatch_mode() is None
         and not torch.overrides.has_torch_function((x,))
         and not torch._C._are_functorch_transforms_active()
     )
@@ -144,8 +95,11 @@ class _InnerProduct(torch.autograd.Function):
         if need_x and torch.is_grad_enabled():  # create_graph=True: differentiable ops
             grad_x = grad @ weight
         elif need_x:
-            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)
-        grad_weight = rows.t().mm(x.reshape(-1, x.shape[-1])) if need_weight else None
+            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)  # W^T: (in, out)
+        grad_weight = None
+        if need_weight:
+            inputs = x.reshape(-1, x.shape[-1])  # (tokens, in_features)
+            grad_weight = rows.t().mm(inputs)  # (out_features, in_features)
         grad_bias = rows.sum(0) if need_bias else None
         return grad_x, grad_weight, grad_bias
 
@@ -153,16 +107,21 @@ class _InnerProduct(torch.autograd.Function):
 class OneDNNLinear(nn.Linear):
     """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
     in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
-    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, and for layers
-    narrower than `min_features`, it is `F.linear`. Same parameters, state-dict keys and hooks
-    as `nn.Linear`."""
+    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, for layers
+    narrower than `min_features`, with `fast_path` off, and when TorchScript or torch.fx
+    compiles it, it is `F.linear`. Same parameters, state-dict keys and hooks as `nn.Linear`."""
 
-    min_features = MIN_FEATURES
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # nn.Linear's arguments
+        super().__init__(*args, **kwargs)
+        self.fast_path = True  # `enable_fast_path` switches it
+        self.min_features = MIN_FEATURES
 
     def forward(self, x: Tensor) -> Tensor:
-        narrow = min(self.in_features, self.out_features) < self.min_features
-        if not narrow and _onednn_linear_applies(x, self.weight):
-            return _InnerProduct.apply(x, self.weight, self.bias)
+        if not torch.jit.is_scripting():  # TorchScript and torch.fx compile F.linear below
+            if self.fast_path and not isinstance(x, torch.fx.Proxy):
+                narrow = min(self.in_features, self.out_features) < self.min_features
+                if not narrow and _onednn_linear_applies(x, self.weight):
+                    return _InnerProduct.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -289,12 +248,27 @@ class OneDNNBlock(Block):
     """`Block` whose `forward`, in eval mode with grad disabled on CPU, takes a fused inference
     path whenever `fast_path_blocker` finds nothing against it, and `Block.forward` otherwise.
 
-    `gelu_in_epilogue` (None: `default_gelu_in_epilogue()`) and `slice_bytes` (the budget of
-    `fused_slices`) are set by `enable_fast_path`.
+    Args:
+        dim, **options: `Block`'s (the builder passes `linear_layer=OneDNNLinear`).
+        gelu_in_epilogue: run fc1's GELU in oneDNN's epilogue; None asks the CPU
+            (`default_gelu_in_epilogue`).
+        slice_bytes: the budget of `fused_slices`.
     """
 
-    gelu_in_epilogue: bool | None = None
-    slice_bytes: int = SLICE_BYTES
+    def __init__(
+        self,
+        dim: int,
+        *,
+        gelu_in_epilogue: bool | None = None,
+        slice_bytes: int = SLICE_BYTES,
+        **options: Any,
+    ) -> None:
+        super().__init__(dim, **options)
+        self.fast_path = True  # `enable_fast_path` switches it
+        if gelu_in_epilogue is None:
+            gelu_in_epilogue = default_gelu_in_epilogue()
+        self.gelu_in_epilogue = gelu_in_epilogue
+        self.slice_bytes = slice_bytes
 
     def train(self, mode: bool = True) -> OneDNNBlock:
         """Entering training drops the packed weights: an optimiser may update them in ways
@@ -312,8 +286,12 @@ class OneDNNBlock(Block):
         left whenever something needs them to run: training, autograd, hooks (e.g.
         `vitkit.summary`), a dispatch mode (e.g. FlopCounterMode), tracing or compiling.
         """
-        if torch.compiler.is_compiling() or torch.jit.is_tracing():
-            return "compiling or tracing (the compiler does its own fusion)"
+        if isinstance(x, torch.fx.Proxy) or torch.jit.is_tracing():
+            return "tracing (torch.fx or torch.jit.trace record the plain block)"
+        if torch.compiler.is_compiling():
+            return "compiling (the compiler does its own fusion)"
+        if not self.fast_path:
+            return "the fast path is switched off (set_fast_path(False))"
         unsupported = unsupported_reason()
         if unsupported:
             return unsupported
@@ -343,19 +321,23 @@ class OneDNNBlock(Block):
             dtype == torch.bfloat16 and not native_bf16()
         ):
             return f"oneDNN has no fast {dtype} kernel on this CPU"
-        if _get_current_dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):
+        if dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):
             return "a dispatch mode or tensor subclass is active"
         if _has_forward_hooks(self):
             return "forward hooks are registered on the block or its sub-layers"
         return ""
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fast_path_blocker(x):
-            return super().forward(x)
-        if torch.is_autocast_enabled("cpu"):  # bf16 kernels on float32 weights, packed once
-            with torch.autocast("cpu", enabled=False):
-                return self.forward_fused(x.to(torch.bfloat16)).to(x.dtype)
-        return self.forward_fused(x)
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain block below
+            if not self.fast_path_blocker(x):
+                if torch.is_autocast_enabled("cpu"):  # bf16 kernels on float32 weights
+                    with torch.autocast("cpu", enabled=False):
+                        return self.forward_fused(x.to(torch.bfloat16)).to(x.dtype)
+                return self.forward_fused(x)
+        # `Block.forward`, restated: TorchScript compiles no `super()` call.
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
 
     def forward_fused(self, x: Tensor) -> Tensor:
         """Inference-only `forward` with fused oneDNN kernels; dropout and drop-path are the
@@ -379,32 +361,47 @@ class OneDNNBlock(Block):
         return _linear_add(h, self.mlp.fc2, x)
 
 
-# -- the switch ------------------------------------------------------------------------------
-
-# The Linear layers swapped to OneDNNLinear: the projections of attention and MLP.
-_PROJECTIONS = {Attention: ("qkv", "proj"), Mlp: ("fc1", "fc2")}
-# The plain class of each fast one, and the options enable_fast_path sets on it.
-_PLAIN = {OneDNNBlock: Block, OneDNNLinear: nn.Linear}
-_OPTIONS = {OneDNNBlock: ("gelu_in_epilogue", "slice_bytes"), OneDNNLinear: ("min_features",)}
+# -- the choice at build time, and the switch --------------------------------------------------
 
 
-def _swap(module: nn.Module, cls: type[nn.Module], **options: object) -> None:
-    """Change `module`'s class in place (same object, parameters and hooks) and its options."""
-    for name in _OPTIONS.get(type(module), ()):
-        module.__dict__.pop(name, None)
-    module.__class__ = cls
-    for name, value in options.items():
-        setattr(module, name, value)
+def layer_classes() -> tuple[type[Block], type[nn.Linear]]:
+    """The classes a model builder uses for its pre-norm blocks and for the Linear layers of
+    attention and MLP: `OneDNNBlock` and `OneDNNLinear` where this torch build can run them,
+    `Block` and `nn.Linear` otherwise (`unsupported_reason` says why)."""
+    if unsupported_reason():
+        return Block, nn.Linear
+    return OneDNNBlock, OneDNNLinear
 
 
-def _projections(module: nn.Module) -> list[nn.Linear]:
-    """The Linear layers of an `Attention` or `Mlp` that the fast path swaps (exact classes
-    only: a user's subclass, e.g. a LoRA layer, keeps its own forward)."""
-    for parent, names in _PROJECTIONS.items():
-        if isinstance(module, parent):
-            layers = [getattr(module, name, None) for name in names]
-            return [layer for layer in layers if type(layer) in (nn.Linear, OneDNNLinear)]
-    return []
+def _fast_layers(model: nn.Module) -> tuple[list[OneDNNBlock], list[OneDNNLinear]]:
+    blocks = [m for m in model.modules() if isinstance(m, OneDNNBlock)]
+    linears = [m for m in model.modules() if isinstance(m, OneDNNLinear)]
+    return blocks, linears
+
+
+def fast_path_in_use(model: nn.Module) -> bool:
+    """Whether any layer of `model` would take the oneDNN kernels (switched on, and a torch
+    that has them)."""
+    blocks, linears = _fast_layers(model)
+    return any(layer.fast_path for layer in [*blocks, *linears]) and not unsupported_reason()
+
+
+def log_fast_path(model: nn.Module, reason: str = "", level: int = logging.INFO) -> None:
+    """One log line: the fast layers of `model` and their options (debug), or why the model
+    runs the plain path (`reason`, else `unsupported_reason()`), at `level`."""
+    reason = reason or unsupported_reason()
+    if reason:
+        logger.log(level, "plain path (no oneDNN fast path): %s", reason)
+        return
+    blocks, linears = _fast_layers(model)
+    logger.debug(
+        "oneDNN fast path in %d blocks and %d Linear layers: torch has the kernels it needs "
+        "(GELU in the epilogue: %s; slices of %.3g MiB)",
+        len(blocks),
+        len(linears),
+        blocks[0].gelu_in_epilogue if blocks else default_gelu_in_epilogue(),
+        (blocks[0].slice_bytes if blocks else SLICE_BYTES) / 2**20,
+    )
 
 
 def enable_fast_path(
@@ -415,53 +412,37 @@ def enable_fast_path(
     slice_bytes: int = SLICE_BYTES,
     min_features: int = MIN_FEATURES,
 ) -> bool:
-    """Swap the oneDNN fast path into `model`'s blocks (or, with `enable=False`, the plain
-    modules back); returns whether the fast path is now in use. Where this torch build cannot
-    run it (`unsupported_reason`), the plain modules stay. Logs one line saying which path and
-    why.
+    """Switch the fast layers of `model` (its `OneDNNBlock` and `OneDNNLinear` modules, chosen
+    when it was built) on, with these options, or off; returns whether the fast path is now
+    on. Only flags and options change: the modules, their classes and parameters stay. Logs
+    one line saying which path and why.
 
     Args:
-        model: any module; its exact `Block`s, and the `nn.Linear` projections of its
-            `Attention` / `Mlp` modules, are swapped in place.
-        enable: False restores the plain classes and frees the packed weight copies.
+        model: any module; its fast layers are switched.
+        enable: False switches them off and frees the packed weight copies.
         gelu_in_epilogue: run fc1's GELU in oneDNN's epilogue; None asks the CPU
             (`default_gelu_in_epilogue`).
         slice_bytes: the fused path's slice budget for the MLP hidden activation.
         min_features: narrower Linear layers keep `F.linear`.
     """
     reason = unsupported_reason() if enable else "the fast path was switched off"
-    active = not reason
     if gelu_in_epilogue is None:
         gelu_in_epilogue = default_gelu_in_epilogue()
-    blocks = linears = 0
-    for module in model.modules():
-        if not active:
-            if type(module) in _PLAIN:
-                _swap(module, _PLAIN[type(module)])
+    blocks, linears = _fast_layers(model)
+    for layer in [*blocks, *linears]:
+        layer.fast_path = not reason
+    if reason:
+        for module in model.modules():
             _PACKED.pop(module, None)
-            continue
-        if type(module) in (Block, OneDNNBlock):
-            options = dict(gelu_in_epilogue=gelu_in_epilogue, slice_bytes=slice_bytes)
-            _swap(module, OneDNNBlock, **options)
-            blocks += 1
-        for layer in _projections(module):
-            _swap(layer, OneDNNLinear, min_features=min_features)
-            linears += 1
-    if active:
-        logger.debug(
-            "oneDNN fast path in %d blocks and %d Linear layers: torch has the kernels it needs "
-            "(GELU in the epilogue: %s; slices of %.3g MiB)",
-            blocks,
-            linears,
-            gelu_in_epilogue,
-            slice_bytes / 2**20,
-        )
     else:
-        level = logging.INFO if enable else logging.DEBUG
-        logger.log(level, "plain path (no oneDNN fast path): %s", reason)
-    return active
+        for block in blocks:
+            block.gelu_in_epilogue, block.slice_bytes = gelu_in_epilogue, slice_bytes
+        for linear in linears:
+            linear.min_features = min_features
+    log_fast_path(model, reason, logging.INFO if enable else logging.DEBUG)
+    return not reason
 
 
 def disable_fast_path(model: nn.Module) -> None:
-    """Restore the plain modules in `model` and free the packed weight copies."""
+    """Switch the fast layers of `model` off and free the packed weight copies."""
     enable_fast_path(model, False)

@@ -115,9 +115,8 @@ def resample_pos_embed(
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim = pos_embed.shape[-1]
-    grid = (
-        grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
-    )  # (1, D, h, w)
+    grid = grid.float().reshape(1, old_size[0], old_size[1], dim)  # (1, h, w, D)
+    grid = grid.permute(0, 3, 1, 2)  # (1, D, h, w)
     grid = F.interpolate(
         grid,
         size=tuple(new_size),
@@ -144,7 +143,8 @@ def resample_patch_embed(
     if old_size == tuple(new_size):
         return weight
     old_area = old_size[0] * old_size[1]
-    basis = torch.eye(old_area, dtype=torch.float32).reshape(old_area, 1, *old_size)
+    basis = torch.eye(old_area, dtype=torch.float32)  # row i: the patch e_i, flattened
+    basis = basis.reshape(old_area, 1, *old_size)  # (h*w, 1, h, w)
     resized = F.interpolate(basis, size=tuple(new_size), mode=interpolation, antialias=True)
     resize = resized.reshape(old_area, -1).double()  # (h*w, h'*w'): row i = resize(e_i)
     inverse = torch.linalg.pinv(resize)  # (h'*w', h*w): pinv(B^T)

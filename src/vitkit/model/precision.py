@@ -8,20 +8,22 @@
   torch.bfloat16)` over a float32 model takes the same fused bf16 kernels.
 - `int8`: dynamic quantisation (`torch.ao.quantization.quantize_dynamic`) of every Linear of
   the encoder blocks and the head, weights per output channel, activations quantised per
-  batch: 4x smaller Linear weights, CPU only. The fast path's Linear subclasses are switched
-  back to `nn.Linear` first, since quantize_dynamic maps exact classes only (it skipped them).
+  batch: 4x smaller Linear weights, CPU only. The fast path's `OneDNNLinear` layers are in the
+  mapping handed to quantize_dynamic (which maps exact classes only), so nothing is switched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+from .onednn import OneDNNLinear
+from .onednn_support import native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +33,6 @@ PRECISIONS = ("fp32", "bf16", "int8")
 # engine (FBGEMM for these layers): measured on an AMX Xeon, 4 threads, batch 32, one run:
 # ViT-S/16 56.4 against 45.1 img/s, ViT-B/16 23.0 against 15.8; alike on an AVX2 CPU.
 INT8_ENGINE = "onednn"
-
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (oneDNN's bf16 kernels: AVX-512 BF16 or
-    AMX). Asked of a private torch op; a torch without it answers False."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -85,16 +77,34 @@ def set_precision(model: nn.Module, precision: str) -> str:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantisation of every `nn.Linear` in `model`'s encoder blocks and head
     (not the patch embedding, whose input is pixels), in place; returns `model`."""
-    if hasattr(model, "set_fast_path"):
-        model.set_fast_path(False)  # OneDNNLinear -> nn.Linear, which quantize_dynamic maps
     model.float()
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
     spec = {name: qconfig for name in ("blocks", "attn_pool", "head") if hasattr(model, name)}
+    mapping = (
+        torch.ao.quantization.quantization_mappings.get_default_dynamic_quant_module_mappings()
+    )
+    mapping = {**mapping, OneDNNLinear: _OneDNNLinearToInt8}
     with warnings.catch_warnings(), _quantized_engine(INT8_ENGINE):
         warnings.simplefilter("ignore")  # the torchao migration notice of torch >= 2.10
-        torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+        torch.ao.quantization.quantize_dynamic(
+            model, spec, mapping=mapping, dtype=torch.qint8, inplace=True
+        )
     return model
+
+
+class _OneDNNLinearToInt8:
+    """quantize_dynamic's entry for `OneDNNLinear`: the int8 Linear of the same weights.
+    (`nnqd.Linear.from_float` accepts exact `nn.Linear`s only; `OneDNNLinear` computes the same
+    function with the same parameters, so a plain view of them is what it quantises.)"""
+
+    @staticmethod
+    def from_float(module: OneDNNLinear, use_precomputed_fake_quant: bool = False) -> nn.Module:
+        plain = nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
+        plain.weight, plain.bias = module.weight, module.bias
+        plain.qconfig = module.qconfig
+        dynamic = torch.ao.nn.quantized.dynamic.Linear
+        return dynamic.from_float(plain, use_precomputed_fake_quant=use_precomputed_fake_quant)
 
 
 @contextlib.contextmanager

@@ -17,8 +17,11 @@ dense layer, exact-erf GELU, pre-norm with residuals, and the 1/sqrt(head_dim) s
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from torch import Tensor, nn
+
+from .stages import Op, Output, Stage
 
 # (native block suffix, torch layer suffix); qkv.* maps onto MHA's packed in-projection.
 _RENAMES = (
@@ -108,3 +111,57 @@ def torch_to_native_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tenso
     """The inverse of `native_to_torch_state_dict`."""
     pairs = [(theirs, ours) for ours, theirs in _RENAMES]
     return _rename(state_dict, r"blocks\.layers\.(\d+)\.(.+)", "blocks.{}.{}", pairs)
+
+
+def torch_layer_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
+    """An `nn.TransformerEncoderLayer` (norm_first) as stages for `vitkit.summary.flow`: the
+    native block's steps, with the attention inside `nn.MultiheadAttention`, which works
+    sequence-first and folds the heads into the batch (its aten operators are measured)."""
+    layer = root.get_submodule(path)
+    mha, attn = layer.self_attn, f"{path}.self_attn"
+    dim, hidden = mha.embed_dim, layer.linear1.out_features
+    # aten splits a Linear into mm (+ add) or addmm, depending on the input's memory layout;
+    # the merged heads are the product's second-to-last input either way.
+    first, last = Op(attn, ("mm", "addmm"), 0, aten=True), Op(attn, ("mm", "addmm"), -1, aten=True)
+    bmm = (Op(attn, ("bmm",), 0, aten=True), Op(attn, ("bmm",), 1, aten=True))
+
+    def params(*tensors: Tensor) -> int:
+        return sum(t.numel() for t in tensors)
+
+    def step(role: str, detail: str, layout: str, measure: Op | Output, name: str = attn) -> Stage:
+        return Stage(name, role, detail, layout, measure, 0, block)
+
+    def owner(name: str, role: str, detail: str, layout: str, measure: Op | Output, n: int):
+        return Stage(name, role, detail, layout, measure, n, block)
+
+    def module(name: str, role: str, detail: str) -> Stage:
+        full = f"{path}.{name}"
+        count = params(*layer.get_submodule(name).parameters())
+        return owner(full, role, detail, "(B, N, D)", Output(full), count)
+
+    in_proj = f"packed Linear {dim}->{3 * dim} on N*B rows"
+    out_proj = f"Linear {dim}->{dim} (called as F.linear)"
+    return [
+        module("norm1", "attention norm", "LayerNorm"),
+        step("sequence first", "transpose(0, 1)", "(N, B, D)", Op(attn, ("transpose",))),
+        owner(f"{attn}.in_proj", "qkv projection", in_proj, "(N*B, 3*D)", first,
+              params(mha.in_proj_weight, mha.in_proj_bias)),
+        step("split q, k, v", "unflatten + transpose", "(3, N, B, D)",
+             Op(attn, ("clone",), aten=True, ndim=4)),
+        step("split heads", "view + transpose: heads into the batch", "(B*heads, N, hd)",
+             replace(bmm[0], arg=0)),
+        step("attention logits", "bmm(q * scale, k^T)", "(B*heads, N, N)", bmm[0]),
+        step("softmax", "over the keys: each row sums to 1", "(B*heads, N, N)",
+             Op(attn, ("_softmax",), aten=True)),
+        step("weighted values", "bmm(softmax, v)", "(B*heads, N, hd)", bmm[1]),
+        step("merge heads", "transpose + view", "(N*B, D)", replace(last, arg=-2)),
+        owner(f"{attn}.out_proj", "attention projection", out_proj, "(N*B, D)", last,
+              params(*mha.out_proj.parameters())),
+        step("batch first", "view + transpose(0, 1)", "(B, N, D)", Output(attn)),
+        step("residual", "x + attention", "(B, N, D)", Op(path, ("add",), 0), path),
+        module("norm2", "MLP norm", "LayerNorm"),
+        owner(f"{path}.linear1", "MLP hidden", f"Linear {dim}->{hidden} + GELU", "(B, N, hidden)",
+              Op(path, ("gelu",)), params(*layer.linear1.parameters())),
+        module("linear2", "MLP output", f"Linear {hidden}->{dim}"),
+        step("residual", "x + MLP", "(B, N, D)", Op(path, ("add",), 1), path),
+    ]  # fmt: skip

@@ -22,6 +22,7 @@ attention-pooling head is SigLIP's (Zhai et al., 2023).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -31,16 +32,16 @@ from torch import Tensor, nn
 from . import onednn
 from .config import ViTConfig
 from .intermediates import IntermediateFeatures, take_indices
-from .layers import AttentionPool, Block, LayerScale, PatchEmbed, ResPostBlock, make_norm
+from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, make_norm
 from .pos_embed import fixed_pos_embed, resample_pos_embed
+from .stages import FlowSpec
 from .timm_api import TimmModelApi, block_feature_info
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
+from .vit_flow import describe_vit
 from .weight_init import trunc_normal_
 
 # `take_indices` and `trunc_normal_` live in intermediates.py / weight_init.py; importable here.
 __all__ = ["VisionTransformer", "take_indices", "trunc_normal_"]
-
-_NEEDS_PLAIN = "{tool} needs the plain modules; call model.set_fast_path(False) first"
 
 
 class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
@@ -86,7 +87,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
         self._pretrained_cfg: dict[str, Any] | None = None
         self.init_weights()
-        self.set_fast_path(True)
+        onednn.log_fast_path(self, level=logging.INFO)
 
     # -- construction -----------------------------------------------------------------------
 
@@ -135,6 +136,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
                 act_layer=config.act_layer,
                 norm_layer=config.norm_layer,
                 norm_eps=config.norm_eps,
+                linear_layer=onednn.layer_classes()[1],
             )
         has_fc_norm = config.final_norm and config.use_fc_norm
         self.fc_norm = _norm(config) if has_fc_norm else nn.Identity()
@@ -188,24 +190,23 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
         self.grad_checkpointing = enable
 
     def set_fast_path(self, enable: bool = True) -> bool:
-        """Swap the CPU fast path into every native block (the default for a new model) or
-        back out; returns whether it is in use. It is `onednn.enable_fast_path`: oneDNN
-        products in the blocks' Linear layers (training too) and a fused inference path (see
+        """Switch the CPU fast path on (the default) or off; returns whether it is on. It is
+        `onednn.enable_fast_path`: a flag on the fast layers the model was built with
+        (`OneDNNBlock`, `OneDNNLinear`, where torch has the kernels they call): oneDNN products
+        in the blocks' Linear layers (training too) and a fused inference path (see
         `OneDNNBlock.fast_path_blocker` for when it runs); switching it off also frees the
-        packed weight copies it keeps. Where torch lacks the kernels it needs, the plain
-        modules stay. `encoder='torch'` layers follow `torch.backends.mha.set_fastpath_enabled`
-        instead."""
+        packed weight copies it keeps. `encoder='torch'` layers follow
+        `torch.backends.mha.set_fastpath_enabled` instead."""
         return onednn.enable_fast_path(self, enable)
 
     def fast_path_in_use(self) -> bool:
-        """Whether any block runs the CPU fast path (`set_fast_path`)."""
-        return any(isinstance(m, onednn.OneDNNBlock) for m in self.blocks.modules())
+        """Whether any layer would take the CPU fast path's kernels (`set_fast_path`)."""
+        return onednn.fast_path_in_use(self)
 
-    def __prepare_scriptable__(self) -> VisionTransformer:
-        """Called by `torch.jit.script`: the fast path's modules are Python-only."""
-        if self.fast_path_in_use():
-            raise ValueError(_NEEDS_PLAIN.format(tool="torch.jit.script"))
-        return self
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """This model's forward pass for an input of `input_size` (B, C, H, W), stage by
+        stage, for `vitkit.summary.flow` to measure (vit_flow.py)."""
+        return describe_vit(self, input_size)
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -348,8 +349,6 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits (B, num_classes); with `return_attention`, also every block's weights."""
         if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
-            if isinstance(x, torch.fx.Proxy) and self.fast_path_in_use():
-                raise ValueError(_NEEDS_PLAIN.format(tool="torch.fx tracing"))
             if isinstance(return_attention, torch.fx.Proxy):
                 return_attention = False  # torch.fx makes every argument a proxy: trace logits
             if return_attention:
@@ -402,8 +401,12 @@ def _build_blocks(config: ViTConfig) -> nn.Module:
 
 
 def _build_block(config: ViTConfig, drop_path: float) -> nn.Module:
-    """One pre-norm `Block`, or a `ResPostBlock` (norm after each branch) with res_post_norm."""
-    block_class = ResPostBlock if config.res_post_norm else Block
+    """One pre-norm block, or a `ResPostBlock` (norm after each branch) with res_post_norm.
+    The CPU fast path's classes (`onednn.layer_classes`: `OneDNNBlock`, `OneDNNLinear`) where
+    this torch can run them, else the plain `Block` and `nn.Linear`."""
+    block_class, linear_layer = onednn.layer_classes()
+    if config.res_post_norm:
+        block_class = ResPostBlock
     return block_class(
         config.embed_dim,
         num_heads=config.num_heads,
@@ -422,6 +425,7 @@ def _build_block(config: ViTConfig, drop_path: float) -> nn.Module:
         scale_attn_norm=config.scale_attn_norm,
         scale_mlp_norm=config.scale_mlp_norm,
         proj_bias=config.proj_bias,
+        linear_layer=linear_layer,
     )
 
 

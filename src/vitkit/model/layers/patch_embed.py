@@ -1,0 +1,178 @@
+"""Patch embedding: an image cut into patches, each projected to the model width.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), Eq. 1 and the hybrid of
+Section 3.1 (patches cut from a CNN's feature map); the convolutional stem is Xiao et al.,
+"Early Convolutions Help Transformers See Better" (NeurIPS 2021).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...options import check_choice
+from ..config import PATCH_EMBED_KINDS, patch_grid, to_2tuple
+from .norm import make_norm
+
+
+def conv_to_unfold_weight(weight: Tensor) -> Tensor:
+    """Conv2d patch weight (D, C, ph, pw) -> Linear weight (D, C*ph*pw).
+
+    nn.Unfold flattens each patch channel-major, then row, then column: the same order as a
+    reshape of the convolution kernel, so the two embeddings compute the same function.
+    """
+    return weight.reshape(weight.shape[0], -1)  # (D, C*ph*pw)
+
+
+def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, int]) -> Tensor:
+    """Linear patch weight (D, C*ph*pw) -> Conv2d weight (D, C, ph, pw)."""
+    return weight.reshape(weight.shape[0], in_chans, *patch_size)  # (D, C, ph, pw)
+
+
+class ConvStem(nn.Sequential):
+    """3x3 stride-2 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the
+    paper's hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers
+    See Better" (2021). Each layer halves the image (rounding up)."""
+
+    def __init__(self, in_chans: int, channels: tuple[int, ...]) -> None:
+        layers: list[nn.Module] = []
+        for out in channels:
+            layers += [
+                nn.Conv2d(in_chans, out, kernel_size=3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+            ]
+            in_chans = out
+        super().__init__(*layers)
+        self.out_chans = in_chans
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """He (fan-out) normal convolutions, BatchNorm ones / zeros: the ResNet init."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+
+class PatchEmbed(nn.Module):
+    """Split an image into patches and project each to `embed_dim` (paper Eq. 1).
+
+    `kind='conv'` is a Conv2d with kernel = stride = patch size; `kind='unfold'` cuts patches
+    with nn.Unfold and projects them with a Linear layer. Both hold the projection under the
+    name `proj`; `conv_to_unfold_weight` / `unfold_to_conv_weight` move weights between them.
+    With `conv_stem` channels (the paper's hybrid), a `ConvStem` named `backbone` runs first
+    and the patches are cut from its feature map.
+    """
+
+    def __init__(
+        self,
+        *,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        kind: str = "conv",
+        norm: bool = False,
+        norm_eps: float = 1e-6,
+        norm_layer: str = "layernorm",
+        dynamic_img_size: bool = False,
+        dynamic_img_pad: bool = False,
+        conv_stem: tuple[int, ...] = (),
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        check_choice("patch_embed", kind, PATCH_EMBED_KINDS)
+        self.img_size = to_2tuple(img_size, "img_size")
+        self.patch_size = to_2tuple(patch_size, "patch_size")
+        self.dynamic_img_pad = dynamic_img_pad
+        self.backbone = ConvStem(in_chans, tuple(conv_stem)) if conv_stem else None
+        self.stem_layers = len(conv_stem)
+        # Image pixels per token along each side (timm's feature "reduction").
+        self.reduction = (
+            2**self.stem_layers * self.patch_size[0],
+            2**self.stem_layers * self.patch_size[1],
+        )
+        self.grid_size = self.grid_for(*self.img_size, what="img_size")
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans = in_chans
+        self.kind = kind
+        self.dynamic_img_size = dynamic_img_size
+        proj_chans = self.backbone.out_chans if self.backbone is not None else in_chans
+        if kind == "conv":
+            self.unfold = None
+            self.proj = nn.Conv2d(
+                proj_chans,
+                embed_dim,
+                kernel_size=self.patch_size,
+                stride=self.patch_size,
+                bias=bias,
+            )
+        else:
+            self.unfold = nn.Unfold(kernel_size=self.patch_size, stride=self.patch_size)
+            patch_dim = proj_chans * self.patch_size[0] * self.patch_size[1]
+            self.proj = nn.Linear(patch_dim, embed_dim, bias=bias)
+        self.norm = make_norm(norm_layer, embed_dim, norm_eps) if norm else nn.Identity()
+
+    def grid_for(self, height: int, width: int, what: str = "input") -> tuple[int, int]:
+        """The patch grid (rows, columns) of a height x width image; a ValueError with the fix
+        when the image (or the stem's feature map) does not split into whole patches. With
+        `dynamic_img_pad`, a partial patch counts (the input is padded to it)."""
+        if self.dynamic_img_pad and what == "input":
+            return -(-height // self.patch_size[0]), -(-width // self.patch_size[1])
+        return patch_grid(height, width, self.patch_size, self.stem_layers, what)
+
+    def check_input(self, x: Tensor) -> None:
+        """Fail early, with the fix, on input the embedding cannot take."""
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"expected a torch.Tensor of shape (B, C, H, W), got {type(x).__name__}"
+            )
+        if x.ndim != 4:
+            hint = "add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "reshape it"
+            raise ValueError(
+                f"expected a 4-D input (B, C, H, W), got {x.ndim}-D shape {tuple(x.shape)}; {hint}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(
+                f"expected a floating-point input, got {x.dtype}; convert with x.float() / 255"
+            )
+        if x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape "
+                f"{tuple(x.shape)}); convert the images or build the model with "
+                f"in_chans={x.shape[1]}"
+            )
+        height, width = x.shape[-2:]
+        if self.dynamic_img_size:
+            self.grid_for(height, width)
+        elif (height, width) != self.img_size:
+            raise ValueError(
+                f"input size {height}x{width} differs from the model's img_size "
+                f"{self.img_size[0]}x{self.img_size[1]}; resize the input, or build the model "
+                "with dynamic_img_size=True to accept other sizes"
+            )
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Return patch tokens (B, N, D) and the patch grid (rows, columns)."""
+        if not torch.jit.is_scripting():  # Python checks: not compiled by TorchScript,
+            if not isinstance(x, torch.fx.Proxy):  # nor traced by torch.fx
+                self.check_input(x)
+                x = x.to(self.proj.weight.dtype)  # e.g. float32 images into a bf16 model, as HF
+        if self.dynamic_img_pad:  # pad right and bottom to whole patches, as timm
+            pad_h = -x.shape[-2] % self.patch_size[0]
+            pad_w = -x.shape[-1] % self.patch_size[1]
+            x = F.pad(x, (0, pad_w, 0, pad_h))  # (B, C, H + pad_h, W + pad_w)
+        if self.backbone is not None:
+            x = self.backbone(x)  # (B, C', H', W')
+        grid = (x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1])
+        if self.unfold is None:
+            x = self.proj(x)  # (B, D, H/ph, W/pw)
+            x = x.flatten(2).transpose(1, 2)  # (B, N, D)
+        else:
+            x = self.unfold(x)  # (B, C*ph*pw, N)
+            x = self.proj(x.transpose(1, 2))  # (B, N, D)
+        return self.norm(x), grid
