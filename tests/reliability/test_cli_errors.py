@@ -22,6 +22,7 @@ from PIL import Image
 
 import vitkit
 from vitkit import cli
+from vitkit.cli import train as train_command
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +147,13 @@ def test_nan_outputs_fail_and_never_print_invalid_json(tmp_path, run_cli, finish
 def test_sigterm_during_set_up_ends_with_a_message(tmp_path, run_cli, monkeypatch):
     """SIGTERM before training has installed its own handler (here: while the settings are
     resolved) ends with exit 130 and a message, not a silent -15."""
-    real = cli.resolve_config
+    real = train_command.resolve_config
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "resolve_config", terminated)
+    monkeypatch.setattr(train_command, "resolve_config", terminated)
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
     assert (code, err) == (130, "vitkit: interrupted (SIGTERM)\n")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -173,7 +174,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(tmp_path, run_cli, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("deep inside\n  a second line")
 
-    monkeypatch.setattr(cli, "resolve_config", broken)
+    monkeypatch.setattr(train_command, "resolve_config", broken)
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
     assert (code, err) == (
         1,

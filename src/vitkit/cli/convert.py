@@ -1,0 +1,98 @@
+"""`vitkit convert`: timm / Hugging Face / torchvision / JAX weights to a vitkit checkpoint,
+checked against the source library's own model when it is installed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from .commands import add_command
+from .errors import UserError
+from .options import int_in
+from .status import ExitCode
+
+PARITY_TOLERANCE = 1e-4
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "convert",
+    )
+    p.add_argument(
+        "--from", dest="source", required=True, choices=["timm", "hf", "torchvision", "jax"]
+    )
+    p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or HF model folder")
+    p.add_argument("output", help="the vitkit .safetensors file to write")
+    p.add_argument("--num-heads", type=int_in(1), help="attention heads (default: inferred)")
+    p.add_argument("--config", help="Hugging Face config.json (default: the one beside IN)")
+    p.add_argument("--no-parity", action="store_true", help="skip the output comparison")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..weights import CheckpointError, load_pretrained, save
+    from ..weights.layout import NUM_HEADS_HINT
+
+    options = {}
+    if args.num_heads is not None:
+        options["num_heads"] = args.num_heads
+    if args.config is not None:
+        if args.source != "hf":
+            raise UserError("--config (a Hugging Face config.json) only goes with --from hf")
+        options["config"] = args.config
+    print(f"converting {args.input} ({args.source} weights) ...", flush=True)
+    try:
+        model = load_pretrained(args.input, format=args.source, **options)
+    except CheckpointError as err:  # convert's flag for the head count is --num-heads
+        raise UserError(str(err).replace(NUM_HEADS_HINT, "--num-heads N")) from None
+    cfg = model.config
+    print(
+        f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, depth "
+        f"{cfg.depth}, heads {cfg.num_heads}, patch {cfg.patch_size}, img_size {cfg.img_size}, "
+        f"{cfg.num_classes} classes, pool {cfg.global_pool}",
+        flush=True,
+    )
+    save(model, args.output, meta={"converted_from": args.source})
+    print(f"wrote {args.output}", flush=True)
+    if args.no_parity:
+        return ExitCode.OK
+    return parity(args, model)
+
+
+def parity(args: argparse.Namespace, model: torch.nn.Module) -> int:
+    """The converted model's output beside the source library's on a random batch."""
+    from .. import convert
+    from ..weights import load_state_dict, weights_file
+
+    cfg = model.config
+    library = {"hf": "transformers", "jax": "timm"}.get(args.source, args.source)
+    try:
+        if args.source == "jax":
+            weights = args.input
+        else:
+            weights = load_state_dict(weights_file(args.input))
+        reference = convert.source_model(args.source, cfg, weights)
+    except ImportError:
+        print(f"parity check skipped: {library} is not installed")
+        return ExitCode.OK
+    height, width = model.patch_embed.img_size
+    x = torch.randn(2, cfg.in_chans, height, width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, ours = reference(x), model(x)
+        if ours.shape != want.shape:  # a headless reference giving its tokens (HF's ViTModel)
+            ours = model.forward_features(x)
+        if ours.shape != want.shape:
+            raise UserError(
+                f"the parity check cannot compare vitkit's output {tuple(ours.shape)} with "
+                f"{library}'s {tuple(want.shape)}; {args.output} is written: pass --no-parity"
+            )
+        diff = (ours - want).abs().max().item()
+    verdict = "ok" if diff <= PARITY_TOLERANCE else "MISMATCH"
+    print(
+        f"parity vs {library}: max |difference| {diff:.2e} on a random batch of 2 "
+        f"({verdict}, tolerance {PARITY_TOLERANCE:.0e})"
+    )
+    return ExitCode.OK if verdict == "ok" else ExitCode.FAILED

@@ -1,0 +1,114 @@
+"""`vitkit eval`: loss, top-1 / top-5 and a confusion matrix of a checkpoint on data."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import ConcatDataset
+
+from .. import data as data_lib
+from ..explain import plot_confusion
+from ..train import evaluate, make_loader
+from ..train.config import resolve_device
+from .commands import add_command
+from .errors import UserError
+from .loading import checkpoint_model, class_names, data_config, json_text
+from .options import int_in, precision
+from .status import ExitCode
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "eval",
+    )
+    p.add_argument("--checkpoint", required=True, help="a model.safetensors written by train")
+    p.add_argument("--data", help="data to evaluate (default: the data it was trained on)")
+    p.add_argument("--split", choices=("test", "val", "train", "all"), default="test")
+    p.add_argument(
+        "--confusion",
+        metavar="PNG",
+        help="confusion matrix picture (default: beside the checkpoint)",
+    )
+    p.add_argument("--batch-size", type=int_in(1), default=256)
+    p.add_argument("--device")
+    precision(p)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    model = checkpoint_model(args.checkpoint, device, args.precision)
+    meta = model.meta
+    spec = args.data or meta.get("data")
+    if not spec:
+        raise UserError(f"{args.checkpoint} does not record its data; pass --data")
+    prepared = data_config(model)
+    splits = data_lib.load_data(
+        spec,
+        val_fraction=meta.get("val_fraction", 0.1),
+        test_fraction=meta.get("test_fraction", 0.2),
+        seed=meta.get("split_seed", 0),
+        in_chans=prepared.input_size[0],
+        img_size=prepared.img_size,
+        skip_corrupt=False,
+    )
+    names = class_names(model)
+    if splits.num_classes != model.num_classes or (
+        meta.get("class_names") and splits.class_names != names
+    ):
+        raise UserError(
+            f"{spec} has {splits.num_classes} classes ({', '.join(splits.class_names[:5])}...) "
+            f"but {args.checkpoint} was trained on {model.num_classes} "
+            f"({', '.join(names[:5])}...); evaluate it on data with the same classes"
+        )
+    if args.split == "all":
+        dataset = ConcatDataset([splits.train, splits.val, splits.test])
+    else:
+        dataset = getattr(splits, args.split)
+    loader = make_loader(
+        data_lib.Transformed(dataset, data_lib.eval_transform(prepared)),
+        args.batch_size,
+        train=False,
+    )
+    result = evaluate(model, loader, device=device, num_classes=model.num_classes)
+    if not math.isfinite(result["loss"]):
+        raise FloatingPointError(
+            f"the loss of {args.checkpoint} on {args.split} is {result['loss']}: its outputs are "
+            "not finite, so the checkpoint's weights are broken"
+        )
+    confusion_path = (
+        Path(args.confusion)
+        if args.confusion
+        else (Path(args.checkpoint).parent / f"confusion_{args.split}.png")
+    )
+    plot_confusion(
+        result["confusion"],
+        names,
+        confusion_path,
+        title=f"{Path(args.checkpoint).name} on {args.split}: top-1 {result['acc1']:.4f}",
+    )
+    row = {
+        "checkpoint": args.checkpoint,
+        "data": spec,
+        "split": args.split,
+        "count": result["count"],
+        "loss": result["loss"],
+        "acc1": result["acc1"],
+        "acc5": result["acc5"],
+        "confusion": result["confusion"].tolist(),
+        "confusion_png": str(confusion_path),
+    }
+    if args.json:
+        print(json_text(row))
+    else:
+        print(
+            f"{args.split}: {result['count']} images  loss {result['loss']:.4f}  "
+            f"top-1 {result['acc1']:.4f}  top-5 {result['acc5']:.4f}"
+        )
+        print(f"confusion matrix: {confusion_path}")
+    return ExitCode.OK

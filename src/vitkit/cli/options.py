@@ -1,0 +1,70 @@
+"""Flags and argument types shared by several commands, declared once, and the one place that
+reaches `TrainConfig`'s generated flags (`train.flags`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..model.precision import PRECISIONS
+from ..train import flags as train_flags
+
+
+def int_in(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`, else one line naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def precision(parser: argparse.ArgumentParser, export: bool = False) -> None:
+    what = (
+        "bf16 weights (folders, pt2) or an int8-quantised ONNX file (onnxruntime's dynamic "
+        "quantiser)"
+        if export
+        else "bf16 where the CPU has native bf16 (else fp32, with a note), or int8 dynamic "
+        "quantisation of every Linear (CPU)"
+    )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help=f"{what} (default: fp32)"
+    )
+
+
+# -- TrainConfig's flags: the lead switches these two to the option schema ------------------
+
+
+def add_train_options(
+    parser: argparse.ArgumentParser,
+    recipe_options: frozenset[str] = frozenset(),
+    recipes: Sequence[str] = (),
+    *,
+    only: Mapping[str, str | None] | None = None,
+    title: str = "",
+) -> Any:
+    """`TrainConfig`'s flags (all, or `only` these with their help) on `parser`."""
+    return train_flags.add_arguments(parser, recipe_options, recipes, only=only, title=title)
+
+
+def train_options_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TrainConfig` values the command line set."""
+    return train_flags.given_options(args)

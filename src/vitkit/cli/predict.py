@@ -1,0 +1,59 @@
+"""`vitkit predict`: the top classes and their probabilities for each image."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..train import predict
+from ..train.config import resolve_device
+from .commands import add_command
+from .loading import checkpoint_model, class_names, json_text, model_inputs
+from .options import int_in, precision
+from .status import ExitCode
+
+BATCH = 64  # images per forward pass
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "predict",
+    )
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("--topk", type=int_in(1), default=5)
+    p.add_argument("--device")
+    precision(p)
+    p.add_argument("--json", action="store_true", help="a JSON list instead of text")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    model = checkpoint_model(args.checkpoint, device, args.precision)
+    names = class_names(model)
+    rows = []
+    for start in range(0, len(args.images), BATCH):
+        paths = args.images[start : start + BATCH]
+        batch = model_inputs(model, paths).to(device)
+        probs, indices = predict(model, batch, topk=args.topk)
+        for path, p, ix in zip(paths, probs.tolist(), indices.tolist()):
+            rows.append(
+                {
+                    "image": path,
+                    "predictions": [
+                        {"class": names[i], "index": i, "probability": round(q, 6)}
+                        for q, i in zip(p, ix)
+                    ],
+                }
+            )
+    if args.json:
+        print(json_text(rows))
+        return ExitCode.OK
+    for row in rows:
+        best = row["predictions"][0]
+        print(f"{row['image']}: {best['class']} ({best['probability']:.4f})")
+        for pred in row["predictions"][1:]:
+            print(f"    {pred['class']} ({pred['probability']:.4f})")
+    return ExitCode.OK
