@@ -22,13 +22,31 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "convert",
     )
     p.add_argument(
-        "--from", dest="source", required=True, choices=["timm", "hf", "torchvision", "jax"]
+        "--from",
+        dest="source",
+        required=True,
+        choices=["timm", "hf", "torchvision", "jax"],
+        help="the library the weights come from",
     )
-    p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or HF model folder")
+    p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or a model folder")
     p.add_argument("output", help="the vitkit .safetensors file to write")
-    p.add_argument("--num-heads", type=int_in(1), help="attention heads (default: inferred)")
-    p.add_argument("--config", help="Hugging Face config.json (default: the one beside IN)")
-    p.add_argument("--no-parity", action="store_true", help="skip the output comparison")
+    p.add_argument(
+        "--num-heads",
+        type=int_in(1),
+        metavar="N",
+        help="attention heads, which most weights do not record (default: the standard count "
+        "of their width)",
+    )
+    p.add_argument(
+        "--hf-config",
+        metavar="JSON",
+        help="a Hugging Face config.json, with --from hf (default: the one beside INPUT)",
+    )
+    p.add_argument(
+        "--no-parity",
+        action="store_true",
+        help="skip the comparison with the source library's output",
+    )
     return p
 
 
@@ -39,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     options = {}
     if args.num_heads is not None:
         options["num_heads"] = args.num_heads
-    if args.config is not None:
+    if args.hf_config is not None:
         if args.source != "hf":
-            raise UserError("--config (a Hugging Face config.json) only goes with --from hf")
-        options["config"] = args.config
+            raise UserError("--hf-config (a Hugging Face config.json) only goes with --from hf")
+        options["config"] = args.hf_config
     print(f"converting {args.input} ({args.source} weights) ...", flush=True)
     try:
         model = load_pretrained(args.input, format=args.source, **options)

@@ -13,10 +13,10 @@ from .. import data as data_lib
 from ..explain import plot_confusion
 from ..train import evaluate, make_loader
 from ..train.config import resolve_device
+from . import options
 from .commands import add_command
 from .errors import UserError
 from .loading import checkpoint_model, class_names, data_config, json_text
-from .options import int_in, precision
 from .status import ExitCode
 
 
@@ -25,18 +25,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         subparsers,
         "eval",
     )
-    p.add_argument("--checkpoint", required=True, help="a model.safetensors written by train")
-    p.add_argument("--data", help="data to evaluate (default: the data it was trained on)")
-    p.add_argument("--split", choices=("test", "val", "train", "all"), default="test")
+    options.checkpoint(p)
+    p.add_argument(
+        "--data",
+        metavar="DATA",
+        help="data to evaluate: a built-in source or an image folder (default: the data the "
+        "checkpoint was trained on)",
+    )
+    p.add_argument(
+        "--split",
+        choices=("test", "val", "train", "all"),
+        default="test",
+        help="which part of the data, split as in training (default: test)",
+    )
     p.add_argument(
         "--confusion",
         metavar="PNG",
         help="confusion matrix picture (default: beside the checkpoint)",
     )
-    p.add_argument("--batch-size", type=int_in(1), default=256)
-    p.add_argument("--device")
-    precision(p)
-    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    options.batch_size(p, 256)
+    options.device(p)
+    options.precision(p)
+    options.json_output(p, "one JSON object")
     return p
 
 

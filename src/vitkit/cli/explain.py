@@ -14,10 +14,10 @@ from .. import data as data_lib
 from ..explain import attention_maps, draw_explanation, readout_of
 from ..model import VisionTransformer
 from ..train.config import resolve_device
+from . import options
 from .commands import add_command
 from .errors import UserError
 from .loading import checkpoint_model, class_names, model_inputs
-from .options import fraction
 from .status import ExitCode
 
 
@@ -29,19 +29,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "colour bar, the class-specific relevance (gradient-weighted attention, Chefer et al. "
         "2021), the attention rollout and the last block's class-token attention.",
     )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("image", metavar="IMAGE")
-    p.add_argument("--out", required=True, metavar="PNG")
+    options.checkpoint(p)
+    p.add_argument("image", metavar="IMAGE", help="the image file to explain")
+    p.add_argument(
+        "--output",
+        metavar="PNG",
+        help="the picture to write (default: <image name>_explain.png in the current folder)",
+    )
     p.add_argument("--per-head", action="store_true", help="also a grid of the last block's heads")
     p.add_argument(
         "--head-fusion",
         choices=("mean", "max", "min"),
         default="mean",
-        help="how rollout combines heads",
+        help="how rollout combines heads (default: mean)",
     )
     p.add_argument(
         "--discard-ratio",
-        type=fraction,
+        type=options.fraction,
         default=0.0,
         metavar="F",
         help="rollout: zero this fraction of each fused map, lowest first, never the class "
@@ -53,7 +57,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME|INDEX",
         help="the class to explain (default: the predicted one)",
     )
-    p.add_argument("--device")
+    options.device(p)
     return p
 
 
@@ -65,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}), which has no "
             "attention to draw; explain takes a ViT checkpoint"
         )
+    output = Path(args.output or f"{Path(args.image).stem}_explain.png")
     names = class_names(model)
     target = class_index(args.target, names) if args.target is not None else None
     batch = model_inputs(model, [args.image]).to(device)
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     draw_explanation(
         original,
         one,
-        args.out,
+        output,
         per_head=args.per_head,
         target_name=names[explained],
         rollout_title=f"rollout ({args.head_fusion} of heads, discard {args.discard_ratio:g})",
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[explained]} "
-        f"({float(probs[explained]):.4f}); attention maps in {args.out}"
+        f"({float(probs[explained]):.4f}); attention maps in {output}"
     )
     return ExitCode.OK
 

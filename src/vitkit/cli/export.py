@@ -11,9 +11,9 @@ import torch
 
 from ..model import VisionTransformer
 from ..weights import load
+from . import options
 from .commands import add_command
 from .errors import UserError
-from .options import precision
 from .status import ExitCode
 
 
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "output",
         help="the file to write (model.onnx, model.pt2) or, for --format hf / timm, the folder",
     )
-    p.add_argument("--checkpoint", required=True, help="a checkpoint written by vitkit.save")
+    options.checkpoint(p)
     p.add_argument(
         "--format",
         choices=("onnx", "pt2", "hf", "timm"),
@@ -37,7 +37,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="onnx, a torch.export program (pt2), or a folder that Hugging Face transformers "
         "(hf) or timm (timm) loads, with the model's preprocessing",
     )
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset (18 or newer)")
+    p.add_argument(
+        "--opset", type=int, default=18, metavar="N", help="ONNX opset (18 or newer; default: 18)"
+    )
     p.add_argument("--static-batch", action="store_true", help="fix the batch size at 1")
     p.add_argument(
         "--dynamic-img-size",
@@ -50,7 +52,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="compare onnxruntime with PyTorch (within 1e-4; with int8, the float32 graph "
         "before quantising)",
     )
-    precision(p, export=True)
+    options.precision(p, export=True)
     return p
 
 

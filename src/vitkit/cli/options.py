@@ -37,7 +37,46 @@ def fraction(text: str) -> float:
     return value
 
 
+# -- shared flags: each declared here once ----------------------------------------------------
+
+
+def checkpoint(parser: argparse.ArgumentParser) -> None:
+    """`--checkpoint PATH`: the weights a command runs (eval, predict, explain, export)."""
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="the model's weights: a checkpoint written by vitkit (a run's model.safetensors)",
+    )
+
+
+def device(parser: argparse.ArgumentParser) -> None:
+    """`--device`: where the model runs."""
+    parser.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where the model runs: cpu, cuda or cuda:N (default: cuda when available)",
+    )
+
+
+def batch_size(parser: argparse.ArgumentParser, default: int) -> None:
+    """`--batch-size N`: images per forward pass."""
+    parser.add_argument(
+        "--batch-size",
+        type=int_in(1),
+        default=default,
+        metavar="N",
+        help=f"images per forward pass (default: {default})",
+    )
+
+
+def json_output(parser: argparse.ArgumentParser, document: str) -> None:
+    """`--json`: print `document` (e.g. 'one JSON object') instead of text."""
+    parser.add_argument("--json", action="store_true", help=f"print {document} instead of text")
+
+
 def precision(parser: argparse.ArgumentParser, export: bool = False) -> None:
+    """`--precision fp32|bf16|int8`: how the model runs (or, with `export`, is written)."""
     what = (
         "bf16 weights (folders, pt2) or an int8-quantised ONNX file (onnxruntime's dynamic "
         "quantiser)"

@@ -7,9 +7,9 @@ from typing import Any
 
 from ..train import predict
 from ..train.config import resolve_device
+from . import options
 from .commands import add_command
 from .loading import checkpoint_model, class_names, json_text, model_inputs
-from .options import int_in, precision
 from .status import ExitCode
 
 BATCH = 64  # images per forward pass
@@ -20,12 +20,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         subparsers,
         "predict",
     )
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--topk", type=int_in(1), default=5)
-    p.add_argument("--device")
-    precision(p)
-    p.add_argument("--json", action="store_true", help="a JSON list instead of text")
+    options.checkpoint(p)
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files to classify")
+    p.add_argument(
+        "--topk",
+        type=options.int_in(1),
+        default=5,
+        metavar="K",
+        help="how many classes to list per image, most probable first (default: 5)",
+    )
+    options.device(p)
+    options.precision(p)
+    options.json_output(p, "a JSON list")
     return p
 
 

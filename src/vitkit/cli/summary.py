@@ -8,6 +8,7 @@ from typing import Any
 
 from ..model import VisionTransformer, registry
 from ..train.config import TrainConfig
+from . import options
 from .commands import add_command
 from .errors import UserError
 from .options import add_train_options, int_in, train_options_given
@@ -38,8 +39,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="patch size: N or H W (as --model-opt patch_size=N)",
     )
     g.add_argument("--num-classes", type=int_in(0), help="head outputs (default: the preset's)")
-    p.add_argument("--batch-size", type=int_in(1), default=1)
-    p.add_argument("--depth", type=int_in(0), default=2, help="deepest module level listed")
+    options.batch_size(p, 1)
+    p.add_argument(
+        "--depth",
+        type=options.int_in(0),
+        default=2,
+        metavar="N",
+        help="deepest module level listed (default: 2)",
+    )
     p.add_argument(
         "--flow",
         action="store_true",
