@@ -38,3 +38,18 @@ def image_folder(root: Path, classes=("a", "b"), per_class: int = 6, size: int =
             array = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
             Image.fromarray(array).save(root / name / f"{i}.png")
     return root
+
+
+def tiny_checkpoint(path: Path, class_names, **meta) -> Path:
+    """A random one-block RGB ViT of 8x8 inputs saved with `class_names` (and `meta`)."""
+    import torch
+
+    import vitkit
+
+    torch.manual_seed(0)
+    model = vitkit.create_model(
+        "vit_digits", num_classes=len(class_names), in_chans=3, embed_dim=16, depth=1,
+        num_heads=2,
+    )  # fmt: skip
+    vitkit.save(model, path, meta={"class_names": list(class_names), **meta})
+    return path

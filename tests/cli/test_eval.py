@@ -10,7 +10,7 @@ import pytest
 
 from vitkit.model import precision as precision_lib
 
-from ._cli import PNG, digit_png, image_folder
+from ._cli import PNG, digit_png, image_folder, tiny_checkpoint
 
 
 def test_eval_json_and_confusion(trained, tmp_path, run_cli):
@@ -66,3 +66,15 @@ def test_mismatched_checkpoint_and_data(trained, tmp_path, run_cli):
     code, _, err = run_cli("eval", "--checkpoint", trained / "model.safetensors", "--data", folder)
     assert code == 2
     assert re.match(r"vitkit: error: .*two has 2 classes .* but .* was trained on 10", err)
+
+
+def test_counts_and_top_k_are_said_right(tmp_path, run_cli):
+    """One image is '1 image'; with 4 classes the top-5 is a top-4 and says so."""
+    folder = image_folder(tmp_path / "data", classes=("b", "c", "d"), per_class=2)
+    image_folder(folder, classes=("a",), per_class=5)  # a's fifth of 5 is the test split
+    meta = {"data": str(folder), "val_fraction": 0.1, "test_fraction": 0.2, "split_seed": 0}
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["a", "b", "c", "d"], **meta)
+    code, out, _ = run_cli("eval", "--checkpoint", checkpoint, "--confusion", tmp_path / "c.png")
+    assert code == 0 and re.fullmatch(
+        r"test: 1 image  loss \d+\.\d{4}  top-1 [01]\.0000  top-4 1\.0000", out.splitlines()[0]
+    )

@@ -13,7 +13,7 @@ from PIL import Image
 
 from vitkit import load
 
-from ._cli import digit_png
+from ._cli import digit_png, image_folder, tiny_checkpoint
 
 
 def test_predict_names_classes_and_resizes(trained, tmp_path, run_cli):
@@ -61,3 +61,17 @@ def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli):
     assert (
         code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
     )
+
+
+def test_topk_is_capped_at_the_classes_and_said_once(tmp_path, run_cli, caplog):
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["a", "b", "c", "d"])
+    folder = image_folder(tmp_path / "imgs", classes=("x",), per_class=2)
+    images = [folder / "x" / "0.png", folder / "x" / "1.png"]
+    code, out, err = run_cli("predict", "--checkpoint", checkpoint, "--topk", "5", "--json",
+                             *images)  # fmt: skip
+    assert code == 0 and [len(row["predictions"]) for row in json.loads(out)] == [4, 4]
+    said = [r.getMessage() for r in caplog.records if "--topk" in r.getMessage()]
+    assert said == ["--topk 5: the checkpoint has 4 classes; listing all of them"]
+    caplog.clear()
+    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, images[0])
+    assert code == 0 and len(out.splitlines()) == 4 and "--topk" not in caplog.text

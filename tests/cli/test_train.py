@@ -157,3 +157,13 @@ def test_default_train_meets_the_acceptance_bar(tmp_path):
     assert re.fullmatch(r"test accuracy: 0\.\d{4}", last)
     assert float(last.split()[-1]) >= 0.97
     assert (tmp_path / "runs" / "digits-vit_digits" / "model.safetensors").is_file()
+
+
+def test_a_resume_refusal_names_unset_settings_as_such(trained, run_cli):
+    argv = ["--pretrained", "w.pth", "--seed", "3", "--model-opt", "depth=2"]
+    code, _, err = run_cli("train", "--out", trained, "--resume", *argv)
+    assert code == 2 and "None" not in err
+    assert (
+        "it cannot change --model-opt (saved {'embed_dim': 16, 'depth': 1, 'num_heads': 2}), "
+        "--pretrained (unset in the run), --seed (saved 0): drop them" in err
+    )

@@ -178,7 +178,7 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(
         f"vitkit: error: --resume continues {finished} with its saved settings; it cannot change "
-        "--seed (saved 0), --lr (saved None): drop them, or start a new run with --config"
+        "--seed (saved 0), --lr (unset in the run): drop them, or start a new run with --config"
     )
     code = cli.main(
         ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
@@ -197,7 +197,7 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
             ["--amp", "fp32"],
             "vitkit: error: unknown amp 'fp32'; expected one of 'none', 'bf16', 'fp16'",
         ),
-        (["--bogus"], "vitkit: error: unrecognized arguments: --bogus; see `vitkit --help`"),
+        (["--bogus"], "vitkit: error: unknown flag --bogus; see `vitkit train --help`"),
     ],
 )
 def test_command_line_mistakes_are_one_line(tmp_path, capsys, argv, message):

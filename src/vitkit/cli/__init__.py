@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 from .commands import COMMANDS, add_command, command_module
 from .errors import UserError, describe
-from .parser import Parser
+from .parser import Parser, debug_flag
 from .status import ExitCode
 
 __all__ = ["COMMANDS", "ExitCode", "UserError", "build_parser", "main"]
@@ -26,7 +27,7 @@ def build_parser(only: Collection[str] | None = None) -> Parser:
     parser = Parser(
         prog="vitkit", description="Vision Transformers: train, evaluate, predict, explain."
     )
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    debug_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         if only is None or name in only:
@@ -62,14 +63,20 @@ def _sigterm_interrupts() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (`ExitCode`: 0 ok, 1 the run failed, 2 a
     mistake in the command or its inputs, 130 interrupted). Every error is one line
-    `vitkit: error: ...`; `--debug` shows the traceback instead."""
+    `vitkit: error: ...`; `--debug` (before or after the command) shows the traceback
+    instead. Output cut short by its reader (`vitkit models | head -1`) ends quietly."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in arguments
     with _sigterm_interrupts():
         try:
             args = build_parser(only=[_command_in(arguments)]).parse_args(arguments)
             logging.basicConfig(level=logging.INFO, format="%(message)s")
-            return int(command_module(args.command).run(args))
+            code = command_module(args.command).run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+            return int(code)
+        except BrokenPipeError:
+            _discard_stdout()
+            return ExitCode.OK
         except KeyboardInterrupt as err:
             how = f" ({err.args[0]})" if err.args else ""
             print(f"vitkit: interrupted{how}", file=sys.stderr)
@@ -80,3 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, message = describe(err)
             print(f"vitkit: error: {message}", file=sys.stderr)
             return int(code)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again on
+    the closed pipe (Python's documented handling of SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (captured in tests)
+        pass

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .parser import debug_flag
+
 
 @dataclass(frozen=True)
 class Command:
@@ -50,5 +52,8 @@ def command_module(name: str) -> ModuleType:
 
 
 def add_command(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """The sub-parser of command `name`, with its one-line summary as its help."""
-    return subparsers.add_parser(name, help=COMMANDS[name].summary, **kwargs)
+    """The sub-parser of command `name`, with its one-line summary as its help (and
+    `--debug`, which may come after the command too)."""
+    parser = subparsers.add_parser(name, help=COMMANDS[name].summary, **kwargs)
+    debug_flag(parser, default=argparse.SUPPRESS)
+    return parser

@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import ConcatDataset
+import torch
+from torch.utils.data import ConcatDataset, Dataset
 
 from .. import data as data_lib
 from ..explain import plot_confusion
@@ -16,7 +17,8 @@ from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import checkpoint_model, class_names, data_config, json_text
+from .loading import checkpoint_model, class_names, data_config
+from .output import json_text, plural
 from .status import ExitCode
 
 
@@ -53,38 +55,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = checkpoint_model(args.checkpoint, device, args.precision)
-    meta = model.meta
-    spec = args.data or meta.get("data")
-    if not spec:
-        raise UserError(f"{args.checkpoint} does not record its data; pass --data")
-    prepared = data_config(model)
-    splits = data_lib.load_data(
-        spec,
-        val_fraction=meta.get("val_fraction", 0.1),
-        test_fraction=meta.get("test_fraction", 0.2),
-        seed=meta.get("split_seed", 0),
-        in_chans=prepared.input_size[0],
-        img_size=prepared.img_size,
-        skip_corrupt=False,
-    )
     names = class_names(model)
-    if splits.num_classes != model.num_classes or (
-        meta.get("class_names") and splits.class_names != names
-    ):
-        raise UserError(
-            f"{spec} has {splits.num_classes} classes ({', '.join(splits.class_names[:5])}...) "
-            f"but {args.checkpoint} was trained on {model.num_classes} "
-            f"({', '.join(names[:5])}...); evaluate it on data with the same classes"
-        )
-    if args.split == "all":
-        dataset = ConcatDataset([splits.train, splits.val, splits.test])
-    else:
-        dataset = getattr(splits, args.split)
-    loader = make_loader(
-        data_lib.Transformed(dataset, data_lib.eval_transform(prepared)),
-        args.batch_size,
-        train=False,
-    )
+    spec, dataset = _dataset(args, model, names)
+    prepared = data_lib.Transformed(dataset, data_lib.eval_transform(data_config(model)))
+    loader = make_loader(prepared, args.batch_size, train=False)
     result = evaluate(model, loader, device=device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):
         raise FloatingPointError(
@@ -102,23 +76,48 @@ def run(args: argparse.Namespace) -> int:
         confusion_path,
         title=f"{Path(args.checkpoint).name} on {args.split}: top-1 {result['acc1']:.4f}",
     )
-    row = {
-        "checkpoint": args.checkpoint,
-        "data": spec,
-        "split": args.split,
-        "count": result["count"],
-        "loss": result["loss"],
-        "acc1": result["acc1"],
-        "acc5": result["acc5"],
-        "confusion": result["confusion"].tolist(),
-        "confusion_png": str(confusion_path),
-    }
     if args.json:
+        row = {"checkpoint": args.checkpoint, "data": spec, "split": args.split}
+        row.update({key: result[key] for key in ("count", "loss", "acc1", "acc5")})
+        row.update(confusion=result["confusion"].tolist(), confusion_png=str(confusion_path))
         print(json_text(row))
-    else:
-        print(
-            f"{args.split}: {result['count']} images  loss {result['loss']:.4f}  "
-            f"top-1 {result['acc1']:.4f}  top-5 {result['acc5']:.4f}"
-        )
-        print(f"confusion matrix: {confusion_path}")
+        return ExitCode.OK
+    top = min(5, len(names))  # `evaluate`'s top-5 is a top-k of at most the classes
+    print(
+        f"{args.split}: {plural(result['count'], 'image')}  loss {result['loss']:.4f}  "
+        f"top-1 {result['acc1']:.4f}  top-{top} {result['acc5']:.4f}"
+    )
+    print(f"confusion matrix: {confusion_path}")
     return ExitCode.OK
+
+
+def _dataset(
+    args: argparse.Namespace, model: torch.nn.Module, names: list[str]
+) -> tuple[str, Dataset]:
+    """(data spec, the split to score): `--data`, else the checkpoint's own data, split as in
+    training; data of other classes is refused."""
+    meta = model.meta
+    spec = args.data or meta.get("data")
+    if not spec:
+        raise UserError(f"{args.checkpoint} does not record its data; pass --data")
+    prepared = data_config(model)
+    splits = data_lib.load_data(
+        spec,
+        val_fraction=meta.get("val_fraction", 0.1),
+        test_fraction=meta.get("test_fraction", 0.2),
+        seed=meta.get("split_seed", 0),
+        in_chans=prepared.input_size[0],
+        img_size=prepared.img_size,
+        skip_corrupt=False,
+    )
+    if splits.num_classes != model.num_classes or (
+        meta.get("class_names") and splits.class_names != names
+    ):
+        raise UserError(
+            f"{spec} has {splits.num_classes} classes ({', '.join(splits.class_names[:5])}...) "
+            f"but {args.checkpoint} was trained on {model.num_classes} "
+            f"({', '.join(names[:5])}...); evaluate it on data with the same classes"
+        )
+    if args.split == "all":
+        return spec, ConcatDataset([splits.train, splits.val, splits.test])
+    return spec, getattr(splits, args.split)

@@ -3,10 +3,8 @@ and images prepared as its data config says."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -50,8 +48,3 @@ def model_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
     prepare = data_lib.eval_transform(config)
     chans = config.input_size[0]
     return torch.stack([prepare(data_lib.open_image(p, in_chans=chans)) for p in paths])
-
-
-def json_text(value: Any) -> str:
-    """Strict JSON: a NaN or infinity is an error, never an invalid document."""
-    return json.dumps(value, allow_nan=False)

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..model.precision import PRECISIONS
-from ..train import flags as train_flags
 
 
 def int_in(low: int) -> Callable[[str], int]:
@@ -101,9 +100,24 @@ def add_train_options(
     title: str = "",
 ) -> Any:
     """`TrainConfig`'s flags (all, or `only` these with their help) on `parser`."""
+    from ..train import flags as train_flags
+
     return train_flags.add_arguments(parser, recipe_options, recipes, only=only, title=title)
 
 
 def train_options_given(args: argparse.Namespace) -> dict[str, Any]:
     """The `TrainConfig` values the command line set."""
+    from ..train import flags as train_flags
+
     return train_flags.given_options(args)
+
+
+def train_flag(name: str) -> str:
+    """The flag of `TrainConfig` field `name` (e.g. 'model_opts' -> '--model-opt')."""
+    import dataclasses
+
+    from ..train import flags as train_flags
+    from ..train.config import TrainConfig
+
+    (item,) = [f for f in dataclasses.fields(TrainConfig) if f.name == name]
+    return train_flags.flag_name(item)

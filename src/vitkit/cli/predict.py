@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from ..train import predict
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
-from .loading import checkpoint_model, class_names, json_text, model_inputs
+from .loading import checkpoint_model, class_names, model_inputs
+from .output import json_text, plural
 from .status import ExitCode
+
+log = logging.getLogger("vitkit")
 
 BATCH = 64  # images per forward pass
 
@@ -25,9 +29,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--topk",
         type=options.int_in(1),
-        default=5,
         metavar="K",
-        help="how many classes to list per image, most probable first (default: 5)",
+        help="how many classes to list per image, most probable first (default: 5, or the "
+        "checkpoint's classes when it has fewer)",
     )
     options.device(p)
     options.precision(p)
@@ -39,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = checkpoint_model(args.checkpoint, device, args.precision)
     names = class_names(model)
+    topk = _topk(args.topk, len(names))
     rows = []
     for start in range(0, len(args.images), BATCH):
         paths = args.images[start : start + BATCH]
         batch = model_inputs(model, paths).to(device)
-        probs, indices = predict(model, batch, topk=args.topk)
+        probs, indices = predict(model, batch, topk=topk)
         for path, p, ix in zip(paths, probs.tolist(), indices.tolist()):
             rows.append(
                 {
@@ -63,3 +68,14 @@ def run(args: argparse.Namespace) -> int:
         for pred in row["predictions"][1:]:
             print(f"    {pred['class']} ({pred['probability']:.4f})")
     return ExitCode.OK
+
+
+def _topk(asked: int | None, classes: int) -> int:
+    """`--topk`, at most the number of classes (said once when it asked for more)."""
+    if asked is None:
+        return min(5, classes)
+    if asked > classes:
+        log.warning("--topk %d: the checkpoint has %s; listing all of them", asked,
+                    plural(classes, "class", "classes"))  # fmt: skip
+        return classes
+    return asked

@@ -17,7 +17,7 @@ from ..train.recipes import RECIPE_OPTIONS, RECIPES, default_model
 from ..train.setup import default_out
 from .commands import add_command
 from .errors import UserError
-from .options import add_train_options, train_options_given
+from .options import add_train_options, train_flag, train_options_given
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -130,8 +130,8 @@ def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
     }
     changed = [n for n, v in given.items() if n not in taken and v != getattr(saved, n)]
     if changed:
-        flags = ", ".join(f"--{n.replace('_', '-')} (saved {getattr(saved, n)!r})" for n in changed)
-        grows = [f"--{n}" for n in changed if n in GROWS]
+        flags = ", ".join(f"{train_flag(n)} ({_saved(getattr(saved, n))})" for n in changed)
+        grows = [train_flag(n) for n in changed if n in GROWS]
         hint = f"; {', '.join(grows)} may only grow" if grows else ""
         raise UserError(
             f"--resume continues {out} with its saved settings; it cannot change {flags}{hint}: "
@@ -139,6 +139,11 @@ def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
         )
     for name, value in taken.items():
         if value != getattr(saved, name):
-            log.info("--resume: taking --%s %s (saved %s)", name.replace("_", "-"), value,
-                     getattr(saved, name))  # fmt: skip
+            log.info("--resume: taking %s %s (%s)", train_flag(name), value,
+                     _saved(getattr(saved, name)))  # fmt: skip
     return saved.replace(**taken)
+
+
+def _saved(value: Any) -> str:
+    """How a resumed run's saved setting is named: 'saved 8', or 'unset in the run'."""
+    return "unset in the run" if value is None else f"saved {value!r}"
