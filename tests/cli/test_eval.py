@@ -10,7 +10,7 @@ import pytest
 
 from vitkit.model import precision as precision_lib
 
-from ._cli import PNG, digit_png, image_folder, tiny_checkpoint
+from ._cli import PNG, digit_png, image_folder, timm_folder, tiny_checkpoint
 
 
 def test_eval_json_and_confusion(trained, tmp_path, run_cli):
@@ -77,4 +77,45 @@ def test_counts_and_top_k_are_said_right(tmp_path, run_cli):
     code, out, _ = run_cli("eval", "--checkpoint", checkpoint, "--confusion", tmp_path / "c.png")
     assert code == 0 and re.fullmatch(
         r"test: 1 image  loss \d+\.\d{4}  top-1 [01]\.0000  top-4 1\.0000", out.splitlines()[0]
+    )
+
+
+def test_eval_takes_a_timm_folder_and_scores_a_folder(tmp_path, run_cli):
+    pytest.importorskip("timm")
+    folder = timm_folder(tmp_path / "timm")
+    data = image_folder(tmp_path / "data", classes=("a", "b", "c"), per_class=4, size=40)
+    argv = ["--data", data, "--split", "all", "--confusion", tmp_path / "c.png", "--json"]
+    code, out, err = run_cli("eval", "--checkpoint", folder, *argv)
+    assert (code, err) == (0, "") and json.loads(out)["count"] == 12
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: timm_folder(p / "headless", num_classes=0),
+         "{p}/headless is a timm folder without a classifier head; eval needs class scores: "
+         "fine-tune it first (vitkit train --pretrained {p}/headless)"),
+        (lambda p: p.joinpath("empty").mkdir() or p / "empty",
+         "{p}/empty is a folder without model.safetensors or pytorch_model.bin; pass a "
+         "weights file"),
+        (lambda p: p.joinpath("w.pth").write_bytes(b"hello, this is text") and p / "w.pth",
+         "{p}/w.pth is not a readable PyTorch checkpoint ("),
+    ],
+    ids=["headless", "empty-folder", "not-a-pickle"],
+)  # fmt: skip
+def test_weights_it_cannot_score_are_named_for_what_they_are(tmp_path, run_cli, make, message):
+    pytest.importorskip("timm")
+    code, out, err = run_cli("eval", "--checkpoint", make(tmp_path), "--data", "digits")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("vitkit: error: " + message.format(p=tmp_path))
+    assert "does not exist or is not a file" not in err and "header too large" not in err
+
+
+def test_an_architecture_of_other_sizes_is_refused(tmp_path, run_cli):
+    pytest.importorskip("timm")
+    folder = timm_folder(tmp_path / "timm")
+    code, _, err = run_cli("eval", "--checkpoint", folder, "--arch", "vit_small_patch16_224")
+    assert code == 2 and err.startswith(
+        "vitkit: error: --arch vit_small_patch16_224 does not match the weights: they have "
+        "embed_dim 192 (vit_small_patch16_224: 384), depth 2 (vit_small_patch16_224: 12)"
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import vitkit
 from vitkit import load
 
 from ._cli import PNG, TINY, image_folder
@@ -167,3 +168,27 @@ def test_a_resume_refusal_names_unset_settings_as_such(trained, run_cli):
         "it cannot change --model-opt (saved {'embed_dim': 16, 'depth': 1, 'num_heads': 2}), "
         "--pretrained (unset in the run), --seed (saved 0): drop them" in err
     )
+
+
+def test_model_beside_pretrained_is_the_architecture_or_refused(tmp_path, run_cli):
+    """`--model NAME --pretrained W` names W's architecture: a state dict of vit_digits
+    (width 64: no standard head count) trains with `--model vit_digits`, which gives its
+    heads; a model of other sizes is refused, naming them; never silently ignored."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_digits", depth=1)
+    torch.save(model.state_dict(), tmp_path / "w.pth")
+    argv = ["train", "--pretrained", tmp_path / "w.pth", "--epochs", "1", "--no-progress"]
+    code, _, err = run_cli(*argv, "--out", tmp_path / "a")
+    assert (code, err.endswith("; pass --model-opt num_heads=N\n")) == (2, True)
+    code, _, err = run_cli(*argv, "--out", tmp_path / "b", "--model", "vit_mnist")
+    assert (code, err) == (
+        2,
+        "vitkit: error: --model vit_mnist does not match the weights: they have embed_dim 64 "
+        "(vit_mnist: 128), depth 1 (vit_mnist: 6), patch_size (2, 2) (vit_mnist: (7, 7)), MLP "
+        "width 128 (vit_mnist: 256); give their architecture, or drop --model\n",
+    )
+    code, _, err = run_cli(*argv, "--out", tmp_path / "c", "--model", "vit_digits",
+                           "--model-opt", "depth=1")  # fmt: skip
+    assert code == 0, err
+    trained = vitkit.load(tmp_path / "c" / "model.safetensors").config
+    assert (trained.num_heads, trained.depth, trained.embed_dim) == (4, 1, 64)

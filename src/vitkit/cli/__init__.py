@@ -42,6 +42,15 @@ def _command_in(arguments: Sequence[str]) -> str | None:
     return next((a for a in arguments if not a.startswith("-")), None)
 
 
+def _option_flags(command: str | None) -> dict[str, str]:
+    """The flags command `command` gives the library's options (its module's
+    `OPTION_FLAGS`), so that an error's hint names them."""
+    module = (
+        sys.modules.get(f"{__name__}.{COMMANDS[command].module}") if command in COMMANDS else None
+    )
+    return dict(getattr(module, "OPTION_FLAGS", {}))
+
+
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM ends the command as Ctrl-C does (exit 130 with a message), in every phase;
@@ -84,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as err:
             if debug:
                 raise
-            code, message = describe(err)
+            code, message = describe(err, _option_flags(_command_in(arguments)))
             print(f"vitkit: error: {message}", file=sys.stderr)
             return int(code)
 

@@ -8,19 +8,17 @@ from typing import Any
 
 import torch
 
+from . import options
 from .commands import add_command
 from .errors import UserError
-from .options import int_in
 from .status import ExitCode
 
 PARITY_TOLERANCE = 1e-4
+OPTION_FLAGS = options.WEIGHTS_FLAGS
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(
-        subparsers,
-        "convert",
-    )
+    p = add_command(subparsers, "convert")
     p.add_argument(
         "--from",
         dest="source",
@@ -30,13 +28,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or a model folder")
     p.add_argument("output", help="the vitkit .safetensors file to write")
-    p.add_argument(
-        "--num-heads",
-        type=int_in(1),
-        metavar="N",
-        help="attention heads, which most weights do not record (default: the standard count "
-        "of their width)",
-    )
+    options.weights_reading(p)
     p.add_argument(
         "--hf-config",
         metavar="JSON",
@@ -51,21 +43,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..weights import CheckpointError, load_pretrained, save
-    from ..weights.layout import NUM_HEADS_HINT
+    from ..weights import load_pretrained, save
 
-    options = {}
-    if args.num_heads is not None:
-        options["num_heads"] = args.num_heads
-    if args.hf_config is not None:
-        if args.source != "hf":
-            raise UserError("--hf-config (a Hugging Face config.json) only goes with --from hf")
-        options["config"] = args.hf_config
+    if args.hf_config is not None and args.source != "hf":
+        raise UserError("--hf-config (a Hugging Face config.json) only goes with --from hf")
     print(f"converting {args.input} ({args.source} weights) ...", flush=True)
-    try:
-        model = load_pretrained(args.input, format=args.source, **options)
-    except CheckpointError as err:  # convert's flag for the head count is --num-heads
-        raise UserError(str(err).replace(NUM_HEADS_HINT, "--num-heads N")) from None
+    model = load_pretrained(
+        args.input,
+        format=args.source,
+        num_heads=args.num_heads,
+        arch=args.arch,
+        hf_config=args.hf_config,
+    )
     cfg = model.config
     print(
         f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, depth "

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..files import DiskFullError
+from ..weights.checkpoint import OPTION_FORMS, ArchMismatchError, MissingOptionError
 from .status import ExitCode
 
 
@@ -26,9 +29,12 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def describe(err: BaseException) -> tuple[ExitCode, str]:
+def describe(err: BaseException, flags: Mapping[str, str] | None = None) -> tuple[ExitCode, str]:
     """(exit code, message) of an error: USAGE for a mistake in the command or its inputs,
-    FAILED for a run that failed."""
+    FAILED for a run that failed. `flags` are the command's flags for the library's options
+    (e.g. {'num_heads': '--num-heads N'}): a hint names them instead of Python arguments."""
+    if isinstance(err, (MissingOptionError, ArchMismatchError)):
+        return ExitCode.USAGE, one_line(_option_hint(err, flags or {}))
     if isinstance(err, ImportError):
         name = (err.name or "").split(".")[0]
         if name in EXTRAS:
@@ -52,4 +58,21 @@ def describe(err: BaseException) -> tuple[ExitCode, str]:
     return ExitCode.FAILED, (
         f"unexpected {type(err).__name__}: {first[:300]}; rerun with --debug for the "
         "traceback and report it"
+    )
+
+
+def _option_hint(err: MissingOptionError | ArchMismatchError, flags: Mapping[str, str]) -> str:
+    """The library's hint in the command's flags; what no flag gives is left to Python."""
+    if isinstance(err, ArchMismatchError):
+        flag = flags.get("arch", "arch=").split()[0]
+        return (
+            f"{flag} {err.arch} does not match the weights: they have {err.differences}; give "
+            f"their architecture, or drop {flag}"
+        )
+    hint = err.hint(flags)
+    if hint is not None:
+        return f"{err.what}; pass {hint}"
+    return (
+        f"{err.what}; the command line cannot give it: load the weights in Python with "
+        f"vitkit.load_pretrained(..., {err.hint(OPTION_FORMS)}) and vitkit.save them"
     )

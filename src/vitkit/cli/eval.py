@@ -17,16 +17,15 @@ from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import checkpoint_model, class_names, data_config
+from .loading import class_names, load_model
 from .output import json_text, plural
 from .status import ExitCode
 
+OPTION_FLAGS = options.WEIGHTS_FLAGS
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(
-        subparsers,
-        "eval",
-    )
+    p = add_command(subparsers, "eval")
     options.checkpoint(p)
     p.add_argument(
         "--data",
@@ -46,18 +45,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="confusion matrix picture (default: beside the checkpoint)",
     )
     options.batch_size(p, 256)
-    options.device(p)
-    options.precision(p)
     options.json_output(p, "one JSON object")
+    options.model_run(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    model = checkpoint_model(args.checkpoint, device, args.precision)
+    model, _ = load_model(args, device)
     names = class_names(model)
     spec, dataset = _dataset(args, model, names)
-    prepared = data_lib.Transformed(dataset, data_lib.eval_transform(data_config(model)))
+    prepared = data_lib.Transformed(dataset, data_lib.eval_transform(model.data_config))
     loader = make_loader(prepared, args.batch_size, train=False)
     result = evaluate(model, loader, device=device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):
@@ -100,7 +98,7 @@ def _dataset(
     spec = args.data or meta.get("data")
     if not spec:
         raise UserError(f"{args.checkpoint} does not record its data; pass --data")
-    prepared = data_config(model)
+    prepared = model.data_config
     splits = data_lib.load_data(
         spec,
         val_fraction=meta.get("val_fraction", 0.1),

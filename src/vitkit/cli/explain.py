@@ -17,8 +17,10 @@ from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import checkpoint_model, class_names, model_inputs
+from .loading import class_names, load_model, model_inputs
 from .status import ExitCode
+
+OPTION_FLAGS = options.WEIGHTS_FLAGS
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,17 +59,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME|INDEX",
         help="the class to explain (default: the predicted one)",
     )
-    options.device(p)
+    options.model_run(p, precision_flag=False)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    model = checkpoint_model(args.checkpoint, device)
+    model, info = load_model(args, device)
     if not isinstance(model, VisionTransformer):
         raise UserError(
-            f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}), which has no "
-            "attention to draw; explain takes a ViT checkpoint"
+            f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "
+            "to draw; explain takes a ViT checkpoint"
         )
     output = Path(args.output or f"{Path(args.image).stem}_explain.png")
     names = class_names(model)

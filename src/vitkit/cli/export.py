@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from ..model import VisionTransformer
-from ..weights import load
+from ..weights import inspect, load_any
 from . import options
 from .commands import add_command
 from .errors import UserError
 from .status import ExitCode
+
+OPTION_FLAGS = options.WEIGHTS_FLAGS
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -53,6 +55,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "before quantising)",
     )
     options.precision(p, export=True)
+    options.weights_reading(p)
+    options.preparation(p)
     return p
 
 
@@ -104,12 +108,14 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
     """The checkpoint's ViT at the asked precision; what the format cannot take is refused."""
     if args.verify and args.format != "onnx":
         raise UserError(f"--verify checks ONNX files; drop it for --format {args.format}")
-    model = load(args.checkpoint)
-    if not isinstance(model, VisionTransformer):
+    info = inspect(args.checkpoint, num_heads=args.num_heads, arch=args.arch)
+    if info.format == "timm-cnn":
         raise UserError(
-            f"{args.checkpoint} holds a timm CNN ({model.vitkit_timm['name']}); vitkit exports "
-            "ViTs: export the CNN with timm or torch.onnx.export"
+            f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
+            "export the CNN with timm or torch.onnx.export"
         )
+    model = load_any(info, num_heads=args.num_heads, arch=args.arch)
+    model.data_config = options.prepared(model.data_config, args)
     if args.precision == "int8" and args.format != "onnx":
         raise UserError(
             f"--precision int8 exports ONNX only (onnxruntime's quantiser); a {args.format} "

@@ -11,10 +11,7 @@ from .status import ExitCode
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(
-        subparsers,
-        "models",
-    )
+    p = add_command(subparsers, "models")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_base*'")
     return p
 

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..data.data_config import INTERPOLATIONS, DataConfig
 from ..model.precision import PRECISIONS
 
 
@@ -39,14 +40,83 @@ def fraction(text: str) -> float:
 # -- shared flags: each declared here once ----------------------------------------------------
 
 
+# The flags of the weights-reading options, for the library's hints (`MissingOptionError`).
+WEIGHTS_FLAGS = {"num_heads": "--num-heads N", "arch": "--arch NAME"}
+
+
 def checkpoint(parser: argparse.ArgumentParser) -> None:
     """`--checkpoint PATH`: the weights a command runs (eval, predict, explain, export)."""
     parser.add_argument(
         "--checkpoint",
         required=True,
         metavar="PATH",
-        help="the model's weights: a checkpoint written by vitkit (a run's model.safetensors)",
+        help="the model's weights: a vitkit checkpoint (a run's model.safetensors), or timm / "
+        "Hugging Face / torchvision / JAX weights, a file or a model folder",
     )
+
+
+def model_run(parser: argparse.ArgumentParser, *, precision_flag: bool = True) -> None:
+    """The flags of a command that runs `--checkpoint`'s model on images: where and at which
+    precision it runs, what its weights do not record, and the image preparation."""
+    device(parser)
+    if precision_flag:
+        precision(parser)
+    weights_reading(parser)
+    preparation(parser)
+
+
+def weights_reading(parser: argparse.ArgumentParser) -> None:
+    """`--arch`, `--num-heads`: what a state dict does not record."""
+    group = parser.add_argument_group("weights that do not record their architecture")
+    group.add_argument(
+        "--arch",
+        metavar="NAME",
+        help="the timm model name of the weights (`vitkit models`): their heads, activation, "
+        "norm epsilon and pooling, which a state dict does not record",
+    )
+    group.add_argument(
+        "--num-heads",
+        type=int_in(1),
+        metavar="N",
+        help="attention heads, which most weights do not record (default: the standard count "
+        "of their width)",
+    )
+
+
+def preparation(parser: argparse.ArgumentParser) -> None:
+    """`--mean`, `--std`, `--crop-pct`, `--interpolation`: the data config, over the one the
+    weights state (or the one assumed for them)."""
+    group = parser.add_argument_group(
+        "image preparation (default: the weights' data config, or their family's)"
+    )
+    for name, what in (("mean", "mean"), ("std", "standard deviation")):
+        group.add_argument(
+            f"--{name}",
+            type=float,
+            nargs="+",
+            metavar="X",
+            help=f"per-channel {what} of pixels in [0, 1]: one value, or one per channel",
+        )
+    group.add_argument(
+        "--crop-pct",
+        type=float,
+        metavar="F",
+        help="resize to the input size / F, then crop the centre (1: no margin)",
+    )
+    group.add_argument("--interpolation", choices=INTERPOLATIONS, help="the resize filter")
+
+
+def prepared(data_config: DataConfig, args: argparse.Namespace) -> DataConfig:
+    """`data_config` with the preparation flags given on the command line."""
+    one = {name: getattr(args, name) for name in ("mean", "std")}
+    one = {name: v[0] if v is not None and len(v) == 1 else v for name, v in one.items()}
+    changes = {**one, "crop_pct": args.crop_pct, "interpolation": args.interpolation}
+    if args.crop_pct is not None:
+        changes["crop_mode"] = "center"
+    try:
+        return data_config.replace(**changes)
+    except ValueError as err:
+        raise ValueError(f"the image preparation flags: {err}") from None
 
 
 def device(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from ..train import predict
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
-from .loading import checkpoint_model, class_names, model_inputs
+from .loading import class_names, load_model, model_inputs
 from .output import json_text, plural
 from .status import ExitCode
 
@@ -19,11 +19,11 @@ log = logging.getLogger("vitkit")
 BATCH = 64  # images per forward pass
 
 
+OPTION_FLAGS = options.WEIGHTS_FLAGS
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(
-        subparsers,
-        "predict",
-    )
+    p = add_command(subparsers, "predict")
     options.checkpoint(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files to classify")
     p.add_argument(
@@ -33,15 +33,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="how many classes to list per image, most probable first (default: 5, or the "
         "checkpoint's classes when it has fewer)",
     )
-    options.device(p)
-    options.precision(p)
     options.json_output(p, "a JSON list")
+    options.model_run(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    model = checkpoint_model(args.checkpoint, device, args.precision)
+    model, _ = load_model(args, device)
     names = class_names(model)
     topk = _topk(args.topk, len(names))
     rows = []

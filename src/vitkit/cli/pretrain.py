@@ -8,7 +8,9 @@ from typing import Any
 
 from .commands import add_command
 from .status import ExitCode
-from .train import progress_bar, run_arguments, run_config
+from .train import OPTION_FLAGS, progress_bar, run_arguments, run_config
+
+__all__ = ["OPTION_FLAGS", "register", "run"]
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -4,10 +4,14 @@ by stage (`--flow`)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+from torch import nn
 
 from ..model import VisionTransformer, registry
 from ..train.config import TrainConfig
+from ..weights import load_any
 from . import options
 from .commands import add_command
 from .errors import UserError
@@ -22,6 +26,10 @@ _MODEL_FIELDS = {
 }
 
 
+OPTION_FLAGS = options.WEIGHTS_FLAGS
+WEIGHTS_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
@@ -29,7 +37,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="The table lists every module; --flow walks the forward pass, one line per "
         "stage with its measured output shape. The model options are those of `vitkit train`.",
     )
-    p.add_argument("model", help="a registered model name (see `vitkit models`)")
+    p.add_argument(
+        "model",
+        help="a registered model name (see `vitkit models`), or weights: a vitkit checkpoint, "
+        "or timm / Hugging Face / torchvision / JAX weights, a file or a model folder",
+    )
     g = add_train_options(p, only=_MODEL_FIELDS, title="model options (as vitkit train)")
     g.add_argument(
         "--patch-size",
@@ -62,6 +74,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="parameters per stage of the native encoder and the nn.TransformerEncoder one",
     )
+    options.weights_reading(p)
     return p
 
 
@@ -69,10 +82,12 @@ def run(args: argparse.Namespace) -> int:
     from ..summary import compare_params, flow, summary
 
     model = _model(args)
-    size = (args.batch_size, model.config.in_chans, *model.patch_embed.img_size)
+    size = (args.batch_size, *model.data_config.input_size)
     if not (args.flow or args.compare_torch):
         print(summary(model, size, max_depth=args.depth))
         return ExitCode.OK
+    if not isinstance(model, VisionTransformer):
+        raise UserError(f"{args.model} is a timm CNN: --flow and --compare-torch walk ViTs")
     native = flow(model, size)
     if args.flow:
         print(native.render(all_blocks=args.all_blocks))
@@ -86,13 +101,47 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _model(args: argparse.Namespace, encoder: str | None = None) -> VisionTransformer:
-    """The model `vitkit train` would build from these options (the same `TrainConfig` checks
-    and `build_model`), for data with the preset's channels and classes."""
+def _is_weights(name: str) -> bool:
+    """True when `summary`'s argument names weights (a path) rather than a registered model."""
+    path = Path(name)
+    return path.exists() or "/" in name or path.suffix in WEIGHTS_SUFFIXES
+
+
+def _weights_model(args: argparse.Namespace, encoder: str | None) -> nn.Module:
+    """The model of the weights `args.model` (any `load_any` reads), or with `encoder` a
+    model of their config with that encoder (for its parameter counts)."""
+    given = [
+        flag
+        for flag, value in (("--patch-size", args.patch_size), ("--num-classes", args.num_classes))
+        if value is not None
+    ]
+    given += [options.train_flag(name) for name in _model_options(args)]
+    if given:
+        raise UserError(
+            f"{args.model} brings its own architecture, so {', '.join(given)} cannot apply: "
+            f"drop {'it' if len(given) == 1 else 'them'}"
+        )
+    model = load_any(args.model, num_heads=args.num_heads, arch=args.arch)
+    if encoder is not None:
+        model = VisionTransformer(model.config.replace(encoder=encoder, drop_path_rate=0.0))
+    return model
+
+
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TrainConfig` model options (`_MODEL_FIELDS`) the command line set."""
+    return {k: v for k, v in train_options_given(args).items() if k in _MODEL_FIELDS}
+
+
+def _model(args: argparse.Namespace, encoder: str | None = None) -> nn.Module:
+    """The model of the weights `args.model` names, else the model `vitkit train` would build
+    from these options (the same `TrainConfig` checks and `build_model`), for data with the
+    preset's channels and classes."""
+    if _is_weights(args.model):
+        return _weights_model(args, encoder)
     from ..data import Splits
     from ..train.setup import build_model
 
-    given = {k: v for k, v in train_options_given(args).items() if k in _MODEL_FIELDS}
+    given = _model_options(args)
     options = dict(given.pop("model_opts", {}))
     for flag, key, value in (
         ("--patch-size", "patch_size", args.patch_size),

@@ -15,12 +15,24 @@ from ..train.config import GROWS, RUNTIME, TrainConfig
 from ..train.fit import Progress
 from ..train.recipes import RECIPE_OPTIONS, RECIPES, default_model
 from ..train.setup import default_out
+from ..weights import inspect
+from ..weights.cnn import is_timm_name
+from ..weights.timm import check_arch
 from .commands import add_command
 from .errors import UserError
 from .options import add_train_options, train_flag, train_options_given
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
+
+# The flags that give the library's options on this command line (`MissingOptionError`).
+OPTION_FLAGS = {
+    "num_heads": "--model-opt num_heads=N",
+    "act_layer": "--model-opt act_layer=NAME",
+    "norm_eps": "--model-opt norm_eps=EPS",
+    "no_embed_class": "--model-opt no_embed_class=true",
+    "arch": "--model NAME",
+}
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,10 +121,25 @@ def run_config(
     else:
         settings = getattr(args, "config", None)
         values = read_settings(settings, source=f"--config {settings}") if settings else {}
-        config = resolve_config(given, values)
+        config = resolve_config(_with_arch_hint(given, values), values)
         data, model = config.data, config.model
     out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
     return (_resumed_config(out, given) if args.resume else config), out
+
+
+def _with_arch_hint(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """`--model NAME` beside `--pretrained` names the weights' architecture: it reaches
+    `load_pretrained` as `arch` (through the model options), which takes from it what the
+    weights do not record and refuses a name whose sizes differ, so it is never ignored."""
+    pretrained = given.get("pretrained", values.get("pretrained"))
+    model = given.get("model")
+    if not (pretrained and model) or is_timm_name(model):
+        return given
+    base = given["model_opts"] if "model_opts" in given else values.get("model_opts", {})
+    info = inspect(pretrained, arch=model, overrides=base)
+    if info.config is not None:
+        check_arch(info.config, model, base)  # other sizes: another model, refused
+    return {**given, "model_opts": {"arch": model, **base}}
 
 
 def _resumed_config(out: Path, given: dict[str, Any]) -> TrainConfig:
