@@ -32,3 +32,12 @@ def test_model_options_do_not_apply_to_weights(tmp_path, run_cli):
         f"vitkit: error: {folder} brings its own architecture, so --patch-size, --img-size "
         "cannot apply: drop them\n",
     )
+
+
+def test_weights_options_do_not_apply_to_a_registered_name(run_cli):
+    code, _, err = run_cli("summary", "vit_tiny_patch16_224", "--num-heads", "4")
+    assert (code, err) == (
+        2,
+        "vitkit: error: --arch and --num-heads read weights; vit_tiny_patch16_224 is a "
+        "registered model: set its options with --model-opt (e.g. num_heads=N)\n",
+    )

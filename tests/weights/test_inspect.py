@@ -182,3 +182,10 @@ def test_an_architecture_name_of_other_sizes_is_refused(tmp_path):
     assert load_any(tmp_path / "w.pth", arch="vit_digits").config.num_heads == 4
     with pytest.raises(ArchMismatchError, match=r"have embed_dim 64 \(vit_mnist: 128\), depth 4"):
         load_any(tmp_path / "w.pth", arch="vit_mnist")
+
+
+def test_a_head_count_that_contradicts_a_checkpoint_is_refused(tmp_path):
+    vitkit.save(_model(), tmp_path / "m.safetensors")
+    assert load_any(tmp_path / "m.safetensors", num_heads=4).config.num_heads == 4
+    with pytest.raises(CheckpointError, match=r"checkpoint of 4 heads, .* count of 2 contradicts"):
+        load_any(tmp_path / "m.safetensors", num_heads=2)

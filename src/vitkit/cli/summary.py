@@ -138,6 +138,11 @@ def _model(args: argparse.Namespace, encoder: str | None = None) -> nn.Module:
     preset's channels and classes."""
     if _is_weights(args.model):
         return _weights_model(args, encoder)
+    if args.arch is not None or args.num_heads is not None:
+        raise UserError(
+            f"--arch and --num-heads read weights; {args.model} is a registered model: set its "
+            "options with --model-opt (e.g. num_heads=N)"
+        )
     from ..data import Splits
     from ..train.setup import build_model
 

@@ -76,6 +76,11 @@ def load_any(
         )
     if arch is not None and info.config is not None:
         check_arch(info.config, arch)  # a name of other sizes is another model
+    if info.format == "vitkit" and num_heads not in (None, info.config.num_heads):
+        raise CheckpointError(
+            f"{info.path} is a vitkit checkpoint of {info.config.num_heads} heads, which its "
+            f"config records; a head count of {num_heads} contradicts it: drop it"
+        )
     if info.format in ("vitkit", "timm-cnn"):
         return _built(info, map_location)
     info.require_config()  # the reason first, before any tensor is read
