@@ -238,7 +238,7 @@ def test_cli_explain_class_over_the_image_at_its_own_size(region_model, tmp_path
     big = images[0, 0].clamp(0, 1).repeat_interleave(3, 0).repeat_interleave(3, 1)  # 48x48
     Image.fromarray((big * 255).round().byte().numpy()).save(tmp_path / "x.png")
     out = tmp_path / "explain.png"
-    argv = ["explain", "--checkpoint", str(ckpt), str(tmp_path / "x.png"), "--out", str(out)]
+    argv = ["explain", "--checkpoint", str(ckpt), str(tmp_path / "x.png"), "--output", str(out)]
     other = (int(labels[0]) + 1) % 4
     assert main([*argv, "--class", names[other], "--per-head", "--discard-ratio", "0.5"]) == 0
     printed = capsys.readouterr().out

@@ -10,6 +10,7 @@ and data folders (`test_bad_images.py`); exit code 1 for a failed run
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from PIL import Image
 
 import vitkit
 from vitkit import cli
+from vitkit.cli import train as train_command
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +112,11 @@ def test_eval_and_predict_mistakes(tmp_path, run_cli, finished):
     )
     assert not (tmp_path / "m.onnx").exists()
     code, _, err = run_cli("eval", "--checkpoint", tmp_path / "nope.safetensors")
-    assert code == 2 and err.startswith("vitkit: error: checkpoint ") and "does not exist" in err
+    assert (code, err) == (2, f"vitkit: error: {tmp_path / 'nope.safetensors'} does not exist\n")
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(model.read_bytes()[:100])
     code, _, err = run_cli("eval", "--checkpoint", broken)
-    assert code == 2 and err.startswith(
-        f"vitkit: error: {broken} is not a readable safetensors file"
-    )
+    assert code == 2 and err.startswith(f"vitkit: error: {broken} is not a valid safetensors file")
     assert err.count("\n") == 1
 
 
@@ -146,13 +146,13 @@ def test_nan_outputs_fail_and_never_print_invalid_json(tmp_path, run_cli, finish
 def test_sigterm_during_set_up_ends_with_a_message(tmp_path, run_cli, monkeypatch):
     """SIGTERM before training has installed its own handler (here: while the settings are
     resolved) ends with exit 130 and a message, not a silent -15."""
-    real = cli.resolve_config
+    real = train_command.resolve_config
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "resolve_config", terminated)
+    monkeypatch.setattr(train_command, "resolve_config", terminated)
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
     assert (code, err) == (130, "vitkit: interrupted (SIGTERM)\n")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -173,7 +173,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(tmp_path, run_cli, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("deep inside\n  a second line")
 
-    monkeypatch.setattr(cli, "resolve_config", broken)
+    monkeypatch.setattr(train_command, "resolve_config", broken)
     code, _, err = run_cli("train", "--out", tmp_path / "run", *TINY)
     assert (code, err) == (
         1,
@@ -194,21 +194,26 @@ def test_usage_errors_of_every_subcommand_are_one_line(run_cli, command):
 
 
 def test_a_missing_head_count_names_each_commands_flag(tmp_path, run_cli):
-    """Weights of a non-standard width do not tell the head count: `vitkit convert` asks for
-    its --num-heads, the Python API for num_heads=N."""
+    """Weights of a non-standard width do not tell the head count: each command asks for its
+    own flag (convert, eval: --num-heads; train: --model-opt num_heads=N), the Python API for
+    num_heads=N."""
     torch.manual_seed(0)
     model = vitkit.VisionTransformer(img_size=16, patch_size=8, embed_dim=40, depth=1,
                                      num_heads=4, num_classes=3)  # fmt: skip
     torch.save(model.state_dict(), tmp_path / "w.pth")
     out = tmp_path / "v.safetensors"
-    code, _, err = run_cli("convert", "--from", "timm", tmp_path / "w.pth", out, "--no-parity")
-    assert code == 2 and err.count("\n") == 1
-    assert err.endswith(
-        "width 40 is not a standard ViT size (192, 384, 768, 1024, 1280); give it: --num-heads N "
-        "on the command line, num_heads=N in Python\n"
+    what = (
+        "the weights do not record the number of attention heads and width 40 is not a "
+        "standard ViT size (192, 384, 768, 1024, 1280); pass "
     )
-    assert "--model-opt" not in err and not out.exists()
+    code, _, err = run_cli("convert", "--from", "timm", tmp_path / "w.pth", out, "--no-parity")
+    assert (code, err) == (2, f"vitkit: error: {what}--num-heads N\n") and not out.exists()
+    code, _, err = run_cli("eval", "--checkpoint", tmp_path / "w.pth", "--data", "digits")
+    assert (code, err) == (2, f"vitkit: error: {what}--num-heads N\n")
+    code, _, err = run_cli("train", "--pretrained", tmp_path / "w.pth", "--out", tmp_path / "r")
+    assert (code, err) == (2, f"vitkit: error: {what}--model-opt num_heads=N\n")
     assert run_cli("convert", "--from", "timm", tmp_path / "w.pth", out, "--num-heads", "4")[0] == 0
     assert vitkit.load(out).config.num_heads == 4
-    with pytest.raises(vitkit.CheckpointError, match="give it: --model-opt num_heads=N on the"):
+    with pytest.raises(vitkit.CheckpointError, match=f"^{re.escape(what)}num_heads=N$") as err:
         vitkit.load_pretrained(tmp_path / "w.pth")
+    assert err.value.option == "num_heads"

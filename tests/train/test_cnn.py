@@ -39,7 +39,7 @@ def test_a_trained_cnn_loads_evaluates_and_predicts(resnet, tmp_path, capsys):
     Image.fromarray(np.full((8, 8), 200, np.uint8)).save(image)
     assert cli.main(["predict", "--checkpoint", str(resnet / "model.safetensors"), str(image)]) == 0
     capsys.readouterr()
-    for command in (["explain", "--out", str(tmp_path / "e.png")], ["export"]):
+    for command in (["explain", "--output", str(tmp_path / "e.png")], ["export"]):
         argv = [command[0], "--checkpoint", str(resnet / "model.safetensors"), *command[1:]]
         assert (
             cli.main([*argv, str(image if command[0] == "explain" else tmp_path / "m.onnx")]) == 2

@@ -118,12 +118,14 @@ def test_fine_tune_from_every_format(tmp_path, folder, kind, capsys):
     assert model.data_config.input_size == (3, 48, 48) and model.data_config.mean == mean
 
 
-def test_a_config_less_file_of_a_non_standard_width_needs_the_head_count(tmp_path, folder):
+def test_a_config_less_file_of_a_non_standard_width_needs_the_head_count(tmp_path, folder, capsys):
     torch.manual_seed(0)
     torch.save(vitkit.VisionTransformer(**SMALL).state_dict(), tmp_path / "w.pth")
     argv = ["train", "--pretrained", str(tmp_path / "w.pth"), "--data", str(folder)]
     argv += ["--epochs", "1", "--out", str(tmp_path / "run"), "--no-progress"]
-    with pytest.raises(vitkit.CheckpointError, match=r"--model-opt num_heads=N"):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.endswith("; pass --model-opt num_heads=N\n")
+    with pytest.raises(vitkit.CheckpointError, match=r"; pass num_heads=N$"):
         cli.main(["--debug", *argv])
     argv[-2] = str(tmp_path / "run2")
     assert cli.main([*argv, "--model-opt", "num_heads=4"]) == 0

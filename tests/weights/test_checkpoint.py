@@ -187,7 +187,7 @@ def test_unknown_keys_give_format_error(tmp_path):
 
 
 def test_missing_file_and_folder(tmp_path):
-    with pytest.raises(CheckpointError, match=r"does not exist or is not a file"):
+    with pytest.raises(CheckpointError, match=r"nope\.safetensors does not exist$"):
         vitkit.load_pretrained(tmp_path / "nope.safetensors")
     with pytest.raises(CheckpointError, match=r"is a folder without model\.safetensors"):
         vitkit.load_pretrained(tmp_path)
@@ -287,7 +287,7 @@ def test_config_is_checked_against_the_header_before_building(
     path = tmp_path / "m.safetensors"
     vitkit.save(small(), path)
     _rewrite_metadata(path, _edit_config(**changes))
-    from vitkit.weights import checkpoint
+    from vitkit.weights import loading
 
     built = []
 
@@ -296,7 +296,7 @@ def test_config_is_checked_against_the_header_before_building(
             super().__init__(*args, **kwargs)
             built.append(self.cls_token.device.type)
 
-    monkeypatch.setattr(checkpoint, "VisionTransformer", Recording)
+    monkeypatch.setattr(loading, "VisionTransformer", Recording)
     with pytest.raises(CheckpointError, match=pattern) as err:
         vitkit.load(path)
     assert "\n" not in str(err.value) and str(path) in str(err.value)

@@ -32,7 +32,7 @@ def test_hf_parity_with_config():
     sd, config = convert.from_hf(source.state_dict(), config=cfg)
     assert (config.embed_dim, config.depth, config.num_heads, config.num_classes) == (64, 2, 4, 5)
     assert config.norm_eps == 1e-12 and config.mlp_ratio == 2.0
-    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    model = vitkit.load_pretrained(source.state_dict(), hf_config=cfg)
     x = images(32, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
@@ -56,7 +56,7 @@ def test_hf_vitmodel_with_pooler_and_saved_folder(tmp_path):
     source = randomize(transformers.ViTModel(cfg))  # with the pooler: dropped on conversion
     sd, config = convert.from_hf(source.state_dict(), config=cfg)
     assert config.num_classes == 0 and config.num_heads == 2 and config.norm_eps == 1e-6
-    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    model = vitkit.load_pretrained(source.state_dict(), hf_config=cfg)
     x = images(32, batch=2)
     with torch.no_grad():
         expected = source(pixel_values=x).last_hidden_state
@@ -113,8 +113,8 @@ def test_hf_other_activation_is_refused():
 @pytest.mark.parametrize(
     "text, pattern",
     [
-        ("{not json", r"cannot read the Hugging Face config .*config\.json \(Expecting"),
-        ("[1, 2]", r"the Hugging Face config .*config\.json is not a JSON object"),
+        ("{not json", r"cannot read .*config\.json \(Expecting"),
+        ("[1, 2]", r".*config\.json must hold a JSON object, not list"),
         ('{"num_attention_heads": 10000000}', r"num_heads must be in \[1, 65536\]"),
         ('{"image_size": 1000000000, "num_attention_heads": 4}', r"img_size must be in \[1, "),
         ('{"layer_norm_eps": -1, "num_attention_heads": 4}', r"norm_eps must be > 0, got -1"),
@@ -141,7 +141,7 @@ def test_hf_vitmae_encoder_parity():
                                     intermediate_size=128, image_size=32, patch_size=8,
                                     mask_ratio=0.0)  # fmt: skip
     source = randomize(transformers.ViTMAEModel(cfg))
-    model = vitkit.load_pretrained(source.state_dict(), config=cfg)
+    model = vitkit.load_pretrained(source.state_dict(), hf_config=cfg)
     x = images(32, batch=2)
     with torch.no_grad():
         out = source(pixel_values=x)

@@ -38,7 +38,7 @@ def load(source, how, tmp_path, **options):
     """The vitkit model of an HF model: from its state dict (with its config), or from the
     folder `save_pretrained` writes (Hub file names, config.json beside them)."""
     if how == "state_dict":
-        return vitkit.load_pretrained(source.state_dict(), config=source.config, **options)
+        return vitkit.load_pretrained(source.state_dict(), hf_config=source.config, **options)
     source.save_pretrained(tmp_path)
     return vitkit.load_pretrained(tmp_path, **options)
 
@@ -140,7 +140,7 @@ def test_image_classification_heads(family):
             vision_config=dict(**SMALL, intermediate_size=128), text_config=TEXT, num_labels=3
         )
         source = scrambled(transformers.SiglipForImageClassification(config))
-    model = vitkit.load_pretrained(source.state_dict(), config=config)
+    model = vitkit.load_pretrained(source.state_dict(), hf_config=config)
     assert model.config.global_pool == "avg" and model.config.num_classes == 3
     assert model.config.final_norm == (family == "siglip")
     x = images(32, batch=2)
@@ -203,7 +203,7 @@ def test_new_resolution_equals_hf_interpolation(cls, config_cls, mode):
     config = getattr(transformers, config_cls)(**SMALL, **extra)
     source = scrambled(getattr(transformers, cls)(config))
     model = vitkit.load_pretrained(
-        source.state_dict(), config=config, img_size=48, pos_resample=mode
+        source.state_dict(), hf_config=config, img_size=48, pos_resample=mode
     )
     options = {} if "Dinov2" in cls else {"interpolate_pos_encoding": True}
     x = images(48, batch=2)
@@ -235,7 +235,7 @@ def test_a_swapped_norm_is_seen():
     for kind in ("weight", "bias"):
         pre, post = f"pre_layrnorm.{kind}", f"post_layernorm.{kind}"
         sd[pre], sd[post] = sd[post], sd[pre]
-    model = vitkit.load_pretrained(sd, config=config)
+    model = vitkit.load_pretrained(sd, hf_config=config)
     x = images(32, batch=2)
     with torch.no_grad():
         diff = (model(x) - source(pixel_values=x).pooler_output).abs().max().item()
@@ -248,7 +248,7 @@ def test_wrong_hidden_act_is_one_line_naming_it():
     bad = {**config.to_dict(), "hidden_act": "relu"}
     message = r"^the Hugging Face siglip model uses hidden_act='relu', which vitkit's MLP does "
     with pytest.raises(CheckpointError, match=message + r"not have; it has gelu, ") as err:
-        vitkit.load_pretrained(source.state_dict(), config=bad)
+        vitkit.load_pretrained(source.state_dict(), hf_config=bad)
     assert "\n" not in str(err.value)
 
 
@@ -258,7 +258,7 @@ def test_unknown_key_is_one_line_naming_it():
     sd["encoder.layer.0.attention.rel_pos_bias"] = torch.zeros(4)
     message = r"^Hugging Face weights not understood: encoder\.layer\.0\.attention\.rel_pos_bias; "
     with pytest.raises(CheckpointError, match=message + "only Dinov2Model") as err:
-        vitkit.load_pretrained(sd, config=config)
+        vitkit.load_pretrained(sd, hf_config=config)
     assert "\n" not in str(err.value)
 
 

@@ -242,3 +242,24 @@ def test_a_distillation_token_is_added_to_weights_without_one():
                                class_token=False, global_pool="avg")  # fmt: skip
     with pytest.raises(Exception, match="needs global_pool='token'|needs a class token"):
         vitkit.load_pretrained(pooled.state_dict(), num_classes=5, distilled=True, num_heads=4)
+
+
+def test_the_three_kinds_of_options(tmp_path, caplog):
+    """Reading options (what the weights do not record), fitting options (the new model's
+    sizes) and ViTConfig fields of the new model, each where it belongs; a name of none of
+    them is refused before the file is read."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    source = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2,
+                                         num_heads=4, num_classes=10))  # fmt: skip
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    model = vitkit.load_pretrained(tmp_path / "w.pth", num_classes=5, img_size=48,
+                                   num_heads=4, drop_path_rate=0.1)  # fmt: skip
+    config = model.config
+    assert (config.num_heads, config.num_classes, config.img_size) == (4, 5, 48)
+    assert config.drop_path_rate == 0.1 and model.data_config.input_size == (3, 48, 48)
+    assert any(m.startswith(f"{tmp_path / 'w.pth'} states no data config; assuming the timm")
+               for m in caplog.messages)  # fmt: skip
+    with pytest.raises(TypeError, match=r"unknown option\(s\) config, depthh; it takes"):
+        vitkit.load_pretrained(tmp_path / "nope.pth", num_heads=4, depthh=3, config={})

@@ -10,6 +10,7 @@ from _parity import TOL, images, randomize
 import vitkit
 from vitkit import CheckpointError, VisionTransformer, convert
 from vitkit.cli import main
+from vitkit.weights import MissingOptionError
 
 TIMM_CASES = [
     pytest.param("vit_tiny_patch16_224", {}, id="tiny"),
@@ -47,7 +48,9 @@ def test_timm_parity(name, kwargs):
 
 def test_timm_heads_override_and_default():
     sd = VisionTransformer(embed_dim=64, depth=1, num_heads=2, img_size=32, patch_size=8)
-    with pytest.raises(CheckpointError, match=r"give it: --model-opt num_heads=N"):
+    with pytest.raises(
+        MissingOptionError, match=r"width 64 is not a standard .*; pass num_heads=N$"
+    ):
         convert.from_timm(sd.state_dict())  # width 64: refused, never guessed
     assert convert.from_timm(sd.state_dict(), num_heads=2)[1].num_heads == 2
     assert convert.default_num_heads(1024) == 16

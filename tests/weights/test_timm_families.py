@@ -138,7 +138,7 @@ def test_post_norm_blocks_come_from_the_name():
         (
             "vit_base_patch16_clip_224",
             r"^the weights have CLIP-style norm_pre, whose act_layer and norm_eps they do not "
-            r"record; pass arch='<timm model name>' or act_layer=, norm_eps=$",
+            r"record; pass arch='<timm model name>' or act_layer= and norm_eps=$",
         ),
         (
             "vit_base_patch16_siglip_224",
@@ -167,7 +167,11 @@ def test_no_embed_class_is_read_from_the_position_grid():
     # 7 register tokens + class token = 8: 16 + 8 = 24 positions would not be square either way
     ambiguous = {"pos_embed": torch.zeros(1, 25, 96), "reg_token": torch.zeros(1, 8, 96)}
     sd = {**source.state_dict(), **ambiguous}  # 25 = 5 x 5, or 4 x 4 + 9 prefix tokens
-    with pytest.raises(CheckpointError, match=r"positions \(9 prefix tokens\) fits both; pass"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"positions \(9 prefix tokens\) fits both: .*; pass img_size=\(h, w\) or "
+        r"no_embed_class=True / False$",
+    ):
         convert.from_timm(sd, num_heads=4)
 
 

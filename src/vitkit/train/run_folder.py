@@ -244,14 +244,14 @@ def resumed_config(out: Path, config: Any, *, task: str) -> Any:
         if item.metadata.get("runtime") or grew:
             changed[item.name] = (before, after)
         else:
-            refused.append(item)
+            refused += _differences(item.name, before, after)
     if refused:
         values = ", ".join(
-            f"{f.name} (saved {_shown(getattr(saved, f.name))}, given "
-            f"{_shown(getattr(config, f.name))})"
-            for f in refused
+            f"{name} (saved {_shown(before)}, given {_shown(after)})"
+            for name, before, after in refused
         )
-        grows = [f.name for f in refused if f.metadata.get("grows")]
+        growing = {f.name for f in dataclasses.fields(config) if f.metadata.get("grows")}
+        grows = [name for name, _, _ in refused if name in growing]
         hint = f"; {', '.join(grows)} may only grow" if grows else ""
         raise RunFolderError(
             f"resuming {out} continues its saved settings; it cannot change {values}{hint}: "
@@ -262,6 +262,19 @@ def resumed_config(out: Path, config: Any, *, task: str) -> Any:
         if name != "device" or before is not None:  # the device is never saved
             log.info("resume: taking %s %s (saved %s)", name, _shown(after), _shown(before))
     return config
+
+
+def _differences(name: str, before: Any, after: Any) -> list[tuple[str, Any, Any]]:
+    """(name, saved, given) of an option that differs; a dict option (the model options) by
+    key, e.g. ('model_opts.depth', 1, 2)."""
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return [(name, before, after)]
+    keys = sorted(before.keys() | after.keys())
+    return [
+        (f"{name}.{key}", before.get(key), after.get(key))
+        for key in keys
+        if before.get(key) != after.get(key)
+    ]
 
 
 def _saved_task(out: Path) -> str | None:

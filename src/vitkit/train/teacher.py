@@ -13,7 +13,6 @@ mean and std (its data config) before running it, in eval mode and without gradi
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,13 +22,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
-from ..weights import load, load_pretrained, load_state_dict
-from ..weights.checkpoint import is_timm_checkpoint, load_into
+from ..weights import WeightsInfo, inspect, load_any, load_state_dict
+from ..weights.checkpoint import OPTION_FORMS, MissingOptionError, load_into
 
 log = logging.getLogger(__name__)
 
 LIBRARIES = ("timm", "torchvision")
-_ONNX_DATA_CONFIG = "vitkit_data_config"  # as vitkit's ONNX export writes it
 
 
 class Teacher(nn.Module):
@@ -131,18 +129,28 @@ def load_teacher(
             f"--teacher-weights is for timm:NAME or torchvision:NAME teachers; {spec} holds "
             "its own weights: drop --teacher-weights"
         )
-    if spec.endswith(".onnx"):
-        run, classes, data_config = _onnx_model(Path(spec), student_mean, student_std, student_size)
-        return Teacher(run, num_classes=classes, data_config=data_config, name=spec, **norm)
-    if not Path(spec).exists():
-        raise ValueError(
-            f"teacher {spec!r} is neither a file nor timm:NAME / torchvision:NAME; give a "
+    path = Path(spec)
+    if not path.exists():
+        what = "teacher {} does not exist" if spec.endswith(".onnx") else (
+            "teacher {!r} is neither a file nor timm:NAME / torchvision:NAME; give a "
             "checkpoint, an .onnx file, or e.g. timm:resnet18 with --teacher-weights FILE"
+        )  # fmt: skip
+        raise ValueError(what.format(spec))
+    info = inspect(path)  # what the file is, read once
+    if info.error is not None and isinstance(info.error, MissingOptionError):
+        raise ValueError(
+            f"teacher {spec} is {info.kind}: {info.error.what}; save it as a vitkit checkpoint "
+            f"first (vitkit.load_pretrained(path, {info.error.hint(OPTION_FORMS)}), then "
+            "vitkit.save)"
         )
-    if is_timm_checkpoint(spec):  # a CNN trained by `vitkit train --model timm:NAME`
-        model = load(spec).to(device)
-    else:
-        model = load_pretrained(spec).to(device)
+    if info.format == "onnx":
+        run, classes, data_config = _onnx_model(info, student_mean, student_std, student_size)
+        return Teacher(run, num_classes=classes, data_config=data_config, name=spec, **norm)
+    model = load_any(info).to(device)  # a vitkit ViT or timm CNN, or any ViT weights
+    if not model.num_classes:
+        raise ValueError(
+            f"teacher {spec} is {info.kind} without a classifier head; distil from a classifier"
+        )
     return Teacher(model, num_classes=model.num_classes, data_config=model.data_config,
                    name=spec, **norm)  # fmt: skip
 
@@ -200,26 +208,23 @@ def _num_classes(model: nn.Module, data_config: DataConfig, device: str | torch.
 
 
 def _onnx_model(
-    path: Path,
+    info: WeightsInfo,
     student_mean: Sequence[float],
     student_std: Sequence[float],
     student_size: tuple[int, int],
 ) -> tuple[Callable[[Tensor], Tensor], int, DataConfig]:
-    """onnxruntime on an .onnx classifier; its data config from vitkit's metadata, else the
-    graph's fixed input size (or the student's) with the student's normalisation."""
+    """onnxruntime on an .onnx classifier; its data config from vitkit's metadata (`inspect`),
+    else the graph's fixed input size (or the student's) with the student's normalisation."""
     import onnxruntime
 
-    if not path.is_file():
-        raise ValueError(f"teacher {path} does not exist")
+    path = info.weights_file
     try:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own types for bad files
         raise ValueError(f"teacher {path} is not a readable ONNX model ({err})") from None
     (graph_input,) = session.get_inputs()
-    props = session.get_modelmeta().custom_metadata_map
-    if _ONNX_DATA_CONFIG in props:
-        data_config = DataConfig.from_dict(json.loads(props[_ONNX_DATA_CONFIG]), str(path))
-    else:
+    data_config = info.data_config
+    if data_config is None:
         shape = graph_input.shape  # (B, C, H, W); symbolic dims are strings
         chans = shape[1] if isinstance(shape[1], int) else len(student_mean)
         fixed = all(isinstance(side, int) for side in shape[2:])

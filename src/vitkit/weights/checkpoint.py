@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as serialize_safetensors
 from torch import Tensor
@@ -29,7 +28,7 @@ from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
-from .cnn import TIMM_KEY, rebuild, timm_metadata
+from .cnn import TIMM_KEY, timm_metadata
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,58 @@ META_KEY = "vitkit_meta"
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used, with the reason and the fix."""
+
+
+# How a hint writes each option of the Python API (a command line writes its own flags).
+OPTION_FORMS = {
+    "num_heads": "num_heads=N",
+    "arch": "arch='<timm model name>'",
+    "act_layer": "act_layer=",
+    "norm_eps": "norm_eps=",
+    "img_size": "img_size=(h, w)",
+    "no_embed_class": "no_embed_class=True / False",
+    "in_chans": "in_chans=",
+    "patch_size": "patch_size=",
+}
+
+
+class MissingOptionError(CheckpointError):
+    """Weights that do not record something only the caller can give.
+
+    `what` says what is missing; `alternatives` are the ways to give it, each a tuple of
+    keyword arguments that must all be passed (`option` is the first of the first). The
+    message writes them as Python (`num_heads=N`); a command line writes its own flags
+    (`hint(forms)`)."""
+
+    def __init__(self, what: str, *alternatives: tuple[str, ...]) -> None:
+        self.what = what
+        self.alternatives = alternatives
+        super().__init__(f"{what}; pass {self.hint(OPTION_FORMS)}")
+
+    @property
+    def option(self) -> str:
+        return self.alternatives[0][0]
+
+    def hint(self, forms: Mapping[str, str]) -> str | None:
+        """The alternatives all of whose options `forms` can write ('A or B and C'), joined
+        by ' or '; None when there is none."""
+        usable = [alt for alt in self.alternatives if all(name in forms for name in alt)]
+        if not usable:
+            return None
+        return " or ".join(" and ".join(forms[name] for name in alt) for alt in usable)
+
+
+class ArchMismatchError(CheckpointError):
+    """An architecture name (`arch=`) that the weights are not: `differences` names the
+    sizes that differ, theirs first."""
+
+    def __init__(self, arch: str, differences: str) -> None:
+        self.arch = arch
+        self.differences = differences
+        super().__init__(
+            f"the weights are not {arch!r}: they have {differences}; pass the architecture of "
+            "the weights as arch=, or none"
+        )
 
 
 def save(
@@ -63,18 +114,45 @@ def save(
     atomic_write(path, lambda f: f.write(data))
 
 
-def _file_metadata(path: Path) -> dict[str, str]:
+def safetensors_header(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, tuple]]:
+    """(metadata, key -> shape) of a safetensors file, read from its header alone: nothing is
+    allocated for the tensors."""
+    path = _existing(path)
     try:
         with safe_open(str(path), framework="pt") as f:
-            return f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from None
+            metadata = f.metadata() or {}
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except Exception as err:  # safetensors raises several types for bad files
+        raise CheckpointError(_invalid_safetensors(path, err)) from None
+    return metadata, shapes
 
 
-def _extra_metadata(metadata: dict[str, str], path: Path) -> dict[str, Any]:
+def _invalid_safetensors(path: Path, err: BaseException) -> str:
+    return (
+        f"{path} is not a valid safetensors file ({_first_line(err)}); it may be truncated or "
+        "of another format"
+    )
+
+
+def saved_config(metadata: Mapping[str, str], path: Path) -> ViTConfig:
+    """The `ViTConfig` that `save` wrote into a file's metadata (checked, not yet against the
+    tensors: `check_header`)."""
+    if CONFIG_KEY not in metadata:
+        raise CheckpointError(
+            f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
+            "Load it with vitkit.load_pretrained()"
+        )
+    try:
+        return ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+    except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
+
+
+def extra_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
+    """The `meta` that `save` wrote (class names, data config, the training data, ...)."""
     try:
         meta = json.loads(metadata[META_KEY]) if META_KEY in metadata else {}
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"{path} has invalid vitkit metadata: {err}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} has invalid vitkit metadata: expected a JSON object")
@@ -83,23 +161,15 @@ def _extra_metadata(metadata: dict[str, str], path: Path) -> dict[str, Any]:
 
 def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
     """The model config and the extra metadata stored by `save`."""
-    path = _existing(path)
-    metadata = _file_metadata(path)
-    if CONFIG_KEY not in metadata:
-        raise CheckpointError(
-            f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
-            "Load it with vitkit.load_state_dict() and build the model yourself"
-        )
-    try:
-        config = ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
-    except (json.JSONDecodeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
-    meta = _extra_metadata(metadata, path)
-    _check_class_names(meta, config.num_classes, path)
+    metadata, _ = safetensors_header(path)
+    config = saved_config(metadata, Path(path))
+    meta = extra_metadata(metadata, Path(path))
+    check_class_names(meta, config.num_classes, Path(path))
     return config, meta
 
 
-def _check_class_names(meta: dict[str, Any], num_classes: int, path: Path) -> None:
+def check_class_names(meta: Mapping[str, Any], num_classes: int, path: Path) -> None:
+    """Refuse `meta['class_names']` unless it is a list of `num_classes` strings."""
     names = meta.get("class_names")
     if names is None:
         return
@@ -114,15 +184,7 @@ def _check_class_names(meta: dict[str, Any], num_classes: int, path: Path) -> No
 
 def header_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Key -> shape of every tensor in a safetensors file, read from its header alone."""
-    path = _existing(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except Exception as err:  # safetensors raises several types for bad files
-        raise CheckpointError(
-            f"{path} is not a valid safetensors file ({_first_line(err)}); it may be "
-            "truncated or of another format"
-        ) from None
+    return safetensors_header(path)[1]
 
 
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
@@ -158,48 +220,6 @@ def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: P
         )
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> VisionTransformer:
-    """Rebuild a model saved by `save`, in eval mode; its extra metadata is `model.meta`.
-
-    The config in the metadata is checked against the tensor shapes in the file's header
-    before the model is built. A timm CNN's file (`--model timm:NAME`) is rebuilt by timm."""
-    metadata = _file_metadata(_existing(path))
-    if TIMM_KEY in metadata and CONFIG_KEY not in metadata:
-        return _load_timm(Path(path), metadata, map_location)
-    config, meta = read_metadata(path)
-    check_header(config, header_shapes(path), Path(path))
-    model = VisionTransformer(config)
-    load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
-    model.meta = meta
-    model.data_config = saved_data_config(meta, config, str(path))
-    return model.eval()
-
-
-def _load_timm(
-    path: Path, metadata: dict[str, str], map_location: str | torch.device
-) -> torch.nn.Module:
-    meta = _extra_metadata(metadata, path)
-    probe = rebuild(metadata[TIMM_KEY], str(path), meta_device=True)  # shapes, no memory
-    report = mismatch_report({k: v.shape for k, v in probe.state_dict().items()},
-                             header_shapes(path))  # fmt: skip
-    if report:
-        raise CheckpointError(
-            f"{path}: its timm model does not match its tensors ({report}); the file is "
-            "damaged or its metadata was edited"
-        )
-    model = rebuild(metadata[TIMM_KEY], str(path))
-    _check_class_names(meta, model.num_classes, path)
-    load_into(model, load_state_dict(path, map_location=map_location), source=str(path))
-    model.meta = meta
-    model.data_config = None
-    if "data_config" in meta:
-        try:
-            model.data_config = DataConfig.from_dict(meta["data_config"], f"{path}: data_config")
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
-    return model.eval()
-
-
 def saved_data_config(meta: dict[str, Any], config: ViTConfig, source: str) -> DataConfig | None:
     """The data config a vitkit checkpoint's metadata records: `data_config`, or for files
     written before it existed the training data's mean / std (they were resized, not
@@ -225,32 +245,33 @@ def saved_data_config(meta: dict[str, Any], config: ViTConfig, source: str) -> D
 
 
 def load_state_dict(
-    path: str | os.PathLike, map_location: str | torch.device = "cpu"
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", *, mmap: bool = False
 ) -> dict[str, Tensor]:
     """Tensors from a `.safetensors`, `.pth`, `.pt` or `.bin` file, without running any code.
 
     Pickle-based files go through `torch.load(weights_only=True)`; a file that would need
     arbitrary unpickling is refused. A `{'model': state_dict}` or `{'state_dict': ...}`
-    wrapper, as training scripts write, is unwrapped.
+    wrapper, as training scripts write, is unwrapped. With `mmap`, a zip-format file's tensors
+    are mapped from the file, not read, until they are used.
     """
     path = _existing(path)
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
     if path.suffix == ".safetensors" or is_safetensors_file(path):
         try:
             return load_file(str(path), device=str(map_location))
         except Exception as err:  # safetensors raises several types for bad files
-            raise CheckpointError(
-                f"{path} is not a valid safetensors file ({_first_line(err)}); it may be "
-                "truncated or of another format"
-            ) from None
+            raise CheckpointError(_invalid_safetensors(path, err)) from None
     if path.suffix == ".npz" or is_npz_file(path):
         raise CheckpointError(
             f"{path} is a NumPy .npz archive (a JAX/Flax checkpoint), not a PyTorch state dict; "
             "load it with vitkit.load_pretrained(path) or vitkit.convert.from_jax(path)"
         )
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(
+            path,
+            map_location=map_location,
+            weights_only=True,
+            mmap=mmap and zipfile.is_zipfile(path),  # torch maps only its zip format
+        )
     except pickle.UnpicklingError as err:
         if not str(err).startswith("Weights only load failed"):
             raise CheckpointError(_unreadable(path, err)) from None
@@ -308,8 +329,6 @@ def is_npz_file(path: str | os.PathLike) -> bool:
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, read with `allow_pickle=False` (no code can run)."""
     path = _existing(path)
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
@@ -324,39 +343,44 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CheckpointError(_unreadable_npz(path, err)) from None
 
 
+# `.npy` format version -> numpy's header reader.
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def npz_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of every array of an `.npz` file, from the `.npy` headers alone."""
+    path = _existing(path)
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                with archive.open(name) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = _NPY_HEADERS.get(version)
+                    if read is None:
+                        raise ValueError(f"{name} is a .npy file of version {version}")
+                    shape, _, dtype = read(member)
+                if dtype.hasobject:
+                    raise CheckpointError(
+                        f"refusing to load {path}: it holds pickled Python objects, which can "
+                        "run code; a JAX checkpoint holds plain arrays only"
+                    )
+                shapes[name.removesuffix(".npy")] = tuple(shape)
+    except CheckpointError:
+        raise
+    except Exception as err:  # zipfile / numpy raise several types for broken archives
+        raise CheckpointError(_unreadable_npz(path, err)) from None
+    return shapes
+
+
 def _unreadable_npz(path: Path, err: BaseException) -> str:
     return (
         f"{path} is not a readable .npz archive ({type(err).__name__}: "
         f"{_first_line(err)[:200]}); it may be truncated or of another format"
     )
-
-
-def is_timm_checkpoint(path: str | os.PathLike) -> bool:
-    """True for a file `save` wrote from a timm CNN (`--model timm:NAME`)."""
-    path = Path(path)
-    if not (path.is_file() and is_safetensors_file(path)):
-        return False
-    try:
-        return TIMM_KEY in _file_metadata(path)
-    except CheckpointError:
-        return False
-
-
-def saved_config(path: str | os.PathLike) -> ViTConfig | None:
-    """The config `save` stored in a safetensors file, or None for files without one."""
-    path = _existing(path)
-    if not is_safetensors_file(path):
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-    except Exception:  # a broken file: let load_state_dict report it
-        return None
-    if CONFIG_KEY not in metadata:
-        return None
-    config = read_metadata(path)[0]
-    check_header(config, header_shapes(path), path)
-    return config
 
 
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
@@ -409,7 +433,12 @@ def load_into(
 
 
 def _existing(path: str | os.PathLike) -> Path:
+    """`path`, a non-empty file; else one CheckpointError saying what it is."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a weights file")
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist or is not a file")
+        raise CheckpointError(f"{path} does not exist")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
     return path

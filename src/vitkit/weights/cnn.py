@@ -9,7 +9,9 @@ extra), after checking the file's tensor shapes against the model's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -50,16 +52,26 @@ def timm_metadata(model: nn.Module) -> str | None:
     return json.dumps(spec) if spec else None
 
 
-def rebuild(metadata: str, source: str, *, meta_device: bool = False) -> nn.Module:
-    """The model a `vitkit_timm` metadata entry describes (random weights)."""
+def parse_spec(metadata: str, source: str) -> dict[str, Any]:
+    """The name, classes and channels a `vitkit_timm` metadata entry records (checked)."""
     try:
         spec = json.loads(metadata)
         name, classes, chans = spec["name"], spec["num_classes"], spec["in_chans"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+    except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as err:
         raise ValueError(f"{source} has invalid vitkit_timm metadata ({err})") from None
     if not (isinstance(name, str) and isinstance(classes, int) and isinstance(chans, int)):
         raise ValueError(f"{source} has invalid vitkit_timm metadata: {spec!r}")
-    if meta_device:
-        with torch.device("meta"):
-            return create_timm_classifier(PREFIX + name, num_classes=classes, in_chans=chans)
-    return create_timm_classifier(PREFIX + name, num_classes=classes, in_chans=chans)
+    return {"name": name, "num_classes": classes, "in_chans": chans}
+
+
+def rebuild(spec: Mapping[str, Any], *, meta_device: bool = False) -> nn.Module:
+    """The timm CNN `spec` describes (`parse_spec`, or a timm folder's architecture, classes,
+    channels and `model_args`), with random weights; on the meta device, shapes only."""
+    options = dict(spec.get("model_args") or {})
+    with torch.device("meta") if meta_device else contextlib.nullcontext():
+        return create_timm_classifier(
+            PREFIX + spec["name"],
+            num_classes=spec["num_classes"],
+            in_chans=spec["in_chans"],
+            **options,
+        )

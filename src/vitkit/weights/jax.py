@@ -55,7 +55,7 @@ _RECORDED = ("num_heads", "no_embed_class")
 
 
 def from_jax(
-    source: str | os.PathLike | Mapping[str, np.ndarray],
+    source: str | os.PathLike | Mapping[str, np.ndarray | Tensor],
     *,
     arch: str | None = None,
     **overrides: Any,
@@ -97,7 +97,7 @@ def from_jax(
         if ignored:
             log.info("ignoring %d arrays outside %s (not the image model)", ignored, prefix)
         arrays = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-    w = _split_scanned({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    w = _split_scanned({k: _tensor(v) for k, v in arrays.items()})
     if "embedding/kernel" not in w:
         raise CheckpointError(
             "no 'embedding/kernel' array: not a ViT checkpoint of vision_transformer or "
@@ -125,14 +125,19 @@ def from_jax(
         cfg.update({k: v for k, v in arch_options(arch).items() if k not in _RECORDED})
     elif "act_layer" not in overrides:
         log.info(
-            "JAX weights without arch=: assuming exact GELU (as timm); JAX's nn.gelu is the tanh "
-            "approximation: pass act_layer='gelu_tanh' (or arch=) to compute that instead"
+            "JAX weights without their model name (arch): assuming exact GELU (as timm); JAX's "
+            "nn.gelu is the tanh approximation (act_layer 'gelu_tanh')"
         )
     cfg.setdefault("act_layer", "gelu")  # the attention pool's check asks for it
     cfg.update(overrides)
     config = infer_config(out, **cfg)
     check_state_dict(out, config, "JAX")
     return out, config
+
+
+def _tensor(array: np.ndarray | Tensor) -> Tensor:
+    """An array as a tensor (tensors, e.g. on the meta device for `inspect`, as they are)."""
+    return array if isinstance(array, Tensor) else torch.from_numpy(np.ascontiguousarray(array))
 
 
 def _split_scanned(w: dict[str, Tensor]) -> dict[str, Tensor]:

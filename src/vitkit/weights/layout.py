@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..model import ViTConfig
 from ..model.config import to_2tuple
 from ..model.torch_encoder import torch_to_native_state_dict
-from .checkpoint import CheckpointError, expected_shapes, mismatch_report
+from .checkpoint import CheckpointError, MissingOptionError, expected_shapes, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -61,19 +61,15 @@ _NEEDS_OPTIONS = (
 )
 
 
-# The head-count flag the missing-heads error names; `vitkit convert` names its --num-heads.
-NUM_HEADS_HINT = "--model-opt num_heads=N"
-
-
 def default_num_heads(embed_dim: int) -> int:
     """The head count of a standard width (ViT paper Table 1, DeiT) when the weights do not
     say; any other width is refused, never guessed: a wrong count computes another function."""
     if embed_dim in STANDARD_HEADS:
         return STANDARD_HEADS[embed_dim]
-    raise CheckpointError(
+    raise MissingOptionError(
         f"the weights do not record the number of attention heads and width {embed_dim} is not "
-        f"a standard ViT size ({', '.join(map(str, STANDARD_HEADS))}); give it: "
-        f"{NUM_HEADS_HINT} on the command line, num_heads=N in Python"
+        f"a standard ViT size ({', '.join(map(str, STANDARD_HEADS))})",
+        ("num_heads",),
     )
 
 
@@ -83,9 +79,31 @@ def default_num_heads(embed_dim: int) -> int:
 def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfig:
     """The `ViTConfig` of a state dict in vitkit / timm layout; `overrides` win.
 
-    Besides `ViTConfig` fields, `overrides` may hold `num_heads=None` (use the default).
+    Besides `ViTConfig` fields, `overrides` may hold `num_heads=None` (use the default). Only
+    key names and shapes are read, so tensors on the meta device do (`weights.inspect`).
     """
     sd = state_dict
+    _check_supported(sd, overrides)
+    cfg = _patch_options(sd["patch_embed.proj.weight"], overrides)
+    cfg.update(_block_options(sd, cfg["embed_dim"]))
+    cfg.update(_token_options(sd))
+    num_heads = overrides.pop("num_heads", None)
+    cfg["num_heads"] = num_heads or default_num_heads(cfg["embed_dim"])
+    cfg.update(overrides)
+    if "img_size" not in overrides or "no_embed_class" not in overrides:
+        _grid_from_pos_embed(sd, cfg, img_given="img_size" in overrides)
+    if cfg["global_pool"] == "token" and not cfg["class_token"]:
+        cfg["global_pool"] = "avg"
+    if "fc_norm" not in overrides:  # None: the default rule (fc_norm for avg / max) holds
+        has_fc_norm = "fc_norm.weight" in sd
+        default_rule = has_fc_norm == (cfg["global_pool"] in ("avg", "avgmax", "max"))
+        cfg["fc_norm"] = None if default_rule or not cfg["final_norm"] else has_fc_norm
+    return ViTConfig.from_dict(cfg)
+
+
+def _check_supported(sd: Mapping[str, Tensor], overrides: dict[str, Any]) -> None:
+    """Refuse weights that are no ViT, that have layers vitkit lacks, or whose family chose
+    options the weights do not show and `overrides` do not give (RMSNorm is named in them)."""
     if "patch_embed.proj.weight" not in sd:
         raise CheckpointError(
             "no 'patch_embed.proj.weight' in the state dict; it is not a ViT in timm / vitkit "
@@ -101,70 +119,80 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
         markers.add("rmsnorm")
         overrides.setdefault("norm_layer", "rmsnorm")
     for marker, family, options in _NEEDS_OPTIONS:
-        present = marker in markers
-        missing = [name for name in options if name not in overrides]
-        if present and missing:
-            raise CheckpointError(
-                f"the weights have {family}, whose {' and '.join(missing)} they do not record; "
-                "pass arch='<timm model name>' or " + ", ".join(f"{m}=" for m in missing)
+        missing = tuple(name for name in options if name not in overrides)
+        if marker in markers and missing:
+            raise MissingOptionError(
+                f"the weights have {family}, whose {' and '.join(missing)} they do not record",
+                ("arch",),
+                missing,
             )
-    proj = sd["patch_embed.proj.weight"]
-    embed_dim = proj.shape[0]
-    cfg: dict[str, Any] = {"embed_dim": embed_dim}
-    if proj.ndim == 4:  # (D, C, ph, pw)
-        cfg["in_chans"] = proj.shape[1]
-        cfg["patch_size"] = _int_if_square(tuple(proj.shape[2:]))
-    elif proj.ndim == 2:  # (D, C*ph*pw): patch_embed='unfold'
-        cfg["patch_embed"] = "unfold"
-        in_chans = overrides.get("in_chans", 3)
-        patch = overrides.get("patch_size") or math.isqrt(proj.shape[1] // in_chans)
-        ph, pw = (patch, patch) if isinstance(patch, int) else patch
-        if in_chans * ph * pw != proj.shape[1]:
-            raise CheckpointError(
-                f"cannot tell the patch size of a linear patch embedding of width "
-                f"{proj.shape[1]}; pass in_chans= and patch_size="
-            )
-        cfg["in_chans"], cfg["patch_size"] = in_chans, _int_if_square((ph, pw))
-    else:
-        raise CheckpointError(f"patch_embed.proj.weight has unexpected shape {tuple(proj.shape)}")
 
+
+def _patch_options(proj: Tensor, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """embed_dim, in_chans, patch_size (and patch_embed='unfold') from the patch projection."""
+    embed_dim = proj.shape[0]
+    if proj.ndim == 4:  # (D, C, ph, pw)
+        return {
+            "embed_dim": embed_dim,
+            "in_chans": proj.shape[1],
+            "patch_size": _int_if_square(tuple(proj.shape[2:])),
+        }
+    if proj.ndim != 2:
+        raise CheckpointError(f"patch_embed.proj.weight has unexpected shape {tuple(proj.shape)}")
+    # (D, C*ph*pw): patch_embed='unfold'
+    in_chans = overrides.get("in_chans", 3)
+    patch = overrides.get("patch_size") or math.isqrt(proj.shape[1] // in_chans)
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    if in_chans * ph * pw != proj.shape[1]:
+        raise MissingOptionError(
+            f"cannot tell the patch size of a linear patch embedding of width {proj.shape[1]}",
+            ("in_chans", "patch_size"),
+        )
+    return {
+        "embed_dim": embed_dim,
+        "patch_embed": "unfold",
+        "in_chans": in_chans,
+        "patch_size": _int_if_square((ph, pw)),
+    }
+
+
+def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
+    """depth, the MLP, biases, norms and LayerScale of the encoder blocks."""
     block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
     if not block_ids:
         raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
-    cfg["depth"] = max(block_ids) + 1
-    cfg.update(_mlp_options(sd, embed_dim))
-    cfg["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
-    cfg["proj_bias"] = "blocks.0.attn.proj.bias" in sd
-    cfg["patch_bias"] = "patch_embed.proj.bias" in sd
-    cfg["qk_norm"] = "blocks.0.attn.q_norm.weight" in sd
-    cfg["scale_attn_norm"] = "blocks.0.attn.norm.weight" in sd
-    cfg["scale_mlp_norm"] = "blocks.0.mlp.norm.weight" in sd
-    cfg["init_values"] = _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None
-    cfg["embed_norm"] = "patch_embed.norm.weight" in sd
-    cfg["pre_norm"] = "norm_pre.weight" in sd
-    cfg["class_token"] = "cls_token" in sd
-    cfg["distilled"] = "dist_token" in sd
-    cfg["reg_tokens"] = sd["reg_token"].shape[1] if "reg_token" in sd else 0
-    cfg["num_classes"] = sd["head.weight"].shape[0] if "head.weight" in sd else 0
-    has_fc_norm = "fc_norm.weight" in sd
-    cfg["final_norm"] = has_fc_norm or "norm.weight" in sd
-    if "attn_pool.latent" in sd:
-        cfg["global_pool"] = "map"
-    else:
-        cfg["global_pool"] = "token" if cfg["class_token"] and not has_fc_norm else "avg"
-    cfg["pos_embed"] = "learn" if "pos_embed" in sd else "none"
+    return {
+        "depth": max(block_ids) + 1,
+        **_mlp_options(sd, embed_dim),
+        "qkv_bias": "blocks.0.attn.qkv.bias" in sd,
+        "proj_bias": "blocks.0.attn.proj.bias" in sd,
+        "patch_bias": "patch_embed.proj.bias" in sd,
+        "qk_norm": "blocks.0.attn.q_norm.weight" in sd,
+        "scale_attn_norm": "blocks.0.attn.norm.weight" in sd,
+        "scale_mlp_norm": "blocks.0.mlp.norm.weight" in sd,
+        "init_values": _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None,
+    }
 
-    num_heads = overrides.pop("num_heads", None)
-    cfg["num_heads"] = num_heads or default_num_heads(embed_dim)
-    cfg.update(overrides)
-    if "img_size" not in overrides or "no_embed_class" not in overrides:
-        _grid_from_pos_embed(sd, cfg, img_given="img_size" in overrides)
-    if cfg["global_pool"] == "token" and not cfg["class_token"]:
-        cfg["global_pool"] = "avg"
-    if "fc_norm" not in overrides:  # None: the default rule (fc_norm for avg / max) holds
-        default_rule = has_fc_norm == (cfg["global_pool"] in ("avg", "avgmax", "max"))
-        cfg["fc_norm"] = None if default_rule or not cfg["final_norm"] else has_fc_norm
-    return ViTConfig.from_dict(cfg)
+
+def _token_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """The prefix tokens, norms around the encoder, the head and the pooling."""
+    class_token = "cls_token" in sd
+    has_fc_norm = "fc_norm.weight" in sd
+    if "attn_pool.latent" in sd:
+        pool = "map"
+    else:
+        pool = "token" if class_token and not has_fc_norm else "avg"
+    return {
+        "embed_norm": "patch_embed.norm.weight" in sd,
+        "pre_norm": "norm_pre.weight" in sd,
+        "class_token": class_token,
+        "distilled": "dist_token" in sd,
+        "reg_tokens": sd["reg_token"].shape[1] if "reg_token" in sd else 0,
+        "num_classes": sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        "final_norm": has_fc_norm or "norm.weight" in sd,
+        "global_pool": pool,
+        "pos_embed": "learn" if "pos_embed" in sd else "none",
+    }
 
 
 def _mlp_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
@@ -205,14 +233,12 @@ def _grid_from_pos_embed(sd: Mapping[str, Tensor], cfg: dict[str, Any], img_give
     }
     if len(fits) != 1:
         found = "fits both" if fits else "is not a square grid"
-        raise CheckpointError(
-            f"the position embedding's {length} positions ({prefix} prefix tokens) {found}; "
-            "pass img_size=(h, w), the resolution the weights were trained at"
-            + (
-                ", or no_embed_class=True / False (whether the prefix tokens have positions)"
-                if prefix
-                else ""
-            )
+        raise MissingOptionError(
+            f"the position embedding's {length} positions ({prefix} prefix tokens) {found}: "
+            "give the resolution the weights were trained at"
+            + (" or whether the prefix tokens have positions" if prefix else ""),
+            ("img_size",),
+            *((("no_embed_class",),) if prefix else ()),
         )
     ((no_embed, side),) = fits.items()
     cfg["no_embed_class"] = no_embed

@@ -3,6 +3,11 @@
 Fine-tuning at another resolution resamples the learned position grid (Dosovitskiy et al.
 2021, Section 3.2; bicubic, class token kept apart, as timm's `resample_abs_pos_embed`), and a
 new number of classes gets a freshly initialised head.
+
+Its arguments are of three kinds: how to read the source (`format`, `num_heads`, `arch`,
+`hf_config`: what the weights do not record), how to fit the weights to the model they go into
+(`num_classes`, `img_size`, `patch_size`, `distilled`, `pos_resample`: `Fitting`), and
+`ViTConfig` fields of that model (`**overrides`, e.g. `drop_path_rate=0.1`).
 """
 
 from __future__ import annotations
@@ -11,65 +16,130 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..model import VisionTransformer, ViTConfig, list_models
+from ..data.data_config import DataConfig
+from ..model import VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from ..model.pos_embed import resample_patch_embed, resample_pos_embed
 from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
-from .checkpoint import (
-    CheckpointError,
-    is_npz_file,
-    load_into,
-    load_npz,
-    load_state_dict,
-    read_metadata,
-    saved_config,
+from .checkpoint import CheckpointError, load_into, load_npz, load_state_dict
+from .detect import CONVERTERS, FORMATS, detect_format
+from .info import (
+    WeightsInfo,
+    assumed_data_config,
+    converter_options,
+    inspect,
+    processor_data_config,
 )
-from .detect import CONVERTERS, FORMATS, detect_format, weights_file
-from .folders import timm_folder_options
-from .preprocessing import read_json_object, source_data_config
 
 log = logging.getLogger(__name__)
 
 _HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(ViTConfig))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fitting:
+    """How weights are fitted to the model they go into (None: as the weights are).
+
+    Args:
+        num_classes: a new head size; a head of another size is re-initialised.
+        img_size: a new input size; the position grid is resampled to it.
+        patch_size: a new patch size; the patch embedding is PI-resized (FlexiViT).
+        distilled: add (or keep) a distillation token.
+        pos_resample: whose grid resampling to follow (`POS_RESAMPLE_MODES`).
+    """
+
+    num_classes: int | None = None
+    img_size: int | tuple[int, int] | None = None
+    patch_size: int | tuple[int, int] | None = None
+    distilled: bool | None = None
+    pos_resample: str = "timm"
+
+
+@dataclass(frozen=True)
+class SourceWeights:
+    """Weights read and converted to vitkit's layout: the state dict, its config, its format
+    and the data config its source states (None: none)."""
+
+    state_dict: dict[str, Tensor]
+    config: ViTConfig
+    format: str
+    data_config: DataConfig | None
+    name: str
 
 
 def load_pretrained(
-    source: str | os.PathLike | Mapping[str, Any],
+    source: str | os.PathLike | Mapping[str, Any] | WeightsInfo,
     model: VisionTransformer | None = None,
     format: str = "auto",
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
     pos_resample: str = "timm",
-    **convert_options: Any,
+    *,
+    patch_size: int | tuple[int, int] | None = None,
+    distilled: bool | None = None,
+    num_heads: int | None = None,
+    arch: str | None = None,
+    hf_config: Any = None,
+    **overrides: Any,
 ) -> VisionTransformer:
     """A `VisionTransformer` in eval mode holding the weights of `source`.
 
     Args:
-        source: a file (`.safetensors`, `.pth`, `.bin`, `.npz`), a Hugging Face model folder
-            (`config.json` + weights) or an in-memory state dict.
+        source: a file (`.safetensors`, `.pth`, `.bin`, `.npz`), a Hugging Face or timm
+            model folder, what `inspect` said of one, or an in-memory state dict.
         model: load into this model (e.g. one just built for fine-tuning); None builds one
             from the config inferred from the weights. A checkpoint head of another class
             count is dropped and the model keeps its own; `encoder='torch'` keys are matched.
         format: 'auto' (detected from the file and key names) or one of 'vitkit', 'timm',
             'hf', 'torchvision', 'jax'.
-        num_classes: a new head size; a head of another size is re-initialised for fine-tuning.
-        img_size: a new input size; the position grid is resampled (bicubic) to fit. A given
-            `model` is resampled to its own size instead, and to its patch size (PI-resize).
-        pos_resample: whose grid resampling to follow: 'timm' (antialiased), 'hf' or
-            'torchvision' (`POS_RESAMPLE_MODES`).
-        convert_options: passed to the converter, e.g. `num_heads=` or `config=` (HF);
-            `ViTConfig` fields among them (e.g. `drop_path_rate=0.1`) also set the built
-            model's config, and `patch_size=` builds it with another patch size (the patch
-            embedding PI-resized).
+        num_classes, img_size, pos_resample, patch_size, distilled: how the weights are
+            fitted to the model (`Fitting`). A given `model` is resampled to its own size and
+            patch size instead of `img_size` / `patch_size`.
+        num_heads: the head count, which most weights do not record.
+        arch: a timm model name (`vitkit.list_models()`) whose options the weights do not
+            record (activation, norm epsilon, pooling, heads) are theirs; the sizes come from
+            the weights (`timm.check_arch` refuses a name of other sizes, as `load_any` does).
+        hf_config: a Hugging Face `config.json` (a path, a dict or a transformers config);
+            by default the one in the source's folder.
+        overrides: `ViTConfig` fields, of the weights and of the model built (e.g.
+            `drop_path_rate=0.1`, or `act_layer='gelu_tanh'` for JAX weights).
 
     Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
     """
+    _check_call(format, model, img_size, overrides)
+    fitting = Fitting(num_classes=num_classes, img_size=img_size, patch_size=patch_size,
+                      distilled=distilled, pos_resample=pos_resample)  # fmt: skip
+    reading = {"num_heads": num_heads, "arch": arch, "config": hf_config}
+    reading = {k: v for k, v in reading.items() if v is not None}
+    if model is not None and format != "jax":  # the given model knows its head count
+        reading.setdefault("num_heads", model.config.num_heads)
+    new_head = num_classes is not None or model is not None  # DINOv2's classifier gives way
+    weights = read_source(source, format, {**reading, **overrides}, new_head=new_head)
+    target = _target_config(weights.config, model, fitting, overrides)
+    state_dict = adapt_state_dict(weights.state_dict, weights.config, target, pos_resample)
+    model = _fill(model, target, state_dict, weights)
+    data_config = weights.data_config or assumed_data_config(
+        weights.format, weights.config, weights.name
+    )
+    chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
+    model.data_config = data_config.replace(input_size=(chans, height, width))
+    return model.eval()
+
+
+def _check_call(
+    format: str,
+    model: VisionTransformer | None,
+    img_size: Any,
+    overrides: Mapping[str, Any],
+) -> None:
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
     if model is not None and img_size is not None:
@@ -77,78 +147,111 @@ def load_pretrained(
             "img_size= applies when load_pretrained builds the model (model=None); build the "
             "given model at the size you want and its position grid is resampled to it"
         )
-    patch_size = convert_options.pop("patch_size", None)  # the new model's, not the weights'
-    # A distillation token is the new model's; the weights may hold one or not (added below).
-    distilled = convert_options.pop("distilled", None)
-    state_dict, format, source_config, meta = _read(source, format)
-    _folder_options(source, format, convert_options)
-    if format == "hf" and (num_classes is not None or model is not None):
-        convert_options.setdefault("new_head", True)  # DINOv2's classifier gives way to it
-    if model is not None and format != "jax":  # the given model knows its head count
-        convert_options.setdefault("num_heads", model.config.num_heads)
-    if source_config is None:
-        state_dict, source_config = CONVERTERS[format](state_dict, **convert_options)
-    elif source_config.encoder == "torch":  # a vitkit file of an encoder='torch' model
-        state_dict = torch_to_native_state_dict(state_dict)
+    unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"load_pretrained() got unknown option(s) {', '.join(unknown)}; it takes the "
+            "reading options num_heads, arch, hf_config, the fitting options num_classes, "
+            "img_size, patch_size, distilled, pos_resample, and ViTConfig fields"
+        )
+
+
+def read_source(
+    source: str | os.PathLike | Mapping[str, Any] | WeightsInfo,
+    format: str,
+    options: Mapping[str, Any],
+    *,
+    new_head: bool = False,
+) -> SourceWeights:
+    """The weights of `source` in vitkit's layout and their config: a vitkit checkpoint as
+    saved; other weights through their converter, with `options` (reading options and
+    `ViTConfig` fields) over what the source's folder states."""
+    if isinstance(source, Mapping):
+        state_dict = dict(source)
+        found = _detect(state_dict) if format == "auto" else format
+        name, stated, data_config = "the state dict", {}, None
+    else:
+        info = source if isinstance(source, WeightsInfo) else inspect(source, format=format)
+        if info.format in ("onnx", "timm-cnn"):
+            raise CheckpointError(f"{info.path} is {info.kind}; load_pretrained reads ViT weights")
+        state_dict, found, name = _tensors(info), info.format, str(info.path)
+        stated, data_config = info.source_options, info.data_config
+        if found == "vitkit":
+            config = info.require_config()
+            if config.encoder == "torch":  # a vitkit file of an encoder='torch' model
+                state_dict = torch_to_native_state_dict(state_dict)
+            return SourceWeights(state_dict, config, "vitkit", data_config, name)
+        log.info("reading %s as %s", info.path, info.kind)
+    options = {**stated, **options}
+    if found == "hf" and new_head:
+        options["new_head"] = True
+    state_dict, config = CONVERTERS[found](state_dict, **converter_options(found, options))
+    if data_config is None and isinstance(source, WeightsInfo | str | os.PathLike):
+        # what `inspect` could not infer (e.g. under a classifier a new head replaces) is
+        # known now: a Hugging Face processor's sizes are the model's
+        data_config = processor_data_config(Path(name), config)
+    return SourceWeights(state_dict, config, found, data_config, name)
+
+
+def _tensors(info: WeightsInfo) -> dict[str, Any]:
+    """The weights `inspect` found, read (the ones it mapped already, as they are)."""
+    if info.tensors is not None:
+        return dict(info.tensors)
+    if info.format == "jax":
+        return load_npz(info.weights_file)
+    return load_state_dict(info.weights_file)
+
+
+def _target_config(
+    source: ViTConfig,
+    model: VisionTransformer | None,
+    fitting: Fitting,
+    overrides: Mapping[str, Any],
+) -> ViTConfig:
+    """The config of the model the weights go into: the given model's, else the weights' with
+    the `overrides` and the fitting's new sizes."""
     if model is not None:
         target = model.config
     else:  # the options that are config fields (e.g. drop_path_rate) shape the new model
-        fields = {f.name for f in dataclasses.fields(ViTConfig)} - {"num_heads"}
-        target = source_config.replace(**{k: v for k, v in convert_options.items() if k in fields})
-    if num_classes is not None:
-        target = target.replace(num_classes=num_classes)
-    if img_size is not None:
-        target = target.replace(img_size=img_size)
-    if patch_size is not None and model is None:
-        target = target.replace(patch_size=patch_size)
-    if distilled is not None and model is None:
-        target = target.replace(distilled=distilled)
-    state_dict = adapt_state_dict(state_dict, source_config, target, pos_resample)
+        target = source.replace(**overrides)
+        if fitting.patch_size is not None:
+            target = target.replace(patch_size=fitting.patch_size)
+        if fitting.distilled is not None:
+            target = target.replace(distilled=fitting.distilled)
+        if fitting.img_size is not None:
+            target = target.replace(img_size=fitting.img_size)
+    if fitting.num_classes is not None:
+        target = target.replace(num_classes=fitting.num_classes)
+    return target
+
+
+def _fill(
+    model: VisionTransformer | None,
+    target: ViTConfig,
+    state_dict: dict[str, Tensor],
+    weights: SourceWeights,
+) -> VisionTransformer:
+    """`model` (or a new one of `target`) holding `state_dict`; a new head, or the new
+    distillation token's head, keeps the model's fresh initialisation."""
     if model is None:
         model = VisionTransformer(target)
     elif model.config.num_classes != target.num_classes:
         model.reset_classifier(target.num_classes)
-    if target.num_classes != source_config.num_classes:
+    if target.num_classes != weights.config.num_classes:
         log.info(
-            "new %d-class head (the checkpoint has %d classes): fine-tune it",
+            "new %d-class head (the checkpoint has %d): fine-tune it",
             target.num_classes,
-            source_config.num_classes,
+            weights.config.num_classes,
         )
         own = model.state_dict()  # the model's freshly initialised head
         state_dict.update({k: own[k] for k in _HEAD_KEYS if k in own})
-    elif target.distilled and not source_config.distilled:  # the new token's own head
+    elif target.distilled and not weights.config.distilled:  # the new token's own head
         own = model.state_dict()
         state_dict.update({k: own[k] for k in _HEAD_KEYS if k.startswith("head_dist")})
     if model.config.encoder == "torch":
         state_dict = _torch_layout(state_dict)
-    load_into(model, state_dict, source=f"{format} checkpoint")
-    data_config = source_data_config(source, format, source_config, meta)
-    chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
-    model.data_config = data_config.replace(input_size=(chans, height, width))
-    return model.eval()
-
-
-def _folder_options(
-    source: str | os.PathLike | Mapping[str, Any], format: str, convert_options: dict[str, Any]
-) -> None:
-    """What a model folder's config.json tells the converter, unless given: a Hugging Face
-    folder's config itself; a timm Hub folder's `model_args` (over its architecture's) and its
-    `architecture` (what the weights cannot show)."""
-    if isinstance(source, Mapping):
-        return
-    folder_config = Path(source) / "config.json"
-    if not folder_config.is_file():
-        return
-    if format == "hf":
-        convert_options.setdefault("config", folder_config)
-    elif format == "timm":
-        hub = read_json_object(folder_config)
-        model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping):  # over the architecture's (a vitkit export's)
-            for name, value in timm_folder_options(model_args).items():
-                convert_options.setdefault(name, value)
-        if hub.get("architecture") in list_models():
-            convert_options.setdefault("arch", hub["architecture"])
+    load_into(model, state_dict, source=f"{weights.format} checkpoint")
+    return model
 
 
 # How each library resamples a learned position grid to another resolution: timm's
@@ -224,7 +327,7 @@ def _add_distillation_token(state_dict: dict[str, Tensor], source: ViTConfig) ->
     if "cls_token" not in state_dict:
         raise CheckpointError(
             "a distillation token needs a class token to start from, and these weights have "
-            "none (global_pool='token' models only); train without --distill"
+            "none (global_pool='token' models only); load them with distilled=False"
         )
     log.info("adding a distillation token (a copy of the class token and its position)")
     state_dict["dist_token"] = state_dict["cls_token"].clone()
@@ -232,24 +335,6 @@ def _add_distillation_token(state_dict: dict[str, Tensor], source: ViTConfig) ->
     if pos is not None and not source.no_embed_class and source.pos_prefix_tokens:
         # (1, P + N, D) -> (1, P + 1 + N, D): the token after the class token's position
         state_dict["pos_embed"] = torch.cat([pos[:, :1], pos[:, :1], pos[:, 1:]], dim=1)
-
-
-def _read(
-    source: str | os.PathLike | Mapping[str, Any], format: str
-) -> tuple[dict[str, Any], str, ViTConfig | None, dict[str, Any]]:
-    """(weights, format, config and metadata when the file carries them) of a source."""
-    if isinstance(source, Mapping):
-        weights = dict(source)
-        return weights, _detect(weights) if format == "auto" else format, None, {}
-    path = weights_file(source)
-    is_npz = path.suffix == ".npz" or (path.is_file() and is_npz_file(path))
-    if format == "jax" or (format == "auto" and is_npz):
-        return load_npz(path), "jax", None, {}
-    weights = load_state_dict(path)
-    config = saved_config(path) if format in ("auto", "vitkit") else None
-    if config is not None:
-        return weights, "vitkit", config, read_metadata(path)[1]
-    return weights, _detect(weights) if format == "auto" else format, None, {}
 
 
 def _torch_layout(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:

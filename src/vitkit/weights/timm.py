@@ -18,8 +18,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..model import ViTConfig, get_config
+from ..model.config import to_2tuple
+from ..model.layers import mlp_hidden_width
 from ..model.pos_embed import fixed_pos_embed
 from ..model.torch_encoder import torch_to_native_state_dict
+from .checkpoint import ArchMismatchError
 from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,32 @@ def arch_options(arch: str) -> dict[str, Any]:
     return {name: getattr(config, name) for name in ARCH_FIELDS}
 
 
+# The sizes a timm model name fixes and the weights show: an `arch=` that differs in one of
+# them names another model.
+_ARCH_SIZES: dict[str, Any] = {
+    "embed_dim": lambda c: c.embed_dim,
+    "depth": lambda c: c.depth,
+    "patch_size": lambda c: to_2tuple(c.patch_size, "patch_size"),
+    "MLP width": lambda c: mlp_hidden_width(c.mlp_layer, c.embed_dim, c.mlp_ratio),
+    "mlp_layer": lambda c: c.mlp_layer,
+    "reg_tokens": lambda c: c.reg_tokens,
+}
+
+
+def check_arch(config: ViTConfig, arch: str, overrides: Mapping[str, Any] | None = None) -> None:
+    """Refuse `arch` (a timm model name, with `overrides` of its `ViTConfig` fields) for
+    weights of `config` when its sizes differ: an `ArchMismatchError` naming them."""
+    fields = set(ViTConfig.__dataclass_fields__)
+    named = get_config(arch).replace(**{k: v for k, v in (overrides or {}).items() if k in fields})
+    differences = [
+        f"{name} {size(config)} ({arch}: {size(named)})"
+        for name, size in _ARCH_SIZES.items()
+        if size(config) != size(named)
+    ]
+    if differences:
+        raise ArchMismatchError(arch, ", ".join(differences))
+
+
 def from_timm(
     state_dict: Mapping[str, Tensor],
     *,
@@ -70,9 +99,8 @@ def from_timm(
     options = arch_options(arch) if arch is not None else {}
     if arch is None:
         log.info(
-            "timm weights without arch=: assuming exact GELU, pre-norm blocks and the norm "
-            "epsilon %s (the weights do not record them); pass arch='<timm model name>' to "
-            "take them from the name",
+            "timm weights without their model name (arch): assuming exact GELU, pre-norm "
+            "blocks and the norm epsilon %s, which the weights do not record",
             overrides.get("norm_eps", 1e-6),
         )
     if num_heads is not None:

@@ -1,0 +1,112 @@
+"""`vitkit explain`: what the model looks at, drawn over the image (relevance, rollout,
+class-token attention)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import data as data_lib
+from ..explain import attention_maps, draw_explanation, readout_of
+from ..model import VisionTransformer
+from ..train.config import resolve_device
+from . import options
+from .commands import add_command
+from .errors import UserError
+from .loading import class_names, load_model, model_inputs
+from .status import ExitCode
+
+OPTION_FLAGS = options.WEIGHTS_FLAGS
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "explain",
+        description="Draws one PNG: the image and, blended over it at its own resolution with a "
+        "colour bar, the class-specific relevance (gradient-weighted attention, Chefer et al. "
+        "2021), the attention rollout and the last block's class-token attention.",
+    )
+    options.checkpoint(p)
+    p.add_argument("image", metavar="IMAGE", help="the image file to explain")
+    p.add_argument(
+        "--output",
+        metavar="PNG",
+        help="the picture to write (default: <image name>_explain.png in the current folder)",
+    )
+    p.add_argument("--per-head", action="store_true", help="also a grid of the last block's heads")
+    p.add_argument(
+        "--head-fusion",
+        choices=("mean", "max", "min"),
+        default="mean",
+        help="how rollout combines heads (default: mean)",
+    )
+    p.add_argument(
+        "--discard-ratio",
+        type=options.fraction,
+        default=0.0,
+        metavar="F",
+        help="rollout: zero this fraction of each fused map, lowest first, never the class "
+        "token's own attention (default: 0)",
+    )
+    p.add_argument(
+        "--class",
+        dest="target",
+        metavar="NAME|INDEX",
+        help="the class to explain (default: the predicted one)",
+    )
+    options.model_run(p, precision_flag=False)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    model, info = load_model(args, device)
+    if not isinstance(model, VisionTransformer):
+        raise UserError(
+            f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "
+            "to draw; explain takes a ViT checkpoint"
+        )
+    output = Path(args.output or f"{Path(args.image).stem}_explain.png")
+    names = class_names(model)
+    target = class_index(args.target, names) if args.target is not None else None
+    batch = model_inputs(model, [args.image]).to(device)
+    original = data_lib.read_image(args.image, in_chans=batch.shape[1])  # at its own size
+    maps = attention_maps(
+        model, batch, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, target=target
+    )
+    probs = torch.softmax(maps["logits"].float(), dim=-1)[0]
+    k, explained = int(probs.argmax()), int(maps["target"][0])
+    one = {key: value[0] for key, value in maps.items()}
+    draw_explanation(
+        original,
+        one,
+        output,
+        per_head=args.per_head,
+        target_name=names[explained],
+        rollout_title=f"rollout ({args.head_fusion} of heads, discard {args.discard_ratio:g})",
+        title=f"{Path(args.image).name}: predicted {names[k]} ({float(probs[k]):.3f})",
+        readout=readout_of(model),
+    )
+    print(
+        f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[explained]} "
+        f"({float(probs[explained]):.4f}); attention maps in {output}"
+    )
+    return ExitCode.OK
+
+
+def class_index(text: str, names: Sequence[str]) -> int:
+    """`--class`: a class name of the checkpoint, else an index."""
+    if text in names:
+        return list(names).index(text)
+    if text.isdigit() and int(text) < len(names):
+        return int(text)
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    raise UserError(
+        f"--class {text!r} is not a class of this checkpoint; give a name ({shown}) or an "
+        f"index 0 to {len(names) - 1}"
+    )

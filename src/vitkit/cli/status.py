@@ -1,0 +1,16 @@
+"""The exit codes of `vitkit` (pip's `status_codes`): what a script or CI job reads."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """0: done; 1: the run failed (diverged, out of memory, a full disk, a parity mismatch);
+    2: a mistake in the command or its inputs; 130: interrupted (Ctrl-C, SIGTERM), as a
+    shell reports SIGINT."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    INTERRUPTED = 130

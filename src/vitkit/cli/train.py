@@ -1,0 +1,155 @@
+"""`vitkit train`: a run's settings from the flags, a settings file or the run's own record
+(`--resume`), then `run_training`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..options import read_settings
+from ..train import resolve_config, run_training
+from ..train.config import JobConfig, TrainConfig
+from ..train.fit import Progress
+from ..train.recipes import default_model
+from ..train.run_folder import default_out, read_run_config
+from ..weights import inspect
+from ..weights.cnn import is_timm_name
+from ..weights.timm import check_arch
+from .commands import add_command
+from .errors import UserError
+from .options import job_flags, job_options_given
+from .status import ExitCode
+
+log = logging.getLogger("vitkit")
+
+# The flags that give the library's options on this command line (`MissingOptionError`).
+OPTION_FLAGS = {
+    "num_heads": "--model-opt num_heads=N",
+    "act_layer": "--model-opt act_layer=NAME",
+    "norm_eps": "--model-opt norm_eps=EPS",
+    "no_embed_class": "--model-opt no_embed_class=true",
+    "arch": "--model NAME",
+}
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    p = add_command(
+        subparsers,
+        "train",
+        description="Train a ViT. Options left unset take the recipe's value (the data's own "
+        "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
+        "all.",
+    )
+    g = run_arguments(p, "runs/<name>", TrainConfig)
+    g.add_argument(
+        "--config",
+        metavar="JSON",
+        help="settings from a file: a run's config.json or a flat object of the names of these "
+        'options (e.g. {"epochs": 10}); options given here override it',
+    )
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.resume and args.config:
+        raise UserError(
+            "--config starts a new run from a settings file; --resume continues with the "
+            "settings in the run's config.json: drop one of them"
+        )
+    config, out = run_config(args)
+    outcome = run_training(
+        config,
+        out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=progress_bar(not args.no_progress),
+    )
+    if outcome.test is None:
+        if outcome.rank == 0:
+            print(f"interrupted; continue with: vitkit train --out {out} --resume", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    if outcome.rank == 0:
+        result = outcome.result
+        print(f"best val top-1 {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
+        print(f"test accuracy: {outcome.test['acc1']:.4f}")
+    return ExitCode.OK
+
+
+def run_arguments(
+    p: argparse.ArgumentParser, default_out: str, job: type[JobConfig]
+) -> argparse._ArgumentGroup:
+    """The flags of the job's config and the run-folder flags of `train` and `pretrain`."""
+    job_flags(p, job)
+    g = p.add_argument_group("this invocation")
+    g.add_argument("--out", help=f"output folder (default: {default_out})")
+    g.add_argument("--name", help="run name for the default output folder")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out")
+    g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return g
+
+
+def progress_bar(enabled: bool) -> Progress:
+    """tqdm on stderr, shown only on a terminal."""
+    from tqdm import tqdm
+
+    def make(iterable, total: int, desc: str):
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            leave=False,
+            dynamic_ncols=True,
+            disable=not (enabled and sys.stderr.isatty()),
+        )
+
+    return make
+
+
+def run_config(
+    args: argparse.Namespace, name_of: Callable[[str], str | None] = lambda data: None
+) -> tuple[JobConfig, Path]:
+    """The settings and folder of a `train` / `pretrain` run: the saved settings on --resume,
+    else the options over --config over the recipe. Without --out the folder is
+    `runs/<--name>`, else `runs/<name_of(data)>`, else `runs/<data>-<model>`, the same
+    whether the run starts or resumes."""
+    job = args.job
+    given = job_options_given(args)
+    if args.resume:
+        data = given.get("data", job.data)
+        model = given.get("model") or default_model(data)
+    else:
+        settings = getattr(args, "config", None)
+        values = read_settings(settings, job, source=f"--config {settings}") if settings else {}
+        config = resolve_config(_with_arch_hint(given, values), values, job)
+        data, model = config.data, config.model
+    out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
+    return (_resumed_config(out, given, job) if args.resume else config), out
+
+
+def _with_arch_hint(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """`--model NAME` beside `--pretrained` names the weights' architecture: it reaches
+    `load_pretrained` as `arch` (through the model options), which takes from it what the
+    weights do not record and refuses a name whose sizes differ, so it is never ignored."""
+    pretrained = given.get("pretrained", values.get("pretrained"))
+    model = given.get("model")
+    if not (pretrained and model) or is_timm_name(model):
+        return given
+    base = given["model_opts"] if "model_opts" in given else values.get("model_opts", {})
+    info = inspect(pretrained, arch=model, overrides=base)
+    if info.config is not None:
+        check_arch(info.config, model, base)  # other sizes: another model, refused
+    return {**given, "model_opts": {"arch": model, **base}}
+
+
+def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> JobConfig:
+    """The run's own settings with the options given again (model options key by key);
+    `run_training` / `run_pretraining` check what may change on a resume."""
+    saved = read_run_config(out, job)
+    if "model_opts" in given:
+        given = {**given, "model_opts": {**saved.model_opts, **given["model_opts"]}}
+    return saved.replace(**given)

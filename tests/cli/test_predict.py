@@ -1,0 +1,161 @@
+"""`vitkit predict`: the top classes of images, named, with the probabilities the model
+gives its data-config-prepared input."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit import load
+
+from ._cli import (
+    digit_png,
+    hf_folder,
+    image_folder,
+    photo,
+    timm_folder,
+    timm_vit,
+    tiny_checkpoint,
+    torchvision_pth,
+)
+
+
+def test_predict_names_classes_and_resizes(trained, tmp_path, run_cli):
+    label = digit_png(tmp_path / "a.png", 5)
+    digit_png(tmp_path / "big.png", 5, scale=4)  # 32x32: resized to the model's 8x8
+    code, out, _ = run_cli(
+        "predict",
+        "--checkpoint",
+        trained / "model.safetensors",
+        tmp_path / "a.png",
+        tmp_path / "big.png",
+        "--topk",
+        "3",
+        "--json",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert [Path(r["image"]).name for r in rows] == ["a.png", "big.png"]
+    for row in rows:
+        probs = [p["probability"] for p in row["predictions"]]
+        assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+        assert all(p["class"] == str(p["index"]) for p in row["predictions"])
+    assert rows[0]["predictions"][0]["class"] == rows[1]["predictions"][0]["class"]
+    model = load(trained / "model.safetensors")
+    mean, std = torch.tensor(model.meta["mean"]), torch.tensor(model.meta["std"])
+    x = torch.from_numpy(np.array(Image.open(tmp_path / "a.png"))).float()[None, None] / 255
+    probs = torch.softmax(model((x - mean) / std), -1)[0]
+    assert rows[0]["predictions"][0]["probability"] == pytest.approx(probs.max().item(), abs=1e-5)
+    assert label in range(10)
+    code, out, _ = run_cli(
+        "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "a.png"
+    )
+    assert code == 0 and out.startswith(f"{tmp_path / 'a.png'}: ")
+    assert len(out.splitlines()) == 5
+
+
+def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    code, _, err = run_cli("predict", "--checkpoint", trained / "model.safetensors", bad)
+    assert code == 2 and err.startswith(f"vitkit: error: cannot read image {bad}")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
+    )
+    assert (
+        code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
+    )
+
+
+def test_topk_is_capped_at_the_classes_and_said_once(tmp_path, run_cli, caplog):
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["a", "b", "c", "d"])
+    folder = image_folder(tmp_path / "imgs", classes=("x",), per_class=2)
+    images = [folder / "x" / "0.png", folder / "x" / "1.png"]
+    code, out, err = run_cli("predict", "--checkpoint", checkpoint, "--topk", "5", "--json",
+                             *images)  # fmt: skip
+    assert code == 0 and [len(row["predictions"]) for row in json.loads(out)] == [4, 4]
+    said = [r.getMessage() for r in caplog.records if "--topk" in r.getMessage()]
+    assert said == ["--topk 5: the checkpoint has 4 classes; listing all of them"]
+    caplog.clear()
+    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, images[0])
+    assert code == 0 and len(out.splitlines()) == 4 and "--topk" not in caplog.text
+
+
+def _expected(model, image, **data) -> list[float]:
+    """The source model's probabilities on `image` prepared as `data` (a data config) says."""
+    from vitkit.data import eval_transform, open_image
+    from vitkit.data.data_config import DataConfig
+
+    prepare = eval_transform(DataConfig(input_size=(3, 32, 32), **data))
+    with torch.no_grad():
+        logits = model(prepare(open_image(image))[None])
+    logits = getattr(logits, "logits", logits)
+    return torch.softmax(logits, -1)[0].sort(descending=True).values.tolist()
+
+
+def _probabilities(out: str) -> list[float]:
+    (row,) = json.loads(out)
+    return [p["probability"] for p in row["predictions"]]
+
+
+TIMM_DEFAULT = dict(mean=0.5, std=0.5, interpolation="bicubic", crop_pct=0.9)
+
+
+def test_predict_takes_timm_weights_as_a_folder_or_a_pth(tmp_path, run_cli, caplog):
+    pytest.importorskip("timm")
+    caplog.set_level(logging.INFO)
+    image = photo(tmp_path / "photo.png")
+    folder = timm_folder(tmp_path / "timm")
+    source = timm_vit().eval()
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    want = _expected(source, image, **TIMM_DEFAULT)
+    for weights in (folder, tmp_path / "w.pth"):
+        code, out, err = run_cli("predict", "--checkpoint", weights, "--json", image)
+        assert (code, err) == (0, "")
+        np.testing.assert_allclose(_probabilities(out), want, atol=2e-5)
+    assert (  # the .pth states no preparation: what is assumed is said
+        f"{tmp_path / 'w.pth'} states no data config; assuming the timm defaults: mean 0.5 0.5 "
+        "0.5, std 0.5 0.5 0.5, bicubic, centre crop 0.9" in caplog.messages
+    )
+    argv = ["--mean", "0.4", "--std", "0.2", "0.25", "0.3", "--interpolation", "bilinear"]
+    code, out, _ = run_cli("predict", "--checkpoint", tmp_path / "w.pth", "--json", image, *argv)
+    want = _expected(source, image, mean=0.4, std=(0.2, 0.25, 0.3), interpolation="bilinear",
+                     crop_pct=0.9)  # fmt: skip
+    assert code == 0 and np.allclose(_probabilities(out), want, atol=2e-5)
+
+
+def test_predict_takes_a_hugging_face_folder_with_its_labels(tmp_path, run_cli):
+    pytest.importorskip("transformers")
+    import transformers
+
+    image = photo(tmp_path / "photo.png")
+    folder = hf_folder(tmp_path / "hf")
+    code, out, _ = run_cli("predict", "--checkpoint", folder, image)
+    named = [line.split()[-2] for line in out.splitlines()]  # 'photo.png: cat (0.4)', '  dog (..)'
+    assert code == 0 and sorted(named) == ["cat", "dog", "eel"]
+    source = transformers.ViTForImageClassification.from_pretrained(folder).eval()
+    want = _expected(source, image, mean=0.4, std=0.3, interpolation="bilinear",
+                     crop_mode="squash")  # fmt: skip
+    code, out, _ = run_cli("predict", "--checkpoint", folder, "--json", image)
+    np.testing.assert_allclose(_probabilities(out), want, atol=2e-5)
+
+
+def test_predict_takes_a_torchvision_state_dict(tmp_path, run_cli, caplog):
+    pytest.importorskip("torchvision")
+    caplog.set_level(logging.INFO)
+    from vitkit.data.data_config import IMAGENET_MEAN, IMAGENET_STD
+
+    image = photo(tmp_path / "photo.png")
+    source = torchvision_pth(tmp_path / "tv.pth")
+    code, out, _ = run_cli("predict", "--checkpoint", tmp_path / "tv.pth", "--json", image)
+    want = _expected(source, image, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                     interpolation="bilinear", crop_pct=0.875)  # fmt: skip
+    assert code == 0 and np.allclose(_probabilities(out), want, atol=2e-5)
+    assert any("assuming the torchvision defaults: mean 0.485 0.456 0.406" in m
+               for m in caplog.messages)  # fmt: skip
