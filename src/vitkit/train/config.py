@@ -111,7 +111,8 @@ class JobConfig(Options):
     # -- model
     model: str | None = option(
         None,
-        "a registered model (`vitkit models`; default: the source's preset, else vit_digits)",
+        "a registered model (`vitkit models`; default: the source's preset, else one sized to "
+        "its images, logged)",
         group="model",
     )
     model_opts: dict[str, Any] = option(

@@ -1,4 +1,6 @@
-"""Recipe presets: named sets of `TrainConfig` overrides, and the one each kind of data gets.
+"""Recipe presets: named sets of `TrainConfig` overrides, and the one each kind of data gets;
+the model a run gets when none is named (`default_choice`: the source's preset, else one sized
+to a look at its images).
 
 `deit` is the `TrainConfig` defaults (DeiT, Touvron et al. 2021, Table 9, with a CPU-sized
 batch) with DeiT's stochastic depth 0.1, a model option; the others were chosen by measurement
@@ -9,13 +11,19 @@ that `PretrainConfig` has.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..data import detect_source
+from ..data.survey import ImageSurvey, survey_images
 from ..model import ViTConfig, get_config, to_2tuple
 from ..options import check_options, option_names
 from ..weights.cnn import is_timm_name
 from .config import JobConfig, TrainConfig, data_spec
+
+log = logging.getLogger(__name__)
 
 # DeiT's stochastic depth (Table 9), kept by every recipe but the 28x28 ones.
 _DROP_PATH = {"drop_path_rate": 0.1}
@@ -110,10 +118,75 @@ RECIPE_OPTIONS = frozenset(
 )
 
 
-def default_model(data: str) -> str:
-    """The model `vitkit train --data DATA` trains when no model is given."""
+# The default model of data without a preset, by the short side S of its images (the median;
+# `data.survey`). Token counts and CPU cost draw the bands (multiply-adds an image as
+# `vitkit summary` counts them, half its FLOPs):
+# - S <= 16, tiny: vit_digits (4 blocks of width 64, 2x2 patches), the model the small recipe
+#   was measured with: 16 tokens at 8 px, 64 at 16 px; 2.4M and 10.7M. ViT-Ti there would be
+#   5.4M parameters and 12 blocks for a few hundred pixels.
+# - 16 < S < 128, small: ViT-Ti's width and depth on an 8x8 grid of patches, 64 tokens, as
+#   DeiT-Ti on CIFAR (patch 4 at 32): the images resized to the nearest multiple of 8 (28 px to
+#   32, patch 4; 64 px, patch 8); 0.37G.
+# - S >= 128, photos: ViT-Ti/16 at 224, DeiT's input and that of the pretrained ViTs: 196
+#   tokens, 1.25G (3.4x the small grid). At 128 px the small grid's patches are already 16 px,
+#   the photo model's; above it the 14x14 grid sees detail the images hold, and 224 enlarges
+#   them at most 1.75x.
+TINY_MAX = 16
+PHOTO_MIN = 128
+SMALL_GRID = 8
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a run gets when none is named: a registered name, the model options that
+    size it to the data, and what was seen of the data (None for a source's preset, which
+    goes without saying)."""
+
+    model: str
+    model_opts: dict[str, Any] = field(default_factory=dict)
+    seen: str | None = None
+
+    def message(self, data: str, opts: dict[str, Any]) -> str:
+        """The log line saying what was chosen for `data`, why, and how to choose otherwise;
+        `opts` are the model options the run takes (given ones over the choice's)."""
+        shown = ", ".join(f"{key} {opts[key]}" for key in self.model_opts)
+        what = f"{self.model} ({shown})" if shown else self.model
+        return f"no model given: {what} for {data}: {self.seen}; set model to choose another"
+
+
+def default_choice(data: str, data_dir: str | None = None) -> ModelChoice:
+    """The model `vitkit train --data DATA` trains when no model is given: a built-in source's
+    preset; for an image folder or CIFAR, a model sized to its images (the bands above, the
+    channels theirs: all greyscale 1, else 3); `vit_digits` when its images cannot be looked
+    at (an in-memory source, or not one opens: the loader then names them). The same data
+    gives the same choice (the folder's sample is fixed), so a resumed run finds its folder."""
     source = data.partition(":")[0]
-    return PRESETS[source][0] if source in PRESETS else "vit_digits"
+    if source in PRESETS:
+        return ModelChoice(PRESETS[source][0])
+    survey = survey_images(*detect_source(data_spec(data, data_dir)))
+    if survey is None:
+        return ModelChoice("vit_digits", seen="nothing of its images to go by")
+    return _sized(survey)
+
+
+def _sized(survey: ImageSurvey) -> ModelChoice:
+    """The model for images as `survey` saw them (the bands above)."""
+    side, chans = survey.short_side, survey.in_chans
+    if side <= TINY_MAX:  # vit_digits' 2x2 patches: an even size, 4 tokens at least
+        opts = {"img_size": max(4, side + side % 2), "in_chans": chans}
+        return ModelChoice("vit_digits", opts, survey.describe())
+    if side < PHOTO_MIN:
+        patch = max(2, int(side / SMALL_GRID + 0.5))
+        opts = {"img_size": patch * SMALL_GRID, "patch_size": patch, "in_chans": chans}
+        return ModelChoice("vit_tiny_patch16_224", opts, survey.describe())
+    opts = {"img_size": 224, "in_chans": chans}
+    return ModelChoice("vit_tiny_patch16_224", opts, survey.describe())
+
+
+def default_model(data: str, data_dir: str | None = None) -> str:
+    """The name of the model `vitkit train --data DATA` trains when none is given
+    (`default_choice`): what a run folder's default name holds."""
+    return default_choice(data, data_dir).model
 
 
 def recipe_for(data: str, model: str, img_size: int | tuple[int, int] | None) -> str:
@@ -150,8 +223,15 @@ def resolve_config(
     values = {**file, **given}
     data = values.get("data", job.data)
     spec = data_spec(data, values.get("data_dir"))
-    model = values.get("model") or default_model(data)
     opts = {**file.get("model_opts", {}), **given.get("model_opts", {})}
+    model = values.get("model")
+    if not model:
+        choice = default_choice(data, values.get("data_dir"))
+        model = choice.model
+        if not values.get("pretrained"):  # else the weights' architecture, options and all
+            opts = {**choice.model_opts, **opts}
+            if choice.seen:
+                log.info(choice.message(str(Path(detect_source(spec)[1] or data)), opts))
     if not is_timm_name(model):
         get_config(model)  # an unknown name fails here, with the close ones
         opts = check_options(ViTConfig, opts, "model option")  # before the size is read
