@@ -165,7 +165,7 @@ def test_a_resume_refusal_names_unset_settings_as_such(trained, run_cli):
     code, _, err = run_cli("train", "--out", trained, "--resume", *argv)
     assert code == 2 and "None" not in err
     assert (
-        'it cannot change seed (saved 0, given 3), model_opts.depth (saved 1, given 2), '
+        "it cannot change seed (saved 0, given 3), model_opts.depth (saved 1, given 2), "
         'pretrained (saved unset, given "w.pth"): keep the saved values' in err
     )
 

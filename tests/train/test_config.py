@@ -499,7 +499,10 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
         f"a new run from {finished / 'config.json'} with the new ones"
     )
     code = cli.main(["train", "--out", str(finished), "--resume", "--depth", "2"])
-    assert code == 2 and "it cannot change model_opts.depth (saved 1, given 2)" in capsys.readouterr().err
+    assert (
+        code == 2
+        and "it cannot change model_opts.depth (saved 1, given 2)" in capsys.readouterr().err
+    )
     argv = ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
     assert cli.main([*argv, "--depth", "1", "--model-opt", "img_size=[8, 8]"]) == 0  # as saved
 

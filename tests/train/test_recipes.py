@@ -155,11 +155,21 @@ def test_a_given_model_is_never_overridden(tmp_path, caplog):
     assert config.model == "vit_digits" and lines == []
 
 
-def test_pretrained_weights_keep_their_architecture(tmp_path, caplog):
-    folder = str(_folder(tmp_path / "photos", (200, 150)))
-    config, lines = _resolved(caplog, {"data": folder, "pretrained": "weights.safetensors"})
-    assert config.model == default_model(folder) == "vit_tiny_patch16_224"  # the run's folder
-    assert config.model_opts == {"drop_path_rate": 0.1} and lines == []
+def test_pretrained_weights_keep_their_architecture_and_set_the_recipe_size(tmp_path, caplog):
+    """No model is chosen for pretrained weights (theirs is the architecture; a model named
+    beside them is checked against them), and the recipe follows their input size, not a
+    default model's (a 224 checkpoint fine-tuned on tiny images still gets DeiT's)."""
+    from vitkit import create_model, save
+
+    folder = str(_folder(tmp_path / "photos", (12, 12)))
+    weights = tmp_path / "w.safetensors"
+    save(create_model("vit_tiny_patch16_224", depth=1, num_classes=2), weights)
+    config, lines = _resolved(caplog, {"data": folder, "pretrained": str(weights)})
+    assert config.model is None and config.recipe == "deit" and lines == []
+    assert config.model_opts == {"drop_path_rate": 0.1}
+    tiny = tmp_path / "tiny.safetensors"
+    save(create_model("vit_digits", num_classes=2), tiny)
+    assert resolve_config({"data": folder, "pretrained": str(tiny)}).recipe == "small"
 
 
 def test_pretrain_follows_the_same_default(tmp_path, caplog):

@@ -16,9 +16,6 @@ from ..train.config import JobConfig, TrainConfig
 from ..train.fit import Progress
 from ..train.recipes import default_model
 from ..train.run_folder import default_out, read_run_config
-from ..weights import inspect
-from ..weights.cnn import is_timm_name
-from ..weights.timm import check_arch
 from .commands import add_command
 from .errors import UserError
 from .options import job_flags, job_options_given
@@ -121,29 +118,15 @@ def run_config(
     given = job_options_given(args)
     if args.resume:
         data = given.get("data", job.data)
-        model = given.get("model") or default_model(data)
+        model = given.get("model") or default_model(data, given.get("data_dir"))
     else:
         settings = getattr(args, "config", None)
         values = read_settings(settings, job, source=f"--config {settings}") if settings else {}
-        config = resolve_config(_with_arch_hint(given, values), values, job)
-        data, model = config.data, config.model
+        config = resolve_config(given, values, job)
+        data = config.data
+        model = config.model or default_model(data, config.data_dir)  # pretrained: theirs
     out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
     return (_resumed_config(out, given, job) if args.resume else config), out
-
-
-def _with_arch_hint(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """`--model NAME` beside `--pretrained` names the weights' architecture: it reaches
-    `load_pretrained` as `arch` (through the model options), which takes from it what the
-    weights do not record and refuses a name whose sizes differ, so it is never ignored."""
-    pretrained = given.get("pretrained", values.get("pretrained"))
-    model = given.get("model")
-    if not (pretrained and model) or is_timm_name(model):
-        return given
-    base = given["model_opts"] if "model_opts" in given else values.get("model_opts", {})
-    info = inspect(pretrained, arch=model, overrides=base)
-    if info.config is not None:
-        check_arch(info.config, model, base)  # other sizes: another model, refused
-    return {**given, "model_opts": {"arch": model, **base}}
 
 
 def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> JobConfig:

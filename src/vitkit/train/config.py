@@ -112,7 +112,8 @@ class JobConfig(Options):
     model: str | None = option(
         None,
         "a registered model (`vitkit models`; default: the source's preset, else one sized to "
-        "its images, logged)",
+        "its images, logged); with pretrained weights, their architecture, checked against "
+        "them (default: theirs)",
         group="model",
     )
     model_opts: dict[str, Any] = option(

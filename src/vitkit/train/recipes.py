@@ -200,6 +200,15 @@ def recipe_for(data: str, model: str, img_size: int | tuple[int, int] | None) ->
     return "small" if max(size) <= 16 else "deit"
 
 
+def _weights_size(pretrained: str) -> tuple[int, int]:
+    """The input size of pretrained weights (read from their header; 224 when they do not
+    say), which their fine-tuning's recipe follows."""
+    from ..weights import inspect
+
+    config = inspect(pretrained).config
+    return to_2tuple(config.img_size, "img_size") if config is not None else (224, 224)
+
+
 def _model_size(model: str) -> tuple[int, int]:
     """A model's input size: a registered ViT's, or 224 for a timm CNN (it takes any)."""
     return (224, 224) if is_timm_name(model) else to_2tuple(get_config(model).img_size, "")
@@ -225,17 +234,18 @@ def resolve_config(
     spec = data_spec(data, values.get("data_dir"))
     opts = {**file.get("model_opts", {}), **given.get("model_opts", {})}
     model = values.get("model")
-    if not model:
+    pretrained = values.get("pretrained")
+    if not model and not pretrained:
         choice = default_choice(data, values.get("data_dir"))
-        model = choice.model
-        if not values.get("pretrained"):  # else the weights' architecture, options and all
-            opts = {**choice.model_opts, **opts}
-            if choice.seen:
-                log.info(choice.message(str(Path(detect_source(spec)[1] or data)), opts))
-    if not is_timm_name(model):
+        model, opts = choice.model, {**choice.model_opts, **opts}
+        if choice.seen:
+            log.info(choice.message(str(Path(detect_source(spec)[1] or data)), opts))
+    if model and not is_timm_name(model):
         get_config(model)  # an unknown name fails here, with the close ones
+    if not (model and is_timm_name(model)):
         opts = check_options(ViTConfig, opts, "model option")  # before the size is read
-    recipe = values.get("recipe") or recipe_for(spec, model, opts.get("img_size"))
+    size = opts.get("img_size") or (_weights_size(pretrained) if pretrained and not model else None)
+    recipe = values.get("recipe") or recipe_for(spec, model, size)
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {', '.join(RECIPES)}")
     preset = {k: v for k, v in RECIPES[recipe].items() if k in option_names(job)}

@@ -25,8 +25,9 @@ from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, create_model, get_config, to_2tuple
-from ..weights import load_pretrained, load_state_dict
+from ..weights import inspect, load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
+from ..weights.timm import check_arch
 from .config import JobConfig, TrainConfig
 from .distributed import barrier, make_loader, world
 from .fit import Progress, fit
@@ -55,11 +56,11 @@ class TrainingSetup:
 def training_setup(config: JobConfig) -> TrainingSetup:
     """The data, model and datasets of a run (benchmarks and notebooks call it too; resolve a
     config with the recipes first: `recipes.resolve_config({"data": "fashion-mnist"})`)."""
-    if config.model is None:
+    if config.model is None and not _pretrained(config):
         raise ValueError("training_setup needs a model name; build the config with resolve_config")
     torch.manual_seed(config.seed)
-    cnn = is_timm_name(config.model)
-    base = get_config("vit_base_patch16_224" if cnn else config.model)
+    cnn = config.model is not None and is_timm_name(config.model)
+    base = get_config(config.model if config.model and not cnn else "vit_base_patch16_224")
     opts = config.model_opts
     # Image files decode to the model's channels; pretrained weights and CNNs take RGB unless
     # the in_chans option says otherwise.
@@ -107,7 +108,7 @@ def build_model(config: JobConfig, splits: Splits) -> VisionTransformer:
     options = dict(config.model_opts)
     if isinstance(config, TrainConfig) and config.distill != "none":
         options.setdefault("distilled", True)
-    if is_timm_name(config.model):
+    if config.model is not None and is_timm_name(config.model):
         return _cnn_model(config, splits, options)
     if _pretrained(config):
         return _pretrained_model(config, splits, options)
@@ -156,13 +157,21 @@ def _pretrained_model(
     config: TrainConfig, splits: Splits, options: dict[str, Any]
 ) -> VisionTransformer:
     """The weights of `config.pretrained` for the data; the `in_chans` option says how the
-    images were read (the weights decide the model's channels)."""
+    images were read (the weights decide the model's channels). A `model` named beside them
+    is their architecture: what the weights do not record comes from it, and a name whose
+    sizes differ from the weights' is refused (`ArchMismatchError`), never ignored."""
     options.pop("in_chans", None)
+    img_size = options.pop("img_size", None)
+    if config.model is not None:
+        info = inspect(config.pretrained, arch=config.model, overrides=options)
+        if info.config is not None:
+            check_arch(info.config, config.model, options)
     model = load_pretrained(
         config.pretrained,
         num_classes=splits.num_classes,
-        img_size=options.pop("img_size", None),
+        img_size=img_size,
         pos_resample=config.pos_resample,
+        arch=config.model,
         **options,
     )
     if model.config.in_chans != splits.in_chans:
