@@ -87,3 +87,24 @@ def test_the_plain_layers_know_nothing_of_the_fast_path():
     for path in (SRC / "model" / "layers").glob("*.py"):
         text = path.read_text().lower()
         assert "onednn" not in text and "mkldnn" not in text, path.name
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def test_rooms_stay_small():
+    """No module over 500 lines and no function over 80 (STYLE.md): a room a reader can hold
+    in their head; a module or function that grows past it is split by concern."""
+    import ast
+
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(SRC)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {size} lines")
+    assert long == []
