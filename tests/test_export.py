@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from _helpers import requires_onnx, requires_timm, requires_transformers
+from _helpers import randomize, requires_onnx, requires_timm, requires_transformers
 from vitkit import VisionTransformer, ViTBackbone, export_onnx, save
 from vitkit.cli import main
 from vitkit.export import check_onnx, export_program
@@ -22,12 +22,15 @@ except ModuleNotFoundError:
 
 
 def tiny(**overrides) -> VisionTransformer:
+    """A small model on randomised weights (biases, norms and head far from their initial
+    zeros and ones), so that no output is near zero and an exported graph that drops a term
+    cannot pass; the same options give the same weights."""
     torch.manual_seed(0)
     options = dict(
         img_size=(60, 100), patch_size=20, embed_dim=16, depth=2, num_heads=2, num_classes=5
     )
     options.update(overrides)
-    return VisionTransformer(**options).eval()
+    return randomize(VisionTransformer(**options))
 
 
 def run_onnx(path, x: torch.Tensor) -> torch.Tensor:
@@ -164,7 +167,8 @@ def test_cli_export_onnx_int8(tmp_path, capsys):
     with torch.no_grad():
         want = model(x)
     got = run_onnx(out, x)
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    # measured 0.018-0.021 (logits up to 0.6-0.9) over three inputs: tolerance 0.05
+    assert (got - want).abs().max() < 0.05 and want.abs().max() > 0.5
 
 
 def test_cli_export_precision_refusals(tmp_path, capsys):
@@ -191,7 +195,8 @@ def test_cli_export_pt2_bf16(tmp_path, capsys):
     with torch.no_grad():
         got, want = program.module()(x), model(x)
     assert got.dtype == torch.bfloat16
-    assert (got.float() - want).abs().max() < 0.05 * want.abs().max() + 0.02
+    # measured 2.5e-3-3.4e-3 (logits up to 0.33-0.35) over three inputs: tolerance 1e-2
+    assert (got.float() - want).abs().max() < 1e-2 and want.abs().max() > 0.3
 
 
 def test_cli_export_errors(tmp_path, capsys):
@@ -376,5 +381,7 @@ def test_cli_export_folders_in_bf16(tmp_path, capsys):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         want = model(x)
+        assert want.abs().max() > 0.5
+        # measured 3.3e-3-4.4e-3 (logits up to 0.76-0.84) over three inputs: tolerance 1.2e-2
         for got in (hf(pixel_values=x).logits, theirs(x)):
-            assert (got - want).abs().max() < 0.02 * want.abs().max() + 0.01
+            assert (got - want).abs().max() < 1.2e-2

@@ -194,6 +194,10 @@ def test_gradient_checkpointing_trains_to_the_same_weights(digits):
     assert checkpointed.grad_checkpointing and not plain.grad_checkpointing
     for (name, a), b in zip(plain.state_dict().items(), checkpointed.state_dict().values()):
         assert torch.equal(a, b), name
+    start = tiny_model(drop_path_rate=0.2).state_dict()  # both trained: equal, not untouched
+    assert not torch.equal(
+        plain.state_dict()["blocks.2.mlp.fc1.weight"], start["blocks.2.mlp.fc1.weight"]
+    )
 
 
 @pytest.mark.parametrize(
