@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
@@ -150,6 +154,57 @@ class Transformed(Dataset):
         if item is None or self.transform is None:
             return item
         return self.transform(item[0]), item[1]
+
+
+class SeededItems(Dataset):
+    """`dataset` with each item's random draws seeded from (seed, epoch, index) alone.
+
+    Training transforms draw from the global generators of torch, Python and NumPy (vitkit's
+    from one `random.Random` per image, seeded from torch's). Seeding the three before each
+    item makes an image's augmentation independent of which loader worker reads it, in what
+    order, and of where a resumed epoch starts; the caller's generator states are restored
+    after each item, so the main process's own stream (Mixup, CutMix, drop path, which
+    `state.pt` restores) is the same with or without workers. `set_epoch` is called before each
+    epoch (the loader's workers, re-created per epoch, get a copy with that epoch).
+    """
+
+    def __init__(self, dataset: Dataset, *, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        with seeded(item_seed(self.seed, self.epoch, index)):
+            return self.dataset[index]
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed of (seed, epoch, index), the same in every process and Python version."""
+    digest = hashlib.blake2b(f"{seed},{epoch},{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """torch's CPU, Python's and NumPy's global generators seeded with `seed` inside, their
+    previous states back afterwards (a CUDA generator is not touched)."""
+    cpu = torch.random.default_generator
+    states = cpu.get_state(), random.getstate(), np.random.get_state()
+    cpu.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        cpu.set_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
 
 
 def _full_resolution_item(dataset: Dataset, index: int) -> Any:
