@@ -124,14 +124,14 @@ def test_training_draws_follow_torchs_seed(image):
 
 
 class Draws(Dataset):
-    """Item i: (i, a draw of torch's, Python's and NumPy's global generators), as a user's
-    transform might draw."""
+    """Item i: (i, a draw of torch's and of Python's global generator), as a transform of
+    one's own might draw."""
 
     def __len__(self) -> int:
         return 20
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        drawn = [float(torch.rand(())), random.random(), float(np.random.rand())]
+        drawn = [float(torch.rand(())), random.random()]
         return torch.tensor([float(i), *drawn], dtype=torch.float64), i % 2
 
 
@@ -169,7 +169,7 @@ def test_augmented_batches_are_the_same_with_0_and_2_workers():
     assert not any(torch.equal(x[0], y[0]) for (x, _), (y, _) in zip(other_epoch, in_process))
 
 
-def test_item_seeds_cover_every_global_generator_and_a_resumed_epoch():
+def test_item_seeds_cover_torchs_and_pythons_generators_and_a_resumed_epoch():
     full = epoch_batches(Draws(), 2, epoch=0)
     assert same_batches(epoch_batches(Draws(), 0, epoch=0), full)
     # resumed after 2 of 5 batches (start: 8 items): the remaining batches, draw for draw

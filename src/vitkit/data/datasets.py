@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
@@ -159,13 +158,15 @@ class Transformed(Dataset):
 class SeededItems(Dataset):
     """`dataset` with each item's random draws seeded from (seed, epoch, index) alone.
 
-    Training transforms draw from the global generators of torch, Python and NumPy (vitkit's
-    from one `random.Random` per image, seeded from torch's). Seeding the three before each
-    item makes an image's augmentation independent of which loader worker reads it, in what
-    order, and of where a resumed epoch starts; the caller's generator states are restored
-    after each item, so the main process's own stream (Mixup, CutMix, drop path, which
-    `state.pt` restores) is the same with or without workers. `set_epoch` is called before each
-    epoch (the loader's workers, re-created per epoch, get a copy with that epoch).
+    Training transforms draw from torch's and Python's global generators (vitkit's from one
+    `random.Random` per image, seeded from torch's). Seeding both before each item makes an
+    image's augmentation independent of which loader worker reads it, in what order, and of
+    where a resumed epoch starts; their states are restored after each item, so the main
+    process's own stream (Mixup, CutMix, drop path, which `state.pt` restores) is the same
+    with or without workers. NumPy's global generator is left alone (vitkit draws nothing from
+    it, and saving and restoring it would cost 60 us an item), so draws of a transform of your
+    own from it are not repeated this way. `set_epoch` is called before each epoch (the
+    loader's workers, started anew each epoch, get a copy at that epoch).
     """
 
     def __init__(self, dataset: Dataset, *, seed: int) -> None:
@@ -192,19 +193,17 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """torch's CPU, Python's and NumPy's global generators seeded with `seed` inside, their
-    previous states back afterwards (a CUDA generator is not touched)."""
+    """torch's CPU and Python's global generators seeded with `seed` inside, their previous
+    states back afterwards (a CUDA generator is not touched)."""
     cpu = torch.random.default_generator
-    states = cpu.get_state(), random.getstate(), np.random.get_state()
+    torch_state, python_state = cpu.get_state(), random.getstate()
     cpu.manual_seed(seed)
     random.seed(seed)
-    np.random.seed(seed % 2**32)
     try:
         yield
     finally:
-        cpu.set_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
+        cpu.set_state(torch_state)
+        random.setstate(python_state)
 
 
 def _full_resolution_item(dataset: Dataset, index: int) -> Any:
