@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from vitkit import load
 from vitkit.train import LAST_FILE, STATE_FILE, StopFlag, TrainConfig, fit, load_state
+from vitkit.train.signals import stop_on_signals
 
 
 @pytest.mark.slow
@@ -61,6 +62,25 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     assert text.endswith(f"interrupted; continue with: vitkit train --out {out} --resume\n")
     state = load_state(out / STATE_FILE)
     assert state["epoch"] >= 1 and state["step"] > 0
+
+
+def test_a_child_forked_before_it_ignores_the_signals_leaves_them_to_its_parent(caplog):
+    """A SIGTERM to the process group can reach a loader worker between its fork and
+    `quiet_worker`: the handler it inherited does nothing there (it once logged a second
+    'SIGTERM received' and set the worker's copy of the flag)."""
+    stop = StopFlag()
+    with stop_on_signals(stop):
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the handler runs in the child, as in a worker not yet quiet
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.write(write, b"set" if stop else b"clear")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 16)
+        os.waitpid(child, 0)
+    assert answer == b"clear" and not stop
+    assert "SIGTERM received" not in caplog.text
 
 
 class StopAt(Dataset):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -43,8 +44,11 @@ def stop_on_signals(stop: StopFlag) -> Iterator[None]:
         yield
         return
     previous = {}
+    owner = os.getpid()
 
     def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a loader worker forked before `quiet_worker` ran in it
+            return
         name = signal.Signals(signum).name
         if stop and signum == signal.SIGINT:
             raise KeyboardInterrupt
