@@ -9,25 +9,28 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import randomize, requires_onnx, requires_timm, requires_transformers
 from vitkit import VisionTransformer, ViTBackbone, export_onnx, save
 from vitkit.cli import main
 from vitkit.export import check_onnx, export_program
 
-try:
+try:  # the ONNX tests are marked requires_onnx; the torch.export and TorchScript ones run
     import onnx
     import onnxruntime as ort
-except ImportError:  # the torch.export and TorchScript tests still run
+except ModuleNotFoundError:
     onnx = ort = None
-needs_onnx = pytest.mark.skipif(ort is None, reason="needs onnx, onnxscript and onnxruntime")
 
 
 def tiny(**overrides) -> VisionTransformer:
+    """A small model on randomised weights (biases, norms and head far from their initial
+    zeros and ones), so that no output is near zero and an exported graph that drops a term
+    cannot pass; the same options give the same weights."""
     torch.manual_seed(0)
     options = dict(
         img_size=(60, 100), patch_size=20, embed_dim=16, depth=2, num_heads=2, num_classes=5
     )
     options.update(overrides)
-    return VisionTransformer(**options).eval()
+    return randomize(VisionTransformer(**options))
 
 
 def run_onnx(path, x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +51,7 @@ def fixed(tmp_path_factory):
     return model, path
 
 
-@needs_onnx
+@requires_onnx
 def test_onnx_fixed_size_parity(fixed):
     model, path = fixed
     assert [p.name for p in path.parent.iterdir()] == ["fixed.onnx"]  # weights inside
@@ -61,7 +64,7 @@ def test_onnx_fixed_size_parity(fixed):
         torch.testing.assert_close(run_onnx(path, x), expected, rtol=0, atol=1e-4)
 
 
-@needs_onnx
+@requires_onnx
 def test_check_onnx_catches_a_mismatch(fixed):
     model, path = fixed
     assert check_onnx(model, path) <= 1e-4
@@ -72,7 +75,7 @@ def test_check_onnx_catches_a_mismatch(fixed):
         check_onnx(changed, path)
 
 
-@needs_onnx
+@requires_onnx
 def test_onnx_dynamic_img_size_parity_at_other_sizes(tmp_path):
     model = tiny(dynamic_img_size=True, pos_embed="learn").train()
     path = export_onnx(model, tmp_path / "dyn.onnx", verify=True)
@@ -131,7 +134,7 @@ def test_torchscript_trace_round_trip(tmp_path):
         torch.testing.assert_close(loaded(x3), model(x3), rtol=0, atol=1e-5)
 
 
-@needs_onnx
+@requires_onnx
 def test_cli_export_onnx(tmp_path, capsys):
     model = tiny(num_classes=0)
     save(model, tmp_path / "m.safetensors")
@@ -146,7 +149,7 @@ def test_cli_export_onnx(tmp_path, capsys):
     np.testing.assert_allclose(run_onnx(out, x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
 
 
-@needs_onnx
+@requires_onnx
 def test_cli_export_onnx_int8(tmp_path, capsys):
     """--precision int8: onnxruntime's dynamic quantiser over the float32 graph (verified
     first): MatMulInteger nodes, a smaller file, logits near the float model's."""
@@ -164,7 +167,8 @@ def test_cli_export_onnx_int8(tmp_path, capsys):
     with torch.no_grad():
         want = model(x)
     got = run_onnx(out, x)
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    # measured 0.018-0.021 (logits up to 0.6-0.9) over three inputs: tolerance 0.05
+    assert (got - want).abs().max() < 0.05 and want.abs().max() > 0.5
 
 
 def test_cli_export_precision_refusals(tmp_path, capsys):
@@ -191,7 +195,8 @@ def test_cli_export_pt2_bf16(tmp_path, capsys):
     with torch.no_grad():
         got, want = program.module()(x), model(x)
     assert got.dtype == torch.bfloat16
-    assert (got.float() - want).abs().max() < 0.05 * want.abs().max() + 0.02
+    # measured 2.5e-3-3.4e-3 (logits up to 0.33-0.35) over three inputs: tolerance 1e-2
+    assert (got.float() - want).abs().max() < 1e-2 and want.abs().max() > 0.3
 
 
 def test_cli_export_errors(tmp_path, capsys):
@@ -208,7 +213,7 @@ def test_cli_export_errors(tmp_path, capsys):
     assert not (tmp_path / "o.onnx").exists()
 
 
-@needs_onnx
+@requires_onnx
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
@@ -249,7 +254,7 @@ NEWER_OPTIONS = {
 }
 
 
-@needs_onnx
+@requires_onnx
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamic_img_size", [False, True], ids=["fixed", "dynamic"])
 @pytest.mark.parametrize("overrides", NEWER_OPTIONS.values(), ids=NEWER_OPTIONS)
@@ -264,7 +269,7 @@ def test_onnx_newer_model_options(tmp_path, overrides, dynamic_img_size):
     assert input_dims(path) == ["batch", 3, *grid]
 
 
-@needs_onnx
+@requires_onnx
 def test_onnx_of_a_dynamic_img_pad_model_pads_any_size(tmp_path):
     """The padding stays in the graph: a size that is not a multiple of the patch size gives
     PyTorch's output (it was traced away, and such sizes came out wrong)."""
@@ -283,7 +288,7 @@ def test_onnx_of_a_dynamic_img_pad_model_pads_any_size(tmp_path):
         torch.testing.assert_close(program.module()(x), model(x), rtol=0, atol=1e-5)
 
 
-@needs_onnx
+@requires_onnx
 def test_backbone_onnx_and_torch_export(tmp_path):
     backbone = ViTBackbone(tiny(num_classes=0, depth=3), out_indices=(0, -1))
     path = export_onnx(backbone, tmp_path / "bb.onnx", dynamic_img_size=True, verify=True)
@@ -304,7 +309,7 @@ def test_backbone_onnx_and_torch_export(tmp_path):
             torch.testing.assert_close(have, want, rtol=0, atol=1e-5)
 
 
-@needs_onnx
+@requires_onnx
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_onnx_carries_the_data_config_and_class_names(tmp_path, precision):
     from vitkit.data.data_config import DataConfig
@@ -327,7 +332,7 @@ def test_onnx_carries_the_data_config_and_class_names(tmp_path, precision):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing staged is left
 
 
-@needs_onnx
+@requires_onnx
 def test_onnx_and_program_files_never_replace_a_special_file(tmp_path):
     import os
     import stat
@@ -355,11 +360,13 @@ def test_onnx_and_program_files_never_replace_a_special_file(tmp_path):
         torch.testing.assert_close(torch.export.load(program).module()(x), tiny()(x))
 
 
+@requires_transformers
+@requires_timm
 def test_cli_export_folders_in_bf16(tmp_path, capsys):
     """--precision bf16 folders hold bf16 weights that transformers and timm load, with logits
     within bf16 rounding of the float32 model's."""
-    transformers = pytest.importorskip("transformers")
-    timm = pytest.importorskip("timm")
+    import timm
+    import transformers
     from safetensors.torch import load_file
 
     model = tiny(img_size=32, patch_size=8, embed_dim=64, num_heads=4, num_classes=3)
@@ -374,5 +381,7 @@ def test_cli_export_folders_in_bf16(tmp_path, capsys):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         want = model(x)
+        assert want.abs().max() > 0.5
+        # measured 3.3e-3-4.4e-3 (logits up to 0.76-0.84) over three inputs: tolerance 1.2e-2
         for got in (hf(pixel_values=x).logits, theirs(x)):
-            assert (got - want).abs().max() < 0.02 * want.abs().max() + 0.01
+            assert (got - want).abs().max() < 1.2e-2

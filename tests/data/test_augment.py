@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
-from vitkit.data import ImageFiles, Subset, Transformed, build_transform, parse_rand_augment
+from vitkit.data import (
+    ImageFiles,
+    Subset,
+    TensorImages,
+    Transformed,
+    build_transform,
+    parse_rand_augment,
+)
 from vitkit.data.augment import Mixup, one_hot
 from vitkit.data.data_config import DataConfig
 from vitkit.data.transforms import (
@@ -20,6 +28,7 @@ from vitkit.data.transforms import (
     RandomResizedCrop,
     eval_transform,
 )
+from vitkit.train.distributed import make_loader, set_epoch
 
 NORM = {"mean": [0.5] * 3, "std": [0.5] * 3}
 
@@ -112,6 +121,64 @@ def test_training_draws_follow_torchs_seed(image):
     again = [tf(image) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not torch.equal(first[0], first[1])
+
+
+class Draws(Dataset):
+    """Item i: (i, a draw of torch's and of Python's global generator), as a transform of
+    one's own might draw."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        drawn = [float(torch.rand(())), random.random()]
+        return torch.tensor([float(i), *drawn], dtype=torch.float64), i % 2
+
+
+def epoch_batches(dataset, workers: int, epoch: int, start: int = 0) -> list:
+    loader = make_loader(dataset, 4, train=True, seed=3, num_workers=workers)
+    set_epoch(loader, epoch, start=start)
+    return list(loader)
+
+
+def same_batches(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x, y) and torch.equal(u, v) for (x, u), (y, v) in zip(a, b)
+    )
+
+
+def test_augmented_batches_are_the_same_with_0_and_2_workers():
+    """Crops, flips, RandAugment and erasing of a training loader's items are seeded from
+    (seed, epoch, index): loader workers change nothing, nor does the main process's own
+    random stream (which the loading leaves where it was)."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (12, 3, 20, 20), dtype=torch.uint8, generator=gen)
+    tf = build_transform(True, img_size=(16, 16), reprob=0.5, **NORM)
+    assert [type(t).__name__ for t in tf.steps] == [
+        "RandomResizedCrop", "RandomHorizontalFlip", "RandAugment", "ToTensor", "Normalize",
+        "RandomErasing",
+    ]  # fmt: skip
+    data = Transformed(TensorImages(images, torch.arange(12)), tf)
+    torch.manual_seed(5)
+    in_process = epoch_batches(data, 0, epoch=1)
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), after)  # loading drew nothing from the global stream
+    assert same_batches(epoch_batches(data, 2, epoch=1), in_process)
+    other_epoch = epoch_batches(data, 0, epoch=2)
+    assert not any(torch.equal(x[0], y[0]) for (x, _), (y, _) in zip(other_epoch, in_process))
+
+
+def test_item_seeds_cover_torchs_and_pythons_generators_and_a_resumed_epoch():
+    full = epoch_batches(Draws(), 2, epoch=0)
+    assert same_batches(epoch_batches(Draws(), 0, epoch=0), full)
+    # resumed after 2 of 5 batches (start: 8 items): the remaining batches, draw for draw
+    assert same_batches(epoch_batches(Draws(), 2, epoch=0, start=8), full[2:])
+    by_index = {int(row[0]): row[1:] for x, _ in full for row in x}
+    again = {int(row[0]): row[1:] for x, _ in epoch_batches(Draws(), 0, epoch=1) for row in x}
+    assert sorted(by_index) == sorted(again) == list(range(20))
+    assert all(not torch.equal(by_index[i], again[i]) for i in range(20))  # a new epoch
+    assert len({tuple(v.tolist()) for v in by_index.values()}) == 20  # distinct per item
 
 
 def test_rand_augment_strings():

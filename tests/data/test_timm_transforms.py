@@ -15,16 +15,19 @@ import pytest
 import torch
 from PIL import Image
 
+from _helpers import requires_timm, requires_torchvision
 from vitkit.data import build_transform, parse_rand_augment
 from vitkit.data.rand_augment import OP_SETS, OPS, RAND_INCREASING_OPS, RAND_OPS, RandAugment
 from vitkit.data.transforms import RandomErasing, RandomHorizontalFlip, RandomResizedCrop
 
-timm = pytest.importorskip("timm")
-pytest.importorskip("torchvision")
-from timm.data import create_transform  # noqa: E402
-from timm.data.auto_augment import AugmentOp, rand_augment_transform  # noqa: E402
-from timm.data.random_erasing import RandomErasing as TimmErasing  # noqa: E402
-from timm.data.transforms import RandomResizedCropAndInterpolation  # noqa: E402
+try:  # the tests that run timm's transforms are marked requires_timm
+    from timm.data import auto_augment, create_transform
+    from timm.data.auto_augment import AugmentOp, rand_augment_transform
+    from timm.data.random_erasing import RandomErasing as TimmErasing
+    from timm.data.transforms import RandomResizedCropAndInterpolation
+except ModuleNotFoundError:
+    auto_augment = create_transform = AugmentOp = rand_augment_transform = None
+    TimmErasing = RandomResizedCropAndInterpolation = None
 
 FILL = (124, 116, 104)  # timm's fill for ImageNet's mean
 ONE_LEVEL = 1 / 255 + 1e-6
@@ -58,6 +61,7 @@ def timm_op(op: AugmentOp, img: Image.Image) -> Image.Image:
 # -- RandAugment ----------------------------------------------------------------------------
 
 
+@requires_timm
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_each_op_at_each_magnitude_is_timms(name):
     img = picture(24, 32)
@@ -76,6 +80,7 @@ def test_each_op_at_each_magnitude_is_timms(name):
                 assert np.abs(got - expected).max() <= 1, (name, magnitude, seed)
 
 
+@requires_timm
 @pytest.mark.parametrize("name", ["Rotate", "ShearX", "TranslateYRel", "SolarizeAdd"])
 def test_ops_on_grey_images_fill_with_the_grey_of_the_fill(name):
     grey = picture(16, 16, "L")
@@ -86,6 +91,7 @@ def test_ops_on_grey_images_fill_with_the_grey_of_the_fill(name):
     assert np.array_equal(pixels(ours.apply_op(grey, name, random.Random(5))), expected)
 
 
+@requires_timm
 @pytest.mark.parametrize(
     "mstd, prob, mmax", [(0.5, 0.5, None), (101.0, 0.5, None), (1.0, 1.0, 20), (0.5, 0.0, None)]
 )
@@ -110,6 +116,7 @@ def test_probability_and_magnitude_noise_draw_as_timm(mstd, prob, mmax):
     assert (skipped == 48) if prob == 0 else (skipped < 48)
 
 
+@requires_timm
 @pytest.mark.parametrize(
     "spec",
     [
@@ -140,9 +147,8 @@ def test_config_strings_build_timms_rand_augment(spec):
         assert op.kwargs["fillcolor"] == ours.fill
 
 
+@requires_timm
 def test_op_lists_are_timms():
-    from timm.data import auto_augment
-
     assert list(RAND_OPS) == auto_augment._RAND_TRANSFORMS
     assert list(RAND_INCREASING_OPS) == auto_augment._RAND_INCREASING_TRANSFORMS
     assert parse_rand_augment("rand-m9-mstd0.5-inc1").ops == list(RAND_INCREASING_OPS)
@@ -176,6 +182,7 @@ def test_rand_augment_of_a_tensor_is_the_op_on_its_8_bit_image():
 # -- train ops ------------------------------------------------------------------------------
 
 
+@requires_timm
 @pytest.mark.parametrize(
     "size, scale, ratio",
     [((40, 56), (0.08, 1.0), (3 / 4, 4 / 3)), ((17, 90), (0.5, 1.0), (3 / 4, 4 / 3)),
@@ -193,6 +200,7 @@ def test_random_resized_crop_is_timms(size, scale, ratio, interpolation):
         assert np.array_equal(pixels(ours(img, random.Random(seed))), expected), seed
 
 
+@requires_timm
 def test_random_erasing_is_timms():
     for mode in ("pixel", "rand", "const"):
         theirs = TimmErasing(0.5, mode=mode, device="cpu")
@@ -210,6 +218,7 @@ def test_random_erasing_is_timms():
         assert 3 <= erased <= 17
 
 
+@requires_torchvision
 def test_flip_is_torchvisions():
     from torchvision.transforms import RandomHorizontalFlip as TorchvisionFlip
 
@@ -217,6 +226,7 @@ def test_flip_is_torchvisions():
     assert np.array_equal(pixels(RandomHorizontalFlip(1.0)(img)), pixels(TorchvisionFlip(1.0)(img)))
 
 
+@requires_timm
 def test_train_pipeline_without_flip_or_augment_is_timms_draw_for_draw():
     """crop -> to tensor -> normalise -> erase, every draw from the same seed."""
     kwargs = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
@@ -237,6 +247,7 @@ def test_train_pipeline_without_flip_or_augment_is_timms_draw_for_draw():
         assert torch.allclose(ours(img, random.Random(seed)), expected, atol=1e-6), seed
 
 
+@requires_timm
 def test_train_rand_augment_gets_timms_fill_and_filter_from_the_pipeline():
     mean = (0.485, 0.456, 0.406)
     theirs = create_transform(
@@ -257,6 +268,7 @@ def test_train_rand_augment_gets_timms_fill_and_filter_from_the_pipeline():
 SIZES = [(48, 64), (64, 48), (40, 40), (10, 14), (200, 30)]
 
 
+@requires_timm
 @pytest.mark.parametrize("crop_mode", ["center", "squash"])
 @pytest.mark.parametrize(
     "img_size, crop_pct, interpolation",
@@ -280,6 +292,7 @@ def test_eval_transform_is_timms(crop_mode, img_size, crop_pct, interpolation):
         assert (ours(x) - expected).abs().max() <= tolerance, size
 
 
+@requires_timm
 def test_eval_of_grey_images_is_timms():
     theirs = create_transform((1, 20, 20), is_training=False, mean=(0.5,), std=(0.5,))
     ours = build_transform(

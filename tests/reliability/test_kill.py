@@ -5,18 +5,22 @@ never interrupted, bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from _run import spawn, wait_for
+from _run import SRC, spawn, wait_for
 from safetensors.torch import load_file
 
 from vitkit.train import BEST_FILE, LAST_FILE, STATE_FILE, load_state
+from vitkit.train.lock import run_lock
 
 # 79 steps an epoch, a state saved every 10 steps: most kills land in the middle of an epoch.
 RUN = (
@@ -178,3 +182,89 @@ def test_kill_9_at_random_moments(tmp_path, reference):
         assert_same_run(out, ref)
     print("resumed at:", "; ".join(resumed_from))
     assert any("batch" in point for point in resumed_from), "no resume in mid-epoch"
+
+
+# Takes a folder's run lock, forks a child that lives on (as a DataLoader worker does for
+# seconds after its run is killed), prints the child's PID and SIGKILLs itself.
+LOCK_AND_FORK = """\
+import os, signal, sys, time
+from vitkit.train.lock import run_lock
+
+with run_lock(sys.argv[1]):
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_lock_of_a_killed_run_dies_with_it_while_its_forked_children_live(tmp_path):
+    log = tmp_path / "log"
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-c", LOCK_AND_FORK, str(tmp_path)],
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=60,
+        )
+    child = int(log.read_text())
+    try:
+        assert proc.returncode == -9
+        os.kill(child, 0)  # still alive
+        with run_lock(tmp_path):  # no RunLockedError: the lock went with its process
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+# Every per-image and per-batch random step at once, with 2 loader workers: random-resized
+# crops, flips, RandAugment, random erasing, Mixup / CutMix and drop path; 6 steps an epoch.
+AUGMENTED = (
+    "--epochs", "2", "--batch-size", "8", "--img-size", "16", "--patch-size", "4",
+    "--in-chans", "3", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
+    "--model-opt", "num_heads=2", "--lr", "5e-3", "--crop-scale", "0.3", "1.0",
+    "--hflip", "0.5", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.5", "--mixup", "0.8",
+    "--cutmix", "1.0", "--drop-path-rate", "0.2", "--workers", "2", "--seed", "1",
+    "--no-progress",
+)  # fmt: skip
+
+
+def image_folder(root: Path) -> Path:
+    """3 classes of 20 noisy 28 x 24 RGB images, one colour channel raised per class."""
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for c, name in enumerate(["red", "green", "blue"]):
+        (root / name).mkdir(parents=True)
+        for i in range(20):
+            pixels = torch.randint(0, 120, (24, 28, 3), generator=gen, dtype=torch.uint8)
+            pixels[..., c] += 120
+            Image.fromarray(pixels.numpy()).save(root / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.slow
+def test_kill_9_in_mid_epoch_under_augmentation_with_workers(tmp_path):
+    """Killed (SIGKILL) in epoch 2 with the state of step 10 written but not renamed, while
+    the workers held augmented batches ahead: the resumed run (from step 8, batch 2 of epoch
+    2) draws each image's augmentation afresh from (seed, epoch, index) and ends with the
+    uninterrupted run's weights, bit for bit."""
+    data = image_folder(tmp_path / "data")
+    reference, out, driver = tmp_path / "reference", tmp_path / "run", tmp_path / "driver.py"
+    proc = spawn(["train", "--data", data, "--out", reference, *AUGMENTED], log=tmp_path / "0.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "0.log").read_text()[-3000:]
+    driver.write_text(DRIVER)
+    # state.pt writes: the start, steps 2, 4, 6 (and the end of epoch 1), 8, then 10: the 7th
+    argv = ["train", "--data", data, "--out", out, *AUGMENTED, "--save-every", "2"]
+    proc = spawn(argv, log=tmp_path / "1.log", driver=driver, env={"KILL_AT": f"{STATE_FILE}:7"})
+    assert proc.wait(timeout=300) == -9, (tmp_path / "1.log").read_text()[-3000:]
+    state = assert_state_loads(out)
+    assert (state["epoch"], state["step"], state["epoch_state"]["batches"]) == (1, 8, 2)
+    finish(out, tmp_path / "2.log")
+    assert (
+        f"resuming from {out / STATE_FILE} at epoch 2, batch 3" in (tmp_path / "2.log").read_text()
+    )
+    assert_same_run(out, reference)

@@ -168,10 +168,13 @@ def test_a_full_disk_leaves_the_previous_file_and_no_temporary(tmp_path, monkeyp
 
 
 def test_save_on_a_full_disk(tmp_path, monkeypatch):
+    """The failed save was of other weights, so the file on disk can only be the old one."""
     model = tiny_model()
     path = tmp_path / "model.safetensors"
     vitkit.save(model, path)
     before = path.read_bytes()
+    with torch.no_grad():
+        model.head.bias.add_(1.0)
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(
         vitkit.DiskFullError, match=r"while writing .*model\.safetensors; free space and"
@@ -180,6 +183,7 @@ def test_save_on_a_full_disk(tmp_path, monkeypatch):
     with pytest.raises(DiskFullError, match=r"new\.safetensors; free .* nothing was written$"):
         vitkit.save(model, tmp_path / "new.safetensors")
     assert path.read_bytes() == before
+    assert not torch.equal(vitkit.load(path).head.bias, model.head.bias)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 

@@ -10,9 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from _run import SRC, TINY, spawn, wait_for
+import torch
+from _run import SRC, TINY, spawn, tiny_model, wait_for
+from torch.utils.data import Dataset
 
-from vitkit.train import STATE_FILE, load_state
+from vitkit import load
+from vitkit.train import LAST_FILE, STATE_FILE, StopFlag, TrainConfig, fit, load_state
+from vitkit.train.signals import stop_on_signals
 
 
 @pytest.mark.slow
@@ -58,3 +62,60 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     assert text.endswith(f"interrupted; continue with: vitkit train --out {out} --resume\n")
     state = load_state(out / STATE_FILE)
     assert state["epoch"] >= 1 and state["step"] > 0
+
+
+def test_a_child_forked_before_it_ignores_the_signals_leaves_them_to_its_parent(caplog):
+    """A SIGTERM to the process group can reach a loader worker between its fork and
+    `quiet_worker`: the handler it inherited does nothing there (it once logged a second
+    'SIGTERM received' and set the worker's copy of the flag)."""
+    stop = StopFlag()
+    with stop_on_signals(stop):
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the handler runs in the child, as in a worker not yet quiet
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.write(write, b"set" if stop else b"clear")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 16)
+        os.waitpid(child, 0)
+    assert answer == b"clear" and not stop
+    assert "SIGTERM received" not in caplog.text
+
+
+class StopAt(Dataset):
+    """`base`, setting `stop` as the `at`-th item of the run is read (in the main process:
+    no workers), so the run stops after that item's step, as after a signal."""
+
+    def __init__(self, base: Dataset, stop: StopFlag, at: int) -> None:
+        self.base, self.stop, self.at, self.reads = base, stop, at, 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        self.reads += 1
+        if self.reads == self.at:
+            self.stop.set("SIGTERM")
+        return self.base[index]
+
+
+def test_stops_in_mid_epoch_twice_in_a_row_resume_to_the_same_weights(tmp_path, digits):
+    """Stopped after batch 2 of epoch 1, resumed and stopped after batch 4 of epoch 2 (later
+    than the 3 batches the resumed epoch had left, which once counted as the whole of epoch
+    2), then resumed to the end: each stop saves a mid-epoch state, and the end is the
+    uninterrupted run's (5 batches of 32 an epoch)."""
+    train, val = digits
+    config = TrainConfig(epochs=3, batch_size=32, lr=2e-3, warmup_epochs=1, mixup=0.8)
+    fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=tmp_path / "reference")
+    out = tmp_path / "run"
+    for resume, at, where in [(False, 2 * 32, (0, 2)), (True, 3 * 32 + 4 * 32, (1, 4))]:
+        stop = StopFlag()
+        result = fit(tiny_model(drop_path_rate=0.1), StopAt(train, stop, at), val, config,
+                     out_dir=out, resume=resume, stop=stop)  # fmt: skip
+        state = load_state(out / STATE_FILE)
+        assert result.interrupted and len(result.history) == where[0]
+        assert (state["epoch"], state["epoch_state"]["batches"]) == where
+    fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=out, resume=True)
+    ours, theirs = load(out / LAST_FILE).state_dict(), load(tmp_path / "reference" / LAST_FILE)
+    assert all(torch.equal(v, theirs.state_dict()[k]) for k, v in ours.items())

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import requires_timm
 from vitkit import cli, create_model, load, save
 from vitkit.data import Subset, Transformed, load_data
 from vitkit.train import LAST_FILE, RECIPES, StopFlag, TrainConfig, fit, param_groups
@@ -14,8 +15,11 @@ from vitkit.train.fit import new_run_state
 from vitkit.train.loop import train_one_epoch
 from vitkit.train.optim import freeze_layers, layer_id
 
-timm = pytest.importorskip("timm")
-from timm.optim import param_groups_layer_decay  # noqa: E402
+try:  # the parity tests with timm are marked requires_timm
+    import timm
+    from timm.optim import param_groups_layer_decay
+except ModuleNotFoundError:
+    timm = param_groups_layer_decay = None
 
 TINY = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=16, num_heads=2, num_classes=10)
 
@@ -61,6 +65,7 @@ LAYOUTS = {
 }
 
 
+@requires_timm
 @pytest.mark.parametrize("layout", LAYOUTS, ids=list(LAYOUTS))
 @pytest.mark.parametrize("decay", [0.65, 0.9])
 def test_layer_decay_groups_equal_timms(layout, decay):
@@ -78,6 +83,7 @@ def test_layer_decay_groups_equal_timms(layout, decay):
     assert got["head.weight"] == (1.0, 0.05) and got["patch_embed.proj.weight"][0] == decay**5
 
 
+@requires_timm
 def test_layer_decay_of_a_distilled_model_equals_timms_deit():
     ours = tiny_model(depth=2, distilled=True)
     theirs = timm.models.deit.VisionTransformerDistilled(**{**TINY, "depth": 2})
@@ -188,6 +194,10 @@ def test_gradient_checkpointing_trains_to_the_same_weights(digits):
     assert checkpointed.grad_checkpointing and not plain.grad_checkpointing
     for (name, a), b in zip(plain.state_dict().items(), checkpointed.state_dict().values()):
         assert torch.equal(a, b), name
+    start = tiny_model(drop_path_rate=0.2).state_dict()  # both trained: equal, not untouched
+    assert not torch.equal(
+        plain.state_dict()["blocks.2.mlp.fc1.weight"], start["blocks.2.mlp.fc1.weight"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,12 @@ import torch
 from _parity import TOL, images, randomize
 
 import vitkit
+from _helpers import optional_import, requires_transformers
 from vitkit import CheckpointError, convert
 from vitkit.weights.hf_families import from_hf_any
 
-transformers = pytest.importorskip("transformers", reason="transformers not installed")
+transformers = optional_import("transformers")
+pytestmark = requires_transformers  # every test here runs transformers
 
 SMALL = dict(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8

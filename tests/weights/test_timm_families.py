@@ -19,12 +19,13 @@ import torch
 from _parity import randomize
 
 import vitkit
+from _helpers import optional_import, requires_timm
 from vitkit import CheckpointError, convert
 from vitkit.model.registry import FAMILIES
 
-timm = pytest.importorskip("timm", reason="timm not installed (pip install -e '.[interop]')")
-from timm.layers import PatchEmbed  # noqa: E402
-from timm.models import vision_transformer as timm_vit  # noqa: E402
+timm = optional_import("timm")  # the tests that use it are marked requires_timm
+PatchEmbed = optional_import("timm.layers").PatchEmbed
+timm_vit = optional_import("timm.models.vision_transformer")
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ REPRESENTATIVES = sorted(
 )
 
 
+@requires_timm
 @pytest.mark.parametrize("name", REPRESENTATIVES)
 def test_each_family_loads_with_timms_outputs(name):
     source = _timm_model(name, embed_dim=96, num_heads=4)
@@ -93,6 +95,7 @@ def test_each_family_loads_with_timms_outputs(name):
     assert kind == "identical", f"{name}: {kind}: {detail}"
 
 
+@requires_timm
 @pytest.mark.slow
 def test_every_timm_vision_transformer_is_identical_or_refused_in_one_line():
     results = {}
@@ -113,6 +116,7 @@ def test_every_timm_vision_transformer_is_identical_or_refused_in_one_line():
 # -- what the weights cannot show -----------------------------------------------------------
 
 
+@requires_timm
 def test_the_name_supplies_the_activation_the_weights_cannot_show():
     name = "vit_base_patch32_siglip_gap_256"  # GELU's tanh approximation
     source = _timm_model(name, embed_dim=96, num_heads=4)
@@ -126,12 +130,14 @@ def test_the_name_supplies_the_activation_the_weights_cannot_show():
         assert not torch.allclose(guessed(x), source(x), rtol=RTOL, atol=0)
 
 
+@requires_timm
 def test_post_norm_blocks_come_from_the_name():
     source = _timm_model("vit_base_patch16_rpn_224", embed_dim=96, num_heads=4)
     _, config = convert.from_timm(source.state_dict(), arch="vit_base_patch16_rpn_224", num_heads=4)
     assert config.res_post_norm and not config.class_token and config.global_pool == "avg"
 
 
+@requires_timm
 @pytest.mark.parametrize(
     "name, message",
     [
@@ -159,6 +165,7 @@ def test_families_whose_hidden_options_vary_are_refused_without_the_name(name, m
     assert compare(name, source, num_heads=4)[0] == "identical"
 
 
+@requires_timm
 def test_no_embed_class_is_read_from_the_position_grid():
     source = _timm_model("deit3_small_patch16_224", embed_dim=96, num_heads=4)
     assert source.pos_embed.shape[1] == 16  # the patches only
@@ -175,6 +182,7 @@ def test_no_embed_class_is_read_from_the_position_grid():
         convert.from_timm(sd, num_heads=4)
 
 
+@requires_timm
 def test_an_unknown_or_unsupported_arch_is_one_line():
     source = _timm_model("vit_small_patch16_224", embed_dim=96, num_heads=4)
     with pytest.raises(ValueError, match=r"^unknown model name 'vit_smol_patch16_224'; did you"):
@@ -196,6 +204,7 @@ def test_exporters_without_the_options_refuse_them():
         convert.to_hf(model)
 
 
+@requires_timm
 def test_weights_without_a_name_log_what_they_assume(caplog):
     source = _timm_model("vit_small_patch16_224", embed_dim=96, num_heads=4)
     with caplog.at_level(logging.INFO, logger="vitkit.weights.timm"):

@@ -6,6 +6,7 @@ Imports nothing from the rest of vitkit: the model, the weights and the training
 from .augment import Mixup
 from .datasets import (
     ImageFiles,
+    SeededItems,
     Splits,
     Subset,
     TensorImages,
@@ -50,6 +51,7 @@ __all__ = [
     "LoadedImages",
     "Mixup",
     "RandAugment",
+    "SeededItems",
     "Splits",
     "Subset",
     "TensorImages",

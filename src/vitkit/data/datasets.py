@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +153,57 @@ class Transformed(Dataset):
         if item is None or self.transform is None:
             return item
         return self.transform(item[0]), item[1]
+
+
+class SeededItems(Dataset):
+    """`dataset` with each item's random draws seeded from (seed, epoch, index) alone.
+
+    Training transforms draw from torch's and Python's global generators (vitkit's from one
+    `random.Random` per image, seeded from torch's). Seeding both before each item makes an
+    image's augmentation independent of which loader worker reads it, in what order, and of
+    where a resumed epoch starts; their states are restored after each item, so the main
+    process's own stream (Mixup, CutMix, drop path, which `state.pt` restores) is the same
+    with or without workers. NumPy's global generator is left alone (vitkit draws nothing from
+    it, and saving and restoring it would cost 60 us an item), so draws of a transform of your
+    own from it are not repeated this way. `set_epoch` is called before each epoch (the
+    loader's workers, started anew each epoch, get a copy at that epoch).
+    """
+
+    def __init__(self, dataset: Dataset, *, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        with seeded(item_seed(self.seed, self.epoch, index)):
+            return self.dataset[index]
+
+
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed of (seed, epoch, index), the same in every process and Python version."""
+    digest = hashlib.blake2b(f"{seed},{epoch},{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """torch's CPU and Python's global generators seeded with `seed` inside, their previous
+    states back afterwards (a CUDA generator is not touched)."""
+    cpu = torch.random.default_generator
+    torch_state, python_state = cpu.get_state(), random.getstate()
+    cpu.manual_seed(seed)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        cpu.set_state(torch_state)
+        random.setstate(python_state)
 
 
 def _full_resolution_item(dataset: Dataset, index: int) -> Any:

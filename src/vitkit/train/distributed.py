@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..data import collate
+from ..data import SeededItems, collate
 from .signals import quiet_worker
 
 
@@ -91,13 +91,19 @@ def make_loader(
     seed: int = 0,
     num_workers: int = 0,
 ) -> DataLoader:
-    """A loader over this rank's shard: shuffled and padded for training, in order for eval."""
+    """A loader over this rank's shard: shuffled and padded for training, in order for eval.
+
+    A training loader's items are `SeededItems`: their augmentations depend on (seed, epoch,
+    index) only, not on `num_workers` or on where a resumed epoch starts; `set_epoch` moves
+    the loader to an epoch. Its workers are started anew each epoch (not persistent), each
+    with a copy of the dataset at that epoch.
+    """
     rank, size = world()
     sampler = ShardSampler(
         len(dataset), shuffle=train, seed=seed, rank=rank, world_size=size, pad=train
     )
     return DataLoader(
-        dataset,
+        SeededItems(dataset, seed=seed) if train else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
@@ -108,6 +114,14 @@ def make_loader(
         # so a run resumed in mid-epoch sees the same random stream
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def set_epoch(loader: DataLoader, epoch: int, *, start: int = 0) -> None:
+    """Point a training loader of `make_loader` at `epoch`: that epoch's shuffled order, from
+    its `start`-th index on (a resumed epoch), and that epoch's augmentation seeds."""
+    loader.sampler.set_epoch(epoch, start=start)
+    if isinstance(loader.dataset, SeededItems):
+        loader.dataset.set_epoch(epoch)
 
 
 def init_distributed(device: str) -> str:

@@ -25,7 +25,7 @@ from ..data import corrupt_count
 from ..files import DiskFullError
 from ..model.precision import model_device
 from ..plots import plot_curves
-from .distributed import ShardSampler, all_reduce, make_loader, world
+from .distributed import all_reduce, make_loader, set_epoch, world
 from .logs import EpochLog, check_loggers, log_epoch
 from .loop import NonFiniteLossError, steps_per_epoch, train_one_epoch
 from .optim import Schedule
@@ -228,10 +228,9 @@ def run_epoch(
     returns the metrics row, or None when a stop came in the middle of the epoch (the state
     is then saved)."""
     config, start = state.config, time.perf_counter()
-    sampler: ShardSampler = train_loader.sampler
-    full = len(train_loader)  # batches in a whole epoch
     done = state.running.batches if state.running else 0
-    sampler.set_epoch(state.epoch, start=done * config.batch_size)
+    set_epoch(train_loader, state.epoch, start=done * config.batch_size)
+    full = done + len(train_loader)  # batches in the whole epoch (the loader has the rest)
     description = f"epoch {state.epoch + 1}/{config.epochs}"
     bar = progress(train_loader, len(train_loader), description) if progress else train_loader
     postfix = _postfix(getattr(bar, "set_postfix", None), state.task.counts_correct)

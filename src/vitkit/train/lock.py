@@ -4,8 +4,9 @@ The lock is `fcntl.flock` on `.vitkit.lock` in the folder, which holds the owner
 start time for the message; anything but a regular file with its name is refused, never
 opened for writing. The operating system releases it when the process ends, however it
 ends (kill -9 included), so a killed run's folder is taken over by the next run without any
-clean-up. Reading commands (eval, predict, explain) take no lock: every file a run writes
-appears whole (`files.atomic_write`).
+clean-up. A forked child (a DataLoader worker, which outlives a killed run by seconds) closes
+its copy of the descriptor, so that the lock dies with the run itself. Reading commands (eval,
+predict, explain) take no lock: every file a run writes appears whole (`files.atomic_write`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,24 @@ class RunLockedError(ValueError):
     """The run folder is being written by another live process."""
 
 
+_held: set[int] = set()  # this process's lock descriptors; a forked child closes its copies
+_fork_hook_registered = False
+
+
+def _close_in_child() -> None:
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the parent's lock stays: its own descriptor still holds it
+    _held.clear()
+
+
+def _close_held_locks_on_fork() -> None:
+    global _fork_hook_registered
+    if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_close_in_child)
+        _fork_hook_registered = True
+
+
 @contextlib.contextmanager
 def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
     """Hold the folder's run lock for the block; `RunLockedError` naming the live process when
@@ -55,8 +74,11 @@ def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        _close_held_locks_on_fork()
+        _held.add(fd)
         yield path
     finally:
+        _held.discard(fd)
         os.close(fd)  # releases the lock
 
 

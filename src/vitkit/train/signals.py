@@ -47,7 +47,7 @@ def stop_on_signals(stop: StopFlag) -> Iterator[None]:
     owner = os.getpid()
 
     def handler(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a forked loader worker before `quiet_worker` ran
+        if os.getpid() != owner:  # a loader worker forked before `quiet_worker` ran in it
             return
         name = signal.Signals(signum).name
         if stop and signum == signal.SIGINT:
