@@ -276,14 +276,15 @@ def _train_and_test(
     if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
         write_record(out, config, model, meta, world_size, task=ClassificationTask.name)
     log.info(
-        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
-        "%d %s -> %s",
+        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, %s, "
+        "lr %.2e, %d %s -> %s",
         f"{config.pretrained} (fine-tuned)" if config.pretrained else config.model,
         splits.name,
         len(splits.train),
         len(splits.val),
         len(splits.test),
         splits.num_classes,
+        f"recipe {config.recipe}" if config.recipe else "no recipe",
         device,
         config.peak_lr(world_size),
         config.epochs,
