@@ -141,7 +141,9 @@ def test_cli_export_onnx(tmp_path, capsys):
     out = tmp_path / "out" / "m.onnx"
     argv = ["export", "--checkpoint", str(tmp_path / "m.safetensors"), "--format", "onnx"]
     assert main(argv + ["--dynamic-img-size", "--verify", str(out)]) == 0
-    assert capsys.readouterr().out == f"wrote {out} (onnx; batch dynamic, image size dynamic)\n"
+    assert capsys.readouterr().out == (
+        f"wrote {out} (onnx; batch dynamic, image size dynamic; carries the data config)\n"
+    )
     assert [o.name for o in onnx.load(str(out)).graph.output] == ["features"]
     x = torch.randn(1, 3, 40, 120)
     with torch.no_grad():

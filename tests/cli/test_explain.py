@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._cli import PNG, digit_png, photo, torchvision_pth
+from ._cli import PNG, digit_png, photo, tiny_checkpoint, torchvision_pth
 
 
 def test_explain_draws_png(trained, tmp_path, run_cli):
@@ -45,3 +45,30 @@ def test_explain_takes_a_torchvision_state_dict(tmp_path, run_cli):
                                "--output", out)  # fmt: skip
     assert code == 0 and out.read_bytes()[:8] == PNG
     assert printed.startswith(f"{image}: ") and printed.endswith(f"attention maps in {out}\n")
+
+
+def test_the_maps_lie_on_the_pixels_the_model_saw(tmp_path, run_cli):
+    """A centre crop of a 3:1 image: the printed line says which pixels the maps lie on, and
+    the probabilities are those of the model on exactly that view."""
+    import torch
+
+    from vitkit import load
+    from vitkit.data import eval_transform, open_image
+
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    image = photo(tmp_path / "wide.png", size=(48, 16))
+    png = tmp_path / "e.png"
+    code, out, _ = run_cli("explain", "--checkpoint", checkpoint, image, "--output", png,
+                           "--crop-pct", "0.5", "--interpolation", "bilinear")  # fmt: skip
+    model = load(checkpoint)
+    config = model.data_config.replace(crop_pct=0.5, crop_mode="center", interpolation="bilinear")
+    with torch.no_grad():
+        probs = torch.softmax(model(eval_transform(config)(open_image(image))[None]), -1)[0]
+    k = int(probs.argmax())
+    name, p = ["cat", "dog"][k], float(probs[k])
+    assert (code, out) == (
+        0,
+        f"{image}: {name} ({p:.4f}); explained class {name} ({p:.4f}); maps over the model's "
+        f"8x8 view: the centre 8x8 of the 48x16 image; attention maps in {png}\n",
+    )
+    assert png.read_bytes()[:8] == PNG

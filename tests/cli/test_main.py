@@ -27,7 +27,7 @@ def _python(code: str, **kwargs) -> subprocess.Popen:
 
 
 def test_exit_codes_are_named():
-    assert [int(code) for code in ExitCode] == [0, 1, 2, 130]
+    assert [int(code) for code in ExitCode] == [0, 1, 2, 3, 130]
     assert ExitCode.USAGE.name == "USAGE"
 
 

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from vitkit import load
+from vitkit.cli import ExitCode
 
 from ._cli import (
     digit_png,
@@ -63,14 +64,50 @@ def test_predict_names_classes_and_resizes(trained, tmp_path, run_cli):
 def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
-    code, _, err = run_cli("predict", "--checkpoint", trained / "model.safetensors", bad)
-    assert code == 2 and err.startswith(f"vitkit: error: cannot read image {bad}")
+    code, out, err = run_cli("predict", "--checkpoint", trained / "model.safetensors", bad)
+    assert (code, out) == (2, "") and err.startswith(
+        f"vitkit: error: cannot read the image: {bad} ("
+    )
     code, _, err = run_cli(
         "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
     )
     assert (
         code == 2 and err.strip() == f"vitkit: error: image {tmp_path / 'nope.png'} does not exist"
     )
+
+
+def test_predict_takes_folders_and_globs_and_skips_bad_files(trained, tmp_path, run_cli):
+    """A folder is searched recursively (hidden folders and other files left out), a glob is
+    expanded; an unreadable file is skipped, named with the count on stderr, listed as skipped
+    in --json, and the exit status is PARTIAL (3)."""
+    photos = tmp_path / "photos"
+    (photos / "deep" / "deeper").mkdir(parents=True)
+    (photos / ".hidden").mkdir()
+    for i, where in enumerate(["", "deep", "deep/deeper", ".hidden"]):
+        digit_png(photos / where / f"{i}.png", i)
+    (photos / "notes.txt").write_text("not an image")
+    bad = photos / "deep" / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for i in (4, 5):
+        digit_png(loose / f"{i}.png", i)
+    checkpoint = trained / "model.safetensors"
+    argv = ["predict", "--checkpoint", checkpoint, photos, f"{loose}/*.png", "--topk", "2"]
+    code, out, err = run_cli(*argv, "--json")
+    assert code == ExitCode.PARTIAL == 3
+    rows = json.loads(out)
+    assert [row["image"] for row in rows] == [
+        str(photos / "0.png"), str(photos / "deep" / "1.png"), str(bad),
+        str(photos / "deep" / "deeper" / "2.png"), str(loose / "4.png"), str(loose / "5.png"),
+    ]  # fmt: skip
+    assert rows[2]["skipped"].startswith("cannot identify image file") and len(rows[2]) == 2
+    assert all(len(row["predictions"]) == 2 for row in rows if row is not rows[2])
+    assert err == f"vitkit: skipped 1 of 6 images, unreadable: {bad} ({rows[2]['skipped']})\n"
+    code, out, _ = run_cli(*argv)
+    assert code == 3 and [line.split(": ")[0] for line in out.splitlines()[::2]] == [
+        row["image"] for row in rows if "predictions" in row
+    ]
 
 
 def test_topk_is_capped_at_the_classes_and_said_once(tmp_path, run_cli, caplog):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,56 @@ def test_model_beside_pretrained_is_the_architecture_or_refused(tmp_path, run_cl
     assert code == 0, err
     trained = vitkit.load(tmp_path / "c" / "model.safetensors").config
     assert (trained.num_heads, trained.depth, trained.embed_dim) == (4, 1, 64)
+
+
+def test_json_prints_the_run_summary_alone_and_log_tensorboard_writes_events(
+    tmp_path, run_cli, caplog
+):
+    """`--json`: stdout is one JSON object, the run's summary; `--log tensorboard` writes
+    event files, and a resume may turn it off (how the run executes, not what it computes);
+    the log line counts '1 epoch'."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    caplog.set_level("INFO", logger="vitkit")
+    code, printed, _ = run_cli("train", "--out", out, "--epochs", "1", *TINY, "--json",
+                               "--log", "tensorboard")  # fmt: skip
+    summary = json.loads(printed)  # the whole of stdout
+    test = json.loads((out / "test.json").read_text())
+    assert code == 0 and summary["out"] == str(out) and summary["epochs"] == 1
+    assert (summary["task"], summary["interrupted"]) == ("classification", False)
+    assert summary["test"]["acc1"] == test["test_acc1"] and summary["test"]["count"] == 359
+    assert summary["files"] == sorted(
+        ["config.json", "curves.png", "last.safetensors", "metrics.csv", "metrics.jsonl",
+         "model.safetensors", "state.pt", "test.json"]
+    )  # fmt: skip
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert json.loads((out / "config.json").read_text())["settings"]["loggers"] == ["tensorboard"]
+    assert any(m.endswith(f", 1 epoch -> {out}") for m in caplog.messages)
+    code, printed, _ = run_cli("train", "--out", out, "--resume", "--epochs", "2", "--log",
+                               "--json", "--no-progress")  # fmt: skip
+    assert code == 0 and json.loads(printed)["epochs"] == 2
+    assert 'resume: taking loggers [] (saved ["tensorboard"])' in caplog.messages
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_logger_that_is_not_installed_is_one_line_before_any_work(tmp_path, run_cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard -> ImportError
+    out = tmp_path / "run"
+    code, printed, err = run_cli("train", "--out", out, *TINY, "--log", "tensorboard")
+    assert (code, printed) == (2, "") and err == (
+        "vitkit: error: logging to tensorboard needs the tensorboard package, which is not "
+        "installed: pip install tensorboard (or pip install 'vitkit[tensorboard]')\n"
+    )
+    assert not out.exists()
+    code, _, err = run_cli("train", "--out", out, *TINY, "--log", "wandb")
+    assert (code, err) == (2, "vitkit: error: unknown loggers 'wandb'; expected one of "
+                              "'tensorboard'\n")  # fmt: skip
+
+
+def test_pretrain_json_prints_the_run_summary_alone(tmp_path, run_cli):
+    out = tmp_path / "mae"
+    code, printed, _ = run_cli("pretrain", "--out", out, "--epochs", "1", *TINY, "--json",
+                               "--decoder-dim", "8", "--decoder-depth", "1")  # fmt: skip
+    summary = json.loads(printed)
+    assert code == 0 and (summary["task"], summary["epochs"], summary["test"]) == ("mae", 1, None)
+    assert "encoder.safetensors" in summary["files"]

@@ -300,7 +300,7 @@ def test_settings_round_trip_and_old_runs_lack_only_later_options(tmp_path):
     with pytest.raises(SettingsError, match="missing setting.s. epochs; add them"):
         read_settings(path, TrainConfig, complete=True)
     assert set(option_names(TrainConfig, "runtime")) == {
-        "threads", "save_every", "device", "workers", "grad_ckpt"
+        "threads", "save_every", "device", "workers", "grad_ckpt", "loggers"
     }  # fmt: skip
     assert option_names(TrainConfig, "grows") == ("epochs",)
 

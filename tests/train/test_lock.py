@@ -47,8 +47,8 @@ def test_a_live_run_refuses_a_second_writer(finished, tmp_path, capsys):
             assert f"stop it (kill {os.getpid()}) and continue with --resume" in err
         # reading commands work beside the live run
         checkpoint = str(finished / "model.safetensors")
-        picture = str(tmp_path / "confusion.png")
-        code = cli.main(["eval", "--checkpoint", checkpoint, "--confusion", picture, "--json"])
+        pictures = ["--confusion", str(tmp_path / "c.png"), "--per-class", str(tmp_path / "p.png")]
+        code = cli.main(["eval", "--checkpoint", checkpoint, *pictures, "--json"])
         assert code == 0 and json.loads(capsys.readouterr().out)["count"] == 359
     after = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
     assert {k: v for k, v in after.items() if k != LOCK_FILE} == {

@@ -1,31 +1,42 @@
-"""`vitkit eval`: loss, top-1 / top-5 and a confusion matrix of a checkpoint on data."""
+"""`vitkit eval`: loss, top-1 / top-5, each class's precision / recall / F1 and a confusion
+matrix of a checkpoint on data."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import torch
-from torch.utils.data import ConcatDataset, Dataset
+from torch import nn
+from torch.utils.data import ConcatDataset
 
 from .. import data as data_lib
-from ..plots import plot_confusion
+from ..files import check_output
+from ..plots import plot_confusion, plot_per_class
 from ..train import evaluate, make_loader
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
 from .loading import class_names, load_model
-from .output import json_text, plural
+from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
 OPTION_FLAGS = options.WEIGHTS_FLAGS
+SPLITS = ("test", "val", "train", "all")
+TABLE_ROWS = 20  # classes in the printed table; --json and the picture have every class
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(subparsers, "eval")
+    p = add_command(
+        subparsers,
+        "eval",
+        description="Scores a checkpoint on data: loss, top-1 / top-5, each class's precision, "
+        "recall and F1, a confusion-matrix and a per-class picture. An unreadable image is "
+        "skipped and named on stderr, and the exit status is then 3 (some skipped).",
+    )
     options.checkpoint(p)
     p.add_argument(
         "--data",
@@ -35,14 +46,22 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--split",
-        choices=("test", "val", "train", "all"),
-        default="test",
-        help="which part of the data, split as in training (default: test)",
+        choices=SPLITS,
+        help="score this part of the data, split as in training (the checkpoint's seed and "
+        "fractions) (default: a folder's test/ or val/ folder, else all of it; the data the "
+        "checkpoint was trained on: the test split training never saw)",
     )
     p.add_argument(
         "--confusion",
         metavar="PNG",
-        help="confusion matrix picture (default: beside the checkpoint)",
+        help="the confusion-matrix picture (default: confusion_<data>_<part>.png beside the "
+        "checkpoint)",
+    )
+    p.add_argument(
+        "--per-class",
+        metavar="PNG",
+        help="the picture of each class's precision, recall and F1 (default: "
+        "per_class_<data>_<part>.png beside the checkpoint)",
     )
     options.batch_size(p, 256)
     options.json_output(p, "one JSON object")
@@ -50,72 +69,138 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+class Pictures(NamedTuple):
+    confusion: Path
+    per_class: Path
+
+
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, _ = load_model(args, device)
     names = class_names(model)
-    spec, dataset = _dataset(args, model, names)
-    prepared = data_lib.Transformed(dataset, data_lib.eval_transform(model.data_config))
+    spec = args.data or model.meta.get("data")
+    if not spec:
+        raise UserError(f"{args.checkpoint} does not record its data; pass --data")
+    scored = _evaluation_set(args, spec, model, names)
+    pictures = _pictures(args, spec, scored.part)
+    for path in pictures:  # a FIFO or a folder is refused before the work
+        check_output(path)
+    prepared = data_lib.Transformed(scored.dataset, data_lib.eval_transform(model.data_config))
     loader = make_loader(prepared, args.batch_size, train=False)
     result = evaluate(model, loader, device=device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):
         raise FloatingPointError(
-            f"the loss of {args.checkpoint} on {args.split} is {result['loss']}: its outputs are "
-            "not finite, so the checkpoint's weights are broken"
+            f"the loss of {args.checkpoint} on {scored.description} is {result['loss']}: its "
+            "outputs are not finite, so the checkpoint's weights are broken"
         )
-    confusion_path = (
-        Path(args.confusion)
-        if args.confusion
-        else (Path(args.checkpoint).parent / f"confusion_{args.split}.png")
-    )
-    plot_confusion(
-        result["confusion"],
-        names,
-        confusion_path,
-        title=f"{Path(args.checkpoint).name} on {args.split}: top-1 {result['acc1']:.4f}",
-    )
+    skipped = data_lib.unreadable_files(scored.dataset)
+    title = f"{Path(args.checkpoint).name} on {scored.description}"
+    plot_confusion(result["confusion"], names, pictures.confusion,
+                   title=f"{title}: top-1 {result['acc1']:.4f}")  # fmt: skip
+    plot_per_class(result["per_class"], names, pictures.per_class, title=title)
     if args.json:
-        row = {"checkpoint": args.checkpoint, "data": spec, "split": args.split}
-        row.update({key: result[key] for key in ("count", "loss", "acc1", "acc5")})
-        row.update(confusion=result["confusion"].tolist(), confusion_png=str(confusion_path))
+        row = {"checkpoint": args.checkpoint, "data": spec, "part": scored.part,
+               "description": scored.description}  # fmt: skip
+        row.update(_json_scores(result, names, pictures, skipped))
         print(json_text(row))
-        return ExitCode.OK
+    else:
+        _print_text(scored.description, result, names, pictures)
+    report_skipped(skipped, len(scored.dataset))
+    return ExitCode.PARTIAL if skipped else ExitCode.OK
+
+
+def _evaluation_set(
+    args: argparse.Namespace, spec: str, model: nn.Module, names: list[str]
+) -> data_lib.EvaluationSet:
+    """What to score of `spec`: as `data.evaluation_set` chooses, or with `--split` that part
+    of it split as in training; data of other classes is refused."""
+    meta = model.meta
+    split = {
+        "val_fraction": meta.get("val_fraction", 0.1),
+        "test_fraction": meta.get("test_fraction", 0.2),
+        "seed": meta.get("split_seed", 0),
+    }
+    in_chans = model.data_config.input_size[0]
+    if args.split is None:
+        scored = data_lib.evaluation_set(
+            spec, trained_on=meta.get("data"), class_names=meta.get("class_names") and names,
+            in_chans=in_chans, **split,
+        )  # fmt: skip
+    else:
+        splits = data_lib.load_data(spec, in_chans=in_chans, skip_corrupt=True, **split)
+        parts = {"train": splits.train, "val": splits.val, "test": splits.test}
+        if args.split == "all":
+            dataset = ConcatDataset(list(parts.values()))
+            part, described = "all", f"all of {spec} ({plural(len(dataset), 'image')})"
+        else:
+            dataset, part = parts[args.split], f"{args.split} split"
+            count = plural(len(dataset), "image")
+            described = f"the {args.split} split of {spec} ({count}, split seed {split['seed']})"
+        scored = data_lib.EvaluationSet(dataset, splits.class_names, part, described)
+    given = scored.class_names
+    if len(given) != model.num_classes or (meta.get("class_names") and given != names):
+        raise UserError(
+            f"{spec} has {len(given)} classes ({', '.join(given[:5])}...) but {args.checkpoint} "
+            f"was trained on {model.num_classes} ({', '.join(names[:5])}...); evaluate it on "
+            "data with the same classes"
+        )
+    return scored
+
+
+def _pictures(args: argparse.Namespace, spec: str, part: str) -> Pictures:
+    """The two pictures: the flags, else beside the checkpoint, named by the data and the part
+    scored (`confusion_heldout_all.png`), so that evaluations of other data or other parts do
+    not overwrite each other."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec).name) or "data"
+    suffix = f"{name}_{part.replace(' ', '-')}.png"
+    beside = Path(args.checkpoint).parent
+    return Pictures(
+        Path(args.confusion) if args.confusion else beside / f"confusion_{suffix}",
+        Path(args.per_class) if args.per_class else beside / f"per_class_{suffix}",
+    )
+
+
+def _json_scores(
+    result: dict[str, Any], names: list[str], pictures: Pictures, skipped: dict[str, str]
+) -> dict[str, Any]:
+    """The numbers of `--json`: loss, top-1, top-k, per class, the matrix and the files."""
+    scores = result["per_class"]
+    per_class = [
+        {"class": name, **{key: scores[key][i] for key in ("precision", "recall", "f1", "support")}}
+        for i, name in enumerate(names)
+    ]
+    return {
+        **{key: result[key] for key in ("count", "loss", "acc1", "acc5")},
+        "topk": min(5, len(names)),
+        "per_class": per_class,
+        "confusion": result["confusion"].tolist(),
+        "confusion_png": str(pictures.confusion),
+        "per_class_png": str(pictures.per_class),
+        "skipped": skipped,
+    }
+
+
+def _print_text(
+    description: str, result: dict[str, Any], names: list[str], pictures: Pictures
+) -> None:
+    """What was scored, the numbers, a table of the classes (the first `TABLE_ROWS`) and the
+    pictures."""
     top = min(5, len(names))  # `evaluate`'s top-5 is a top-k of at most the classes
+    print(f"scored {description}")
     print(
-        f"{args.split}: {plural(result['count'], 'image')}  loss {result['loss']:.4f}  "
+        f"{plural(result['count'], 'image')}  loss {result['loss']:.4f}  "
         f"top-1 {result['acc1']:.4f}  top-{top} {result['acc5']:.4f}"
     )
-    print(f"confusion matrix: {confusion_path}")
-    return ExitCode.OK
-
-
-def _dataset(
-    args: argparse.Namespace, model: torch.nn.Module, names: list[str]
-) -> tuple[str, Dataset]:
-    """(data spec, the split to score): `--data`, else the checkpoint's own data, split as in
-    training; data of other classes is refused."""
-    meta = model.meta
-    spec = args.data or meta.get("data")
-    if not spec:
-        raise UserError(f"{args.checkpoint} does not record its data; pass --data")
-    prepared = model.data_config
-    splits = data_lib.load_data(
-        spec,
-        val_fraction=meta.get("val_fraction", 0.1),
-        test_fraction=meta.get("test_fraction", 0.2),
-        seed=meta.get("split_seed", 0),
-        in_chans=prepared.input_size[0],
-        img_size=prepared.img_size,
-        skip_corrupt=False,
-    )
-    if splits.num_classes != model.num_classes or (
-        meta.get("class_names") and splits.class_names != names
-    ):
-        raise UserError(
-            f"{spec} has {splits.num_classes} classes ({', '.join(splits.class_names[:5])}...) "
-            f"but {args.checkpoint} was trained on {model.num_classes} "
-            f"({', '.join(names[:5])}...); evaluate it on data with the same classes"
+    scores = result["per_class"]
+    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
+    print(f"{'class':<{width}}  precision  recall  F1      support")
+    for i, name in enumerate(names[:TABLE_ROWS]):
+        print(
+            f"{name[:width]:<{width}}  {scores['precision'][i]:.4f}     "
+            f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
         )
-    if args.split == "all":
-        return spec, ConcatDataset([splits.train, splits.val, splits.test])
-    return spec, getattr(splits, args.split)
+    if len(names) > TABLE_ROWS:
+        print(f"(the first {TABLE_ROWS} of {len(names)} classes; --json and the per-class "
+              "picture have all)")  # fmt: skip
+    print(f"confusion matrix: {pictures.confusion}")
+    print(f"per-class scores: {pictures.per_class}")

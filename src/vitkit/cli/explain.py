@@ -8,16 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .. import data as data_lib
-from ..explain import attention_maps, draw_explanation, readout_of
+from ..explain import explain_image
+from ..files import check_output
 from ..model import VisionTransformer
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import class_names, load_model, model_inputs
+from .loading import class_names, load_model
 from .status import ExitCode
 
 OPTION_FLAGS = options.WEIGHTS_FLAGS
@@ -27,9 +25,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "explain",
-        description="Draws one PNG: the image and, blended over it at its own resolution with a "
-        "colour bar, the class-specific relevance (gradient-weighted attention, Chefer et al. "
-        "2021), the attention rollout and the last block's class-token attention.",
+        description="Draws one PNG of exactly the pixels the model saw (the image resized and "
+        "centre-cropped as the checkpoint's data config says; the file with that view boxed "
+        "when the crop leaves part of it out) and, blended over them with a colour bar, the "
+        "class-specific relevance (gradient-weighted attention, Chefer et al. 2021), the "
+        "attention rollout and the last block's class-token attention. Prints the predicted "
+        "and the explained class and how the view was made from the file.",
     )
     options.checkpoint(p)
     p.add_argument("image", metavar="IMAGE", help="the image file to explain")
@@ -65,36 +66,31 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    output = Path(args.output or f"{Path(args.image).stem}_explain.png")
+    check_output(output)  # a FIFO or a folder is refused before the model is read
     model, info = load_model(args, device)
     if not isinstance(model, VisionTransformer):
         raise UserError(
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "
             "to draw; explain takes a ViT checkpoint"
         )
-    output = Path(args.output or f"{Path(args.image).stem}_explain.png")
     names = class_names(model)
     target = class_index(args.target, names) if args.target is not None else None
-    batch = model_inputs(model, [args.image]).to(device)
-    original = data_lib.read_image(args.image, in_chans=batch.shape[1])  # at its own size
-    maps = attention_maps(
-        model, batch, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, target=target
-    )
-    probs = torch.softmax(maps["logits"].float(), dim=-1)[0]
-    k, explained = int(probs.argmax()), int(maps["target"][0])
-    one = {key: value[0] for key, value in maps.items()}
-    draw_explanation(
-        original,
-        one,
-        output,
+    explained = explain_image(
+        model,
+        args.image,
+        model.data_config,
+        target=target,
+        head_fusion=args.head_fusion,
+        discard_ratio=args.discard_ratio,
         per_head=args.per_head,
-        target_name=names[explained],
-        rollout_title=f"rollout ({args.head_fusion} of heads, discard {args.discard_ratio:g})",
-        title=f"{Path(args.image).name}: predicted {names[k]} ({float(probs[k]):.3f})",
-        readout=readout_of(model),
+        class_names=names,
+        out=output,
     )
+    probs, k, t = explained.probabilities, explained.predicted, explained.target
     print(
-        f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[explained]} "
-        f"({float(probs[explained]):.4f}); attention maps in {output}"
+        f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[t]} "
+        f"({float(probs[t]):.4f}); {explained.caption}; attention maps in {output}"
     )
     return ExitCode.OK
 

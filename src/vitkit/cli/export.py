@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..files import check_output
 from ..model import VisionTransformer
 from ..weights import inspect, load_any
 from . import options
@@ -68,40 +69,49 @@ def run(args: argparse.Namespace) -> int:
         save = save_hf_folder if args.format == "hf" else save_timm_folder
         save(model, args.output)
         loads = {
-            "hf": "transformers' from_pretrained and AutoImageProcessor",
+            "hf": "transformers' from_pretrained; its image processor (AutoImageProcessor: "
+            "TimmWrapperImageProcessor) needs timm installed",
             "timm": f"timm.create_model('local-dir:{args.output}', pretrained=True)",
         }[args.format]
         print(f"wrote {args.output}/ ({args.format} folder, with its preprocessing; {loads})")
         return ExitCode.OK
-    from ..export import export_onnx, export_program
+    check_output(args.output)  # a FIFO or a folder is refused before the export
+    carried = _write_file(model, args)
+    dynamic_batch = not args.static_batch
+    dynamic = model.patch_embed.dynamic_img_size or args.dynamic_img_size
+    size = "dynamic" if dynamic else "x".join(map(str, model.patch_embed.img_size))
+    carries = " and ".join(carried) if carried else "no class names or data config"
+    print(
+        f"wrote {args.output} ({args.format}; batch {'dynamic' if dynamic_batch else '1'}, "
+        f"image size {size}; carries {carries})"
+    )
+    return ExitCode.OK
+
+
+def _write_file(model: VisionTransformer, args: argparse.Namespace) -> list[str]:
+    """Write the ONNX file or torch.export program; what it carries besides the model."""
+    from ..export import CLASS_NAMES_PROP, DATA_CONFIG_PROP, export_onnx, onnx_metadata
 
     for name in ("onnx_ir", "onnxscript"):  # their INFO lines would drown ours
         logging.getLogger(name).setLevel(logging.WARNING)
-    dynamic_batch = not args.static_batch
-    dynamic_img_size = True if args.dynamic_img_size else None
-    if args.format == "onnx":
-        if args.verify:
-            import onnxruntime  # noqa: F401  (missing: the one-line hint of `main`)
-        export_onnx(
-            model,
-            args.output,
-            dynamic_batch=dynamic_batch,
-            dynamic_img_size=dynamic_img_size,
-            opset=args.opset,
-            verify=args.verify,
-            precision=args.precision,
-        )
-    else:
-        program = export_program(
-            model, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size
-        )
-        torch.export.save(program, args.output)
-    dynamic = model.patch_embed.dynamic_img_size if dynamic_img_size is None else True
-    print(
-        f"wrote {args.output} ({args.format}; batch {'dynamic' if dynamic_batch else '1'}, "
-        f"image size {'dynamic' if dynamic else 'x'.join(map(str, model.patch_embed.img_size))})"
-    )
-    return ExitCode.OK
+    shapes = {
+        "dynamic_batch": not args.static_batch,
+        "dynamic_img_size": True if args.dynamic_img_size else None,
+    }
+    if args.format == "pt2":
+        from ..export import export_program, save_program
+
+        save_program(export_program(model, **shapes), args.output)
+        return []
+    import onnxscript  # noqa: F401  (torch's exporter needs it; missing: the hint of `main`)
+
+    if args.verify:
+        import onnxruntime  # noqa: F401  (missing: the one-line hint of `main`)
+    export_onnx(model, args.output, opset=args.opset, verify=args.verify,
+                precision=args.precision, **shapes)  # fmt: skip
+    props = onnx_metadata(model)
+    named = ((CLASS_NAMES_PROP, "the class names"), (DATA_CONFIG_PROP, "the data config"))
+    return [what for key, what in named if key in props]
 
 
 def _exportable(args: argparse.Namespace) -> VisionTransformer:

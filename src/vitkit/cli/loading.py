@@ -1,17 +1,14 @@
-"""The model and the inputs of `eval`, `predict`, `explain` and `summary`: any weights
-`weights.load_any` reads, at a precision, and images prepared as its data config says (or as
-the preparation flags override it)."""
+"""The model of `eval`, `predict`, `explain` and `summary`: any weights `weights.load_any`
+reads, at a precision, its data config overridden by the preparation flags."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from .. import data as data_lib
 from ..model.precision import set_precision
 from ..weights import WeightsInfo, inspect, load_any
 from .errors import UserError
@@ -43,12 +40,3 @@ def load_model(
 def class_names(model: torch.nn.Module) -> list[str]:
     """The checkpoint's class names, else the class indices."""
     return model.meta.get("class_names") or [str(i) for i in range(model.num_classes)]
-
-
-def model_inputs(model: torch.nn.Module, paths: Sequence[str]) -> torch.Tensor:
-    """Image files decoded at full resolution (EXIF orientation applied) and prepared as the
-    model's data config says: (B, C, H, W), normalised."""
-    config = model.data_config
-    prepare = data_lib.eval_transform(config)
-    chans = config.input_size[0]
-    return torch.stack([prepare(data_lib.open_image(p, in_chans=chans)) for p in paths])

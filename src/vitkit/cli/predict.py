@@ -6,12 +6,13 @@ import argparse
 import logging
 from typing import Any
 
+from .. import data as data_lib
 from ..train import predict
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
-from .loading import class_names, load_model, model_inputs
-from .output import json_text, plural
+from .loading import class_names, load_model
+from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -23,9 +24,21 @@ OPTION_FLAGS = options.WEIGHTS_FLAGS
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    p = add_command(subparsers, "predict")
+    p = add_command(
+        subparsers,
+        "predict",
+        description="Prints each image's most probable classes. An unreadable image is skipped "
+        "and named on stderr, and the exit status is then 3 (some skipped); when none can be "
+        "read, the command fails with exit status 2.",
+    )
     options.checkpoint(p)
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files to classify")
+    p.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help="image files, folders (searched recursively) or glob patterns such as "
+        "'photos/**/*.jpg'",
+    )
     p.add_argument(
         "--topk",
         type=options.int_in(1),
@@ -33,40 +46,51 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="how many classes to list per image, most probable first (default: 5, or the "
         "checkpoint's classes when it has fewer)",
     )
-    options.json_output(p, "a JSON list")
+    options.json_output(
+        p, "a JSON list, one object per image ({image, predictions} or {image, skipped})"
+    )
     options.model_run(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    paths = data_lib.find_images(args.images)  # a missing input is a usage error, at once
     model, _ = load_model(args, device)
     names = class_names(model)
     topk = _topk(args.topk, len(names))
-    rows = []
-    for start in range(0, len(args.images), BATCH):
-        paths = args.images[start : start + BATCH]
-        batch = model_inputs(model, paths).to(device)
-        probs, indices = predict(model, batch, topk=topk)
-        for path, p, ix in zip(paths, probs.tolist(), indices.tolist()):
-            rows.append(
-                {
-                    "image": path,
-                    "predictions": [
-                        {"class": names[i], "index": i, "probability": round(q, 6)}
-                        for q, i in zip(p, ix)
-                    ],
-                }
-            )
+    prepare = data_lib.eval_transform(model.data_config)
+    rows: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for start in range(0, len(paths), BATCH):
+        loaded = data_lib.load_images(
+            paths[start : start + BATCH], prepare, in_chans=model.data_config.input_size[0]
+        )
+        skipped.update(loaded.skipped)
+        rows.update({path: {"image": path, "skipped": why} for path, why in loaded.skipped.items()})
+        if not loaded.paths:
+            continue
+        probs, indices = predict(model, loaded.images.to(device), topk=topk)
+        for path, p, ix in zip(loaded.paths, probs.tolist(), indices.tolist()):
+            predictions = [
+                {"class": names[i], "index": i, "probability": round(q, 6)} for q, i in zip(p, ix)
+            ]
+            rows[path] = {"image": path, "predictions": predictions}
+    if len(skipped) == len(paths):
+        raise data_lib.DataError(data_lib.none_readable(skipped))
+    ordered = [rows[str(path)] for path in paths]
     if args.json:
-        print(json_text(rows))
-        return ExitCode.OK
-    for row in rows:
-        best = row["predictions"][0]
-        print(f"{row['image']}: {best['class']} ({best['probability']:.4f})")
-        for pred in row["predictions"][1:]:
-            print(f"    {pred['class']} ({pred['probability']:.4f})")
-    return ExitCode.OK
+        print(json_text(ordered))
+    else:
+        for row in ordered:
+            if "predictions" not in row:
+                continue
+            best, *others = row["predictions"]
+            print(f"{row['image']}: {best['class']} ({best['probability']:.4f})")
+            for pred in others:
+                print(f"    {pred['class']} ({pred['probability']:.4f})")
+    report_skipped(skipped, len(paths))
+    return ExitCode.PARTIAL if skipped else ExitCode.OK
 
 
 def _topk(asked: int | None, classes: int) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..train.config import PretrainConfig
 from .commands import add_command
+from .output import json_text
 from .status import ExitCode
 from .train import OPTION_FLAGS, progress_bar, run_arguments, run_config
 
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "pretrain",
-        description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25%% of "
+        description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25% of "
         "the patches, a light decoder rebuilds the rest. Takes the data, model, optimisation "
         "and run options of `vitkit train` and the MAE group; writes encoder.safetensors for "
         "`vitkit train --pretrained` and reconstructions.png every epoch.",
@@ -29,23 +30,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.distributed import world
     from ..train.pretrain import run_pretraining
     from ..train.run_folder import ENCODER_FILE
 
     config, out = run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
-    result = run_pretraining(
+    outcome = run_pretraining(
         config, out, resume=args.resume, overwrite=args.overwrite,
         progress=progress_bar(not args.no_progress),
-    ).result  # fmt: skip
-    main = world()[0] == 0
+    )  # fmt: skip
+    result = outcome.result
+    if outcome.rank != 0:
+        return ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK
+    if args.json:
+        print(json_text(outcome.summary()))
     if result.interrupted:
-        if main:
-            print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",
-                  file=sys.stderr)  # fmt: skip
+        print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",
+              file=sys.stderr)  # fmt: skip
         return ExitCode.INTERRUPTED
-    history = result.history
-    final = f"loss {history[-1]['train_loss']:.4f}; " if history else ""
-    if main:
+    if not args.json:
+        history = result.history
+        final = f"loss {history[-1]['train_loss']:.4f}; " if history else ""
         print(f"{final}encoder in {out / ENCODER_FILE}: fine-tune it with --pretrained")
     return ExitCode.OK

@@ -19,6 +19,7 @@ from ..train.run_folder import default_out, read_run_config
 from .commands import add_command
 from .errors import UserError
 from .options import job_flags, job_options_given
+from .output import json_text
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -65,11 +66,14 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=progress_bar(not args.no_progress),
     )
+    if outcome.rank != 0:
+        return ExitCode.INTERRUPTED if outcome.test is None else ExitCode.OK
+    if args.json:
+        print(json_text(outcome.summary()))
     if outcome.test is None:
-        if outcome.rank == 0:
-            print(f"interrupted; continue with: vitkit train --out {out} --resume", file=sys.stderr)
+        print(f"interrupted; continue with: vitkit train --out {out} --resume", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    if outcome.rank == 0:
+    if not args.json:
         result = outcome.result
         print(f"best val top-1 {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
         print(f"test accuracy: {outcome.test['acc1']:.4f}")
@@ -87,6 +91,12 @@ def run_arguments(
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
     g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's summary as one JSON object instead of text (the folder, epochs, "
+        "best and last epoch, test metrics, files)",
+    )
     return g
 
 

@@ -98,7 +98,7 @@ def option(
             instance).
         help: one line for `--help`.
         range: the allowed interval of a number (of each item of a tuple).
-        choices: the allowed values.
+        choices: the allowed values (of each item of a tuple).
         flag: the command-line name without dashes (default: the name with - for _).
         metavar: argparse's metavar (default: the choices, else the name in capitals).
         group: the `--help` section, a key of the config's `GROUPS`.
@@ -259,8 +259,9 @@ def check_value(config_cls: type, name: str, value: Any) -> Any:
     if value is None:
         return value
     choices, bounds = meta["choices"], meta["range"]
-    if choices is not None:
-        check_choice(name, value, choices)
+    if choices is not None:  # of each item of a tuple
+        for item in value if isinstance(value, tuple) else (value,):
+            check_choice(name, item, choices)
     numbers = [v for v in (value if isinstance(value, tuple) else (value,))
                if isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):

@@ -142,7 +142,7 @@ def _help(item: dataclasses.Field, note: str | None, show_default: bool) -> str:
     default = item.default if item.default is not dataclasses.MISSING else None
     if not show_default:
         return f"{text} ({note})" if note else text
-    if default is None or default == {}:
+    if default is None or default in ({}, ()):
         return text if "default" in text else f"{text} (default: none)"
     return f"{text} (default: {_flag_text(default)}{f'; {note}' if note else ''})"
 

@@ -39,6 +39,7 @@ from ..weights.cnn import is_timm_name
 
 AMP_MODES = ("none", "bf16", "fp16")
 DISTILL_MODES = ("none", "hard", "soft")
+LOGGERS = ("tensorboard",)  # where epoch rows go besides metrics.jsonl / metrics.csv (logs.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +199,15 @@ class JobConfig(Options):
     )
     workers: int = option(0, "data loader processes", group="run", range=NON_NEGATIVE,
                           runtime=True)  # fmt: skip
+    loggers: tuple[str, ...] = option(
+        (),
+        "also write each epoch's numbers there: tensorboard (scalars in <out>/tensorboard; "
+        "needs the tensorboard package) (default: metrics.jsonl and metrics.csv only)",
+        flag="log",
+        choices=LOGGERS,
+        group="run",
+        runtime=True,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices

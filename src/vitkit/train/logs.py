@@ -1,5 +1,5 @@
 """Where a run's numbers go: one row per epoch in `metrics.jsonl` and `metrics.csv` (for a
-spreadsheet), optionally TensorBoard (`loggers=("tensorboard",)`, through
+spreadsheet), optionally TensorBoard (the `loggers` option, `--log tensorboard`, through
 `torch.utils.tensorboard` when the `tensorboard` package is installed: every number of the row
 as a scalar per epoch), and a log line."""
 
@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ..files import atomic_write
+from .config import LOGGERS
 from .run_folder import CSV_FILE, METRICS_FILE, TENSORBOARD_DIR
 
 log = logging.getLogger(__name__)
-
-LOGGERS = ("tensorboard",)
 
 
 class LoggerUnavailableError(ValueError):

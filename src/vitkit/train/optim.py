@@ -132,6 +132,11 @@ def lr_at(
 MAX_WARMUP_FRACTION = 0.1
 
 
+def _count(n: float, noun: str) -> str:
+    """'1 step', '0 steps', '2.5 epochs'."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """The learning rate per optimiser step: linear warmup, then half a cosine (`lr_at`)."""
@@ -152,9 +157,9 @@ class Schedule:
         warmup = min(asked, int(MAX_WARMUP_FRACTION * total))
         if warmup < asked:
             log.info(
-                "warm-up shortened from %g epochs (%d steps) to %d steps: at most %d%% of the "
-                "run's %d steps",
-                config.warmup_epochs, asked, warmup, round(100 * MAX_WARMUP_FRACTION), total,
+                "warm-up shortened from %s (%s) to %s: at most %d%% of the run's %s",
+                _count(config.warmup_epochs, "epoch"), _count(asked, "step"),
+                _count(warmup, "step"), round(100 * MAX_WARMUP_FRACTION), _count(total, "step"),
             )  # fmt: skip
         return cls(
             lr=lr,

@@ -14,7 +14,6 @@ epoch) and `curves.png`. The augmentation is MAE's: random resized crops and fli
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +52,6 @@ def run_pretraining(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
-    loggers: Sequence[str] = (),
 ) -> RunOutcome:
     """Pretrain `config`'s model as an MAE encoder on its training images; returns how the
     run ended (`result.history`: the rows of `metrics.jsonl`; `summary()`).
@@ -64,14 +62,12 @@ def run_pretraining(
         resume: continue from `out/state.pt`.
         overwrite: replace a run in `out` (its files only).
         progress: wraps the batch loop (a progress bar), or None.
-        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
-            ('tensorboard').
     """
-    check_loggers(loggers)
+    check_loggers(config.loggers)  # a missing package is said before anything runs
     with open_run(
         config, out, resume=resume, overwrite=overwrite, task=MaeTask.name, files=PRETRAIN_FILES
     ) as config:
-        return _pretrain(config, out, resume=resume, progress=progress, loggers=loggers)
+        return _pretrain(config, out, resume=resume, progress=progress)
 
 
 def _pretrain(
@@ -80,7 +76,6 @@ def _pretrain(
     *,
     resume: bool,
     progress: Progress | None,
-    loggers: Sequence[str],
 ) -> RunOutcome:
     if not isinstance(config, PretrainConfig):
         raise TypeError(
@@ -99,13 +94,14 @@ def _pretrain(
     if rank == 0:
         write_record(out, config, mae.encoder, meta, world_size, task=MaeTask.name)
     log.info(
-        "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d epochs -> %s",
-        config.model, splits.name, len(setup.train_set), config.mask_ratio, config.epochs, out,
+        "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d %s -> %s",
+        config.model, splits.name, len(setup.train_set), config.mask_ratio, config.epochs,
+        "epoch" if config.epochs == 1 else "epochs", out,
     )  # fmt: skip
     sample = torch.stack([setup.val_set[i][0] for i in range(min(4, len(setup.val_set)))])
     task = MaeTask(mae, config, sample=sample, mean=splits.mean, std=splits.std)
     result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
-                 progress=progress, loggers=loggers)  # fmt: skip
+                 progress=progress, loggers=config.loggers)  # fmt: skip
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)

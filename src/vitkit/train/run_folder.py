@@ -226,7 +226,7 @@ def read_run_config(out: Path, config_type: type | None = None) -> Any:
 def resumed_config(out: Path, config: Any, *, task: str) -> Any:
     """`config` checked against the run's saved settings: an option may differ when it says
     how the run executes (its field's `runtime` metadata: threads, save_every, device,
-    workers, grad_ckpt) or when it may grow and grew (`grows`: epochs); any other change is
+    workers, grad_ckpt, loggers) or when it may grow and grew (`grows`: epochs); any other change is
     one error naming the options with their saved and given values. Changes taken are
     logged. `task` must be the job the folder holds."""
     saved_task = _saved_task(out)

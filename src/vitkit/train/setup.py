@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,10 +216,10 @@ def run_training(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
-    loggers: Sequence[str] = (),
 ) -> RunOutcome:
     """A whole run: the folder, the set-up, `fit`, then the best weights on the test split;
-    `RunOutcome.summary()` is its machine-readable summary.
+    `RunOutcome.summary()` is its machine-readable summary. The epoch rows go to
+    metrics.jsonl, metrics.csv and the config's `loggers` (TensorBoard).
 
     Args:
         config: the resolved config (`recipes.resolve_config`); on `resume` the run's saved
@@ -230,15 +229,13 @@ def run_training(
         resume: continue the run in `out`.
         overwrite: replace the run in `out`.
         progress: a progress-bar factory for `fit`.
-        loggers: where the epoch rows go besides metrics.jsonl and metrics.csv
-            ('tensorboard').
     """
-    check_loggers(loggers)
+    check_loggers(config.loggers)  # a missing package is said before anything runs
     with open_run(
         config, out, resume=resume, overwrite=overwrite, task=ClassificationTask.name,
         files=RUN_FILES,
     ) as config:  # fmt: skip
-        return _train_and_test(config, out, resume=resume, progress=progress, loggers=loggers)
+        return _train_and_test(config, out, resume=resume, progress=progress)
 
 
 def _train_and_test(
@@ -247,7 +244,6 @@ def _train_and_test(
     *,
     resume: bool,
     progress: Progress | None,
-    loggers: Sequence[str],
 ) -> RunOutcome:
     device = config.device
     rank, world_size = world()
@@ -280,22 +276,24 @@ def _train_and_test(
     if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
         write_record(out, config, model, meta, world_size, task=ClassificationTask.name)
     log.info(
-        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, lr %.2e, "
-        "%d epochs -> %s",
+        "training %s on %s: %d train / %d val / %d test images, %d classes, %s, %s, "
+        "lr %.2e, %d %s -> %s",
         f"{config.pretrained} (fine-tuned)" if config.pretrained else config.model,
         splits.name,
         len(splits.train),
         len(splits.val),
         len(splits.test),
         splits.num_classes,
+        f"recipe {config.recipe}" if config.recipe else "no recipe",
         device,
         config.peak_lr(world_size),
         config.epochs,
+        "epoch" if config.epochs == 1 else "epochs",
         out,
     )
     task = ClassificationTask(model, config, teacher=teacher, meta=meta)
     result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
-                 progress=progress, loggers=loggers)  # fmt: skip
+                 progress=progress, loggers=config.loggers)  # fmt: skip
     if result.corrupt_images:
         log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
     if result.interrupted:

@@ -1,0 +1,58 @@
+"""`vitkit export`: the line it prints names what the written file carries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ._cli import tiny_checkpoint
+
+
+def test_the_onnx_line_names_the_class_names_and_data_config_it_carries(tmp_path, run_cli):
+    pytest.importorskip("onnxscript")
+    onnx = pytest.importorskip("onnx")
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    out = tmp_path / "m.onnx"
+    code, printed, _ = run_cli("export", "--checkpoint", checkpoint, out, "--mean", "0.4")
+    assert (code, printed) == (
+        0,
+        f"wrote {out} (onnx; batch dynamic, image size 8x8; carries the class names and the "
+        "data config)\n",
+    )
+    props = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
+    assert json.loads(props["vitkit_class_names"]) == ["cat", "dog"]
+    assert json.loads(props["vitkit_data_config"])["mean"] == [0.4, 0.4, 0.4]
+
+
+def test_a_pt2_program_says_it_carries_no_preprocessing(tmp_path, run_cli):
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    out = tmp_path / "m.pt2"
+    code, printed, _ = run_cli("export", "--checkpoint", checkpoint, "--format", "pt2", out,
+                               "--static-batch")  # fmt: skip
+    assert (code, printed) == (
+        0,
+        f"wrote {out} (pt2; batch 1, image size 8x8; carries no class names or data config)\n",
+    )
+    program = torch.export.load(str(out))
+    x = torch.rand(1, 3, 8, 8)
+    from vitkit import load
+
+    torch.testing.assert_close(program.module()(x), load(checkpoint)(x), rtol=0, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2", "m.safetensors"]
+
+
+def test_the_hf_folder_line_says_its_processor_needs_timm(tmp_path, run_cli):
+    pytest.importorskip("transformers")
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    out = tmp_path / "hf"
+    code, printed, _ = run_cli("export", "--checkpoint", checkpoint, "--format", "hf", out)
+    assert (code, printed) == (
+        0,
+        f"wrote {out}/ (hf folder, with its preprocessing; transformers' from_pretrained; its "
+        "image processor (AutoImageProcessor: TimmWrapperImageProcessor) needs timm "
+        "installed)\n",
+    )
+    processor = json.loads((out / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "TimmWrapperImageProcessor"
