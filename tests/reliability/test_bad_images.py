@@ -94,15 +94,18 @@ def test_bad_files_are_skipped_counted_and_warned_once_in_training(tmp_path, cap
 
 
 @pytest.mark.parametrize("kind", BAD)
-def test_predict_names_the_bad_file(tmp_path, run_cli, kind):
+def test_predict_skips_and_names_the_bad_file(tmp_path, run_cli, kind):
+    """One unreadable image does not abort predict: the good one is predicted, the bad one
+    named on stderr with the reason, and the exit status (3) says one was skipped."""
     checkpoint = tmp_path / "model.safetensors"
     vitkit.save(tiny_model(), checkpoint, meta={"class_names": list("0123456789")})
     good = tmp_path / "good.png"
     good.write_bytes(_png(8, "L"))
     path = bad_file(tmp_path, kind)
     code, stdout, err = run_cli("predict", "--checkpoint", checkpoint, good, path)
-    assert (code, stdout) == (2, "")
-    assert err.startswith(f"vitkit: error: cannot read image {path}: ") and err.count("\n") == 1
+    assert code == 3 and stdout.startswith(f"{good}: ")
+    assert err.startswith(f"vitkit: skipped 1 of 2 images, unreadable: {path} (")
+    assert err.count("\n") == 1
 
 
 # -- modes ----------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ COMMANDS: dict[str, Command] = {
     "pretrain": Command(
         "pretrain", "MAE self-supervised pretraining of a ViT on the training images (no labels)"
     ),
-    "eval": Command("eval", "loss, top-1/top-5 and a confusion matrix of a checkpoint"),
+    "eval": Command(
+        "eval", "loss, top-1 / top-k, per-class scores and a confusion matrix of a checkpoint"
+    ),
     "predict": Command("predict", "top classes and probabilities of images"),
     "explain": Command(
         "explain",
