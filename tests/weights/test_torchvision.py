@@ -1,5 +1,5 @@
 """torchvision converter: parity with torchvision's ViT and the unsupported representation
-layer."""
+layer, and the builders whose sizes weights match."""
 
 from __future__ import annotations
 
@@ -180,3 +180,21 @@ def test_train_pretrained_on_a_torchvision_conv_stem_file(tmp_path, capsys):
         (16, 32), 1, 2
     )  # fmt: skip
     assert model.pos_embed.shape == (1, 1 + 12 * 12, 64)  # 8x8 grid resampled: 48 -> 24 -> 12
+
+
+def test_the_builders_table_is_torchvisions():
+    """`TORCHVISION_BUILDERS` holds each builder's sizes (read from the model it builds, on the
+    meta device), and `torchvision_builder` tells them from a config."""
+    torchvision = pytest.importorskip("torchvision", reason="torchvision not installed")
+    from vitkit.weights.torchvision import TORCHVISION_BUILDERS, torchvision_builder
+
+    for name, (patch, layers, heads, hidden, mlp) in TORCHVISION_BUILDERS.items():
+        with torch.device("meta"):
+            built = getattr(torchvision.models, name)(weights=None)
+        block = built.encoder.layers[0]
+        assert (built.patch_size, len(built.encoder.layers), block.self_attention.num_heads,
+                built.hidden_dim, built.mlp_dim) == (patch, layers, heads, hidden, mlp)  # fmt: skip
+        config = vitkit.ViTConfig(patch_size=patch, depth=layers, embed_dim=hidden,
+                                  num_heads=heads, mlp_ratio=mlp / hidden)  # fmt: skip
+        assert torchvision_builder(config) == name
+    assert torchvision_builder(vitkit.ViTConfig(embed_dim=768, depth=11, num_heads=12)) is None
