@@ -1,7 +1,8 @@
 """The converters' public namespace: weights from timm, Hugging Face, torchvision and JAX, and
 back (`from_timm`, `to_timm`, `from_hf`, `to_hf`, ...). The code lives in `vitkit.weights`, one
 module per source: `layout` (config inference, shape check), `timm`, `hf`, `torchvision`,
-`jax`, `detect` (format detection, `weights_file`) and `reference` (`source_model`)."""
+`jax`, `detect` (format detection, `weights_file`), `reference` (`source_model`) and `parity`
+(`check_parity`: the converted model beside the source library's own model)."""
 
 from .weights.detect import CONVERTERS, FORMATS, detect_format, weights_file
 from .weights.hf import from_hf, to_hf, to_hf_config
@@ -13,6 +14,7 @@ from .weights.layout import (
     expected_shapes,
     infer_config,
 )
+from .weights.parity import Parity, check_parity
 from .weights.reference import source_model
 from .weights.timm import from_timm, timm_kwargs, to_timm
 from .weights.torchvision import from_torchvision, torchvision_kwargs
@@ -20,7 +22,9 @@ from .weights.torchvision import from_torchvision, torchvision_kwargs
 __all__ = [
     "CONVERTERS",
     "FORMATS",
+    "Parity",
     "STANDARD_HEADS",
+    "check_parity",
     "check_state_dict",
     "default_num_heads",
     "detect_format",

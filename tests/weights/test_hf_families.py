@@ -315,10 +315,19 @@ def test_train_fine_tunes_from_a_dinov2_classifier_folder(tmp_path, capsys):
     assert model.data_config.mean == tuple(processor.image_mean)
 
 
-@pytest.mark.parametrize("family", ["dinov2", "clip", "siglip"])
+CONVERT_PARITY = {  # family -> (transformers class, the outputs compared)
+    "dinov2": ("Dinov2WithRegistersModel", "tokens and pooled features"),
+    "clip": ("CLIPModel", "logits, tokens and pooled features"),
+    "siglip": ("SiglipVisionModel", "tokens and pooled features"),
+}
+
+
+@pytest.mark.parametrize("family", list(CONVERT_PARITY))
 def test_convert_command_checks_parity_against_transformers(family, tmp_path, capsys):
-    """`vitkit convert --from hf DIR` builds transformers' own model of the family for its
-    parity line: DINOv2 with registers and SwiGLU, a two-tower CLIPModel, SigLIP's MAP head."""
+    """`vitkit convert --from hf DIR` runs the model the folder's config.json names, read by
+    transformers' own `from_pretrained`: DINOv2 with registers and SwiGLU, a two-tower
+    CLIPModel (its image features), SigLIP's MAP head. A head count other than the config's
+    makes another function: a mismatch, exit 1."""
     from vitkit import cli
 
     vision = dict(**SMALL, intermediate_size=128)
@@ -335,5 +344,11 @@ def test_convert_command_checks_parity_against_transformers(family, tmp_path, ca
     scrambled(source).save_pretrained(tmp_path / "hf")
     argv = ["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "vit.safetensors")]
     assert cli.main(argv) == 0, capsys.readouterr().err
-    assert "parity vs transformers" in capsys.readouterr().out
+    name, compared = CONVERT_PARITY[family]
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"parity vs transformers {name}: max |difference| "), line
+    assert line.endswith(f" over the {compared} of a random batch of 2 (ok, tolerance 1e-04)")
+    assert float(line.split("max |difference| ")[1].split()[0]) <= 1e-4
     assert (tmp_path / "vit.safetensors").is_file()
+    assert cli.main([*argv, "--num-heads", "2"]) == 1  # the config says 4
+    assert capsys.readouterr().out.splitlines()[-1].endswith("(MISMATCH, tolerance 1e-04)")

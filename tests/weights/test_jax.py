@@ -3,6 +3,8 @@ timm's own npz loader, the pre_logits layer, and `vitkit convert --from jax`."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -250,6 +252,38 @@ def _siglip(tmp_path, **options):
     return tmp_path / "siglip.npz"
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_cli_convert_big_vision_parity_line(tmp_path, capsys, scan):
+    """A SigLIP 2 file (tanh GELU, which the arrays do not record): without a name the line
+    checks timm's npz reading only and names the activation; with the name, timm's model of it
+    reads the file with its own loader and computes what the converted model does."""
+    timm = pytest.importorskip("timm")
+    small = dict(depth=2, embed_dim=64, num_heads=4, img_size=32, patch_size=8)
+    torch.manual_seed(0)
+    source = randomize(timm.create_model("vit_base_patch32_siglip_256", **small))
+    write_big_vision_npz(source, tmp_path / "siglip2.npz", scan=scan)
+    argv = ["convert", "--from", "jax", str(tmp_path / "siglip2.npz"), str(tmp_path / "v.st")]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(
+        "parity: checked the key mapping only, against timm's npz loader and VisionTransformer "
+        "built from vitkit's inferred config: max |difference| "
+    )
+    assert "(ok" not in line
+    assert main([*argv, "--arch", "vit_base_patch32_siglip_256"]) == 0
+    match = re.fullmatch(
+        r"parity vs timm vit_base_patch32_siglip_256 \(depth=2, img_size=32, embed_dim=64, "
+        r"num_heads=4, patch_size=8\), the file read by timm's npz loader: max \|difference\| "
+        r"(\S+) over the pooled features and tokens of a random batch of 2 \(ok, tolerance "
+        r"1e-04\)",
+        capsys.readouterr().out.splitlines()[-1],
+    )
+    assert match and float(match[1]) <= 1e-5
+    converted, x = vitkit.load(tmp_path / "v.st"), images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(converted.forward_features(x), source.forward_features(x), **TOL)
+
+
 def test_big_vision_unknown_array_is_named(tmp_path):
     path = _siglip(tmp_path)
     arrays = dict(np.load(path))
@@ -268,8 +302,15 @@ def test_cli_convert_and_train_big_vision(tmp_path, capsys):
 
     path = _siglip(tmp_path, num_classes=5)  # the CLI's parity check compares logits
     out = tmp_path / "siglip.safetensors"
-    assert main(["convert", "--from", "jax", str(path), str(out)]) == 0  # parity with timm
-    assert "(ok, tolerance" in capsys.readouterr().out
+    assert main(["convert", "--from", "jax", str(path), str(out)]) == 0
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .endswith(
+            "; the weights do not record the activation (exact GELU assumed): pass --arch NAME to "
+            "check against timm"
+        )
+    )
     assert (vitkit.load(out).config.global_pool, vitkit.load(out).config.num_classes) == ("map", 5)
 
     data = tmp_path / "data"

@@ -133,7 +133,10 @@ def test_to_timm_writes_fixed_tables_and_unfold_weights():
         torch.testing.assert_close(twin(x), model(x), **TOL)
 
 
-def test_cli_convert_timm_with_parity(tmp_path, capsys):
+def test_cli_convert_timm_without_a_name_checks_the_mapping_only(tmp_path, capsys):
+    """vitkit weights in timm's layout name no timm model: timm's VisionTransformer of vitkit's
+    inferred config checks the key mapping, and the line names what the weights do not record
+    (the head count was given)."""
     pytest.importorskip("timm", reason="timm not installed")
     source = randomize(
         VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4)
@@ -146,7 +149,17 @@ def test_cli_convert_timm_with_parity(tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 0, text
     assert "converted 32 tensors: embed_dim 64, depth 2, heads 4" in text
-    assert "parity vs timm: max |difference|" in text and "(ok, tolerance 1e-04)" in text
+    line = text.splitlines()[-1]
+    assert line.startswith(
+        "parity: checked the key mapping only, against timm's VisionTransformer built from "
+        "vitkit's inferred config: max |difference| "
+    )
+    assert line.endswith(
+        " over the logits and tokens of a random batch of 2 (within tolerance 1e-04); the "
+        "weights do not record the activation (exact GELU assumed), the norm epsilon (1e-06 "
+        "assumed), the block order (pre-norm assumed) and the pooling ('token' assumed): pass "
+        "--arch NAME to check against timm"
+    )
     loaded = vitkit.load(out)
     assert loaded.meta["converted_from"] == "timm"
     assert loaded.data_config.to_dict() == {  # timm's ViT defaults: a bare file has no config
@@ -162,9 +175,9 @@ def test_cli_convert_timm_with_parity(tmp_path, capsys):
         torch.testing.assert_close(loaded(x), source(x), **TOL)
 
 
-def test_cli_convert_headless_timm_with_parity(tmp_path, capsys):
-    """A headless model's parity check compares pooled features (timm's num_classes=0 output);
-    it used to compare vitkit's tokens with them and fail with a shape error."""
+def test_cli_convert_headless_timm_checks_the_mapping(tmp_path, capsys):
+    """A headless model's mapping check compares pooled features (timm's num_classes=0 output)
+    and tokens; it used to compare vitkit's tokens with them and fail with a shape error."""
     pytest.importorskip("timm", reason="timm not installed")
     source = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2,
                                          num_heads=4, num_classes=0))  # fmt: skip
@@ -175,4 +188,25 @@ def test_cli_convert_headless_timm_with_parity(tmp_path, capsys):
     )
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "0 classes" in text and "(ok, tolerance 1e-04)" in text
+    assert "0 classes" in text
+    assert " over the pooled features and tokens of a random batch of 2 (within tolerance" in text
+
+
+def test_check_parity_in_python(tmp_path):
+    """`convert.check_parity`: the named timm model, the mapping only without a name, and a
+    line that writes the options as Python."""
+    timm = pytest.importorskip("timm", reason="timm not installed")
+    source = randomize(timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1,
+                                         img_size=32, num_classes=3))  # fmt: skip
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    model = vitkit.load_pretrained(tmp_path / "w.pth")
+    named = convert.check_parity(model, tmp_path / "w.pth", "timm", arch="vit_tiny_patch16_224")
+    assert named.ok and named.scope == "function" and not named.assumed
+    assert named.reference == "timm vit_tiny_patch16_224 (depth=1, num_classes=3, img_size=32)"
+    assert named.difference <= 1e-5 and named.compared == ("logits", "tokens")
+    loose = convert.check_parity(model, tmp_path / "w.pth", "timm", arch="vit_tiny_patch16_224",
+                                 tolerance=1e-3)  # fmt: skip
+    assert loose.line().endswith(" of a random batch of 2 (ok, tolerance 1e-03)")
+    unnamed = convert.check_parity(model, tmp_path / "w.pth", "timm")
+    assert (unnamed.scope, unnamed.ok, unnamed.failed) == ("mapping", False, False)
+    assert unnamed.line().endswith(": pass arch=NAME to check against timm")

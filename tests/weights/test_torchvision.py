@@ -1,5 +1,5 @@
 """torchvision converter: parity with torchvision's ViT and the unsupported representation
-layer."""
+layer, and `vitkit convert --from torchvision`'s check against the builder of the weights."""
 
 from __future__ import annotations
 
@@ -180,3 +180,75 @@ def test_train_pretrained_on_a_torchvision_conv_stem_file(tmp_path, capsys):
         (16, 32), 1, 2
     )  # fmt: skip
     assert model.pos_embed.shape == (1, 1 + 12 * 12, 64)  # 8x8 grid resampled: 48 -> 24 -> 12
+
+
+def test_the_builders_table_is_torchvisions():
+    """`TORCHVISION_BUILDERS` holds each builder's sizes (read from the model it builds, on the
+    meta device), and `torchvision_builder` tells them from a config."""
+    torchvision = pytest.importorskip("torchvision", reason="torchvision not installed")
+    from vitkit.weights.torchvision import TORCHVISION_BUILDERS, torchvision_builder
+
+    for name, (patch, layers, heads, hidden, mlp) in TORCHVISION_BUILDERS.items():
+        with torch.device("meta"):
+            built = getattr(torchvision.models, name)(weights=None)
+        block = built.encoder.layers[0]
+        assert (built.patch_size, len(built.encoder.layers), block.self_attention.num_heads,
+                built.hidden_dim, built.mlp_dim) == (patch, layers, heads, hidden, mlp)  # fmt: skip
+        config = vitkit.ViTConfig(patch_size=patch, depth=layers, embed_dim=hidden,
+                                  num_heads=heads, mlp_ratio=mlp / hidden)  # fmt: skip
+        assert torchvision_builder(config) == name
+    assert torchvision_builder(vitkit.ViTConfig(embed_dim=768, depth=11, num_heads=12)) is None
+
+
+@pytest.mark.slow  # two ViT-B/32 written and read: ~25 s on a shared 2-core machine
+def test_cli_convert_checks_against_the_torchvision_builder(tmp_path, capsys):
+    """`vitkit convert --from torchvision`: weights of `vit_b_32`'s sizes are checked against
+    that builder, whose head count is torchvision's; `--arch vit_b_16` cannot hold them
+    (exit 1)."""
+    torchvision = pytest.importorskip("torchvision", reason="torchvision not installed")
+    from vitkit import cli
+
+    torch.manual_seed(0)
+    source = randomize(torchvision.models.vit_b_32(weights=None, image_size=32, num_classes=5))
+    torch.save(source.state_dict(), tmp_path / "b32.pth")
+    argv = ["convert", "--from", "torchvision", str(tmp_path / "b32.pth"), str(tmp_path / "v.st")]
+    assert cli.main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(
+        "parity vs torchvision vit_b_32 (num_classes=5, image_size=32): max |difference| "
+    )
+    assert line.endswith(" over the logits of a random batch of 2 (ok, tolerance 1e-04)")
+    assert vitkit.load(tmp_path / "v.st").config.num_heads == 12
+    assert cli.main([*argv, "--arch", "vit_b_16"]) == 1
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith(
+            "parity vs torchvision vit_b_16 (num_classes=5, image_size=32): MISMATCH: that model "
+            "does not hold these weights (wrong shape: conv_proj.weight: checkpoint (768, 3, 32, "
+            "32) vs model (768, 3, 16, 16), "
+        )
+    )
+
+
+def test_cli_convert_of_other_sizes_names_the_head_count(tmp_path, capsys):
+    """No builder has these sizes: torchvision's VisionTransformer of them is the reference,
+    and the head count it was given is named as assumed unless --num-heads states it."""
+    torchvision = pytest.importorskip("torchvision", reason="torchvision not installed")
+    from vitkit import cli
+
+    torch.manual_seed(0)
+    source = randomize(torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=192, mlp_dim=384,
+        num_classes=4))  # fmt: skip
+    torch.save(source.state_dict(), tmp_path / "tv.pth")
+    argv = ["convert", "--from", "torchvision", str(tmp_path / "tv.pth"), str(tmp_path / "v.st")]
+    assert cli.main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("parity vs torchvision's VisionTransformer: max |difference| ")
+    assert line.endswith(
+        "(ok, tolerance 1e-04); the weights do not record the head count (3 assumed): pass "
+        "--num-heads N if it differs"
+    )
+    assert cli.main([*argv, "--num-heads", "3"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("(ok, tolerance 1e-04)")

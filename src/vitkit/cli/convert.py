@@ -1,5 +1,7 @@
 """`vitkit convert`: timm / Hugging Face / torchvision / JAX weights to a vitkit checkpoint,
-checked against the source library's own model when it is installed."""
+checked against the source library's own model of the weights (`weights.parity`): the named
+timm model, the folder's transformers model, the torchvision builder; where the source names
+none, the line says that only the key mapping was checked and what the weights do not record."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from .commands import add_command
 from .errors import UserError
 from .status import ExitCode
 
-PARITY_TOLERANCE = 1e-4
 OPTION_FLAGS = options.WEIGHTS_FLAGS
+# How the parity line names what would complete the check.
+PARITY_FLAGS = {**options.WEIGHTS_FLAGS, "hf_config": "--hf-config JSON"}
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,24 +40,21 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-parity",
         action="store_true",
-        help="skip the comparison with the source library's output",
+        help="skip the comparison with the source library's own model",
     )
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..model import list_models
     from ..weights import load_pretrained, save
+    from ..weights.parity import reading_options
 
     if args.hf_config is not None and args.source != "hf":
         raise UserError("--hf-config (a Hugging Face config.json) only goes with --from hf")
     print(f"converting {args.input} ({args.source} weights) ...", flush=True)
-    model = load_pretrained(
-        args.input,
-        format=args.source,
-        num_heads=args.num_heads,
-        arch=args.arch,
-        hf_config=args.hf_config,
-    )
+    reading = reading_options(args.input, args.source, arch=args.arch, num_heads=args.num_heads)
+    model = load_pretrained(args.input, format=args.source, hf_config=args.hf_config, **reading)
     cfg = model.config
     print(
         f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, depth "
@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.num_classes} classes, pool {cfg.global_pool}",
         flush=True,
     )
-    save(model, args.output, meta={"converted_from": args.source})
+    meta = {"converted_from": args.source}
+    if reading.get("arch") in list_models():  # the name the options came from
+        meta["model_name"] = reading["arch"]
+    save(model, args.output, meta=meta)
     print(f"wrote {args.output}", flush=True)
     if args.no_parity:
         return ExitCode.OK
@@ -70,36 +73,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parity(args: argparse.Namespace, model: torch.nn.Module) -> int:
-    """The converted model's output beside the source library's on a random batch."""
-    from .. import convert
-    from ..weights import load_state_dict, weights_file
+    """The converted model beside the source library's own model of the weights: one line
+    saying what was compared and what was not; a disagreement exits with FAILED."""
+    from ..weights.parity import check_parity
 
-    cfg = model.config
-    library = {"hf": "transformers", "jax": "timm"}.get(args.source, args.source)
-    try:
-        if args.source == "jax":
-            weights = args.input
-        else:
-            weights = load_state_dict(weights_file(args.input))
-        reference = convert.source_model(args.source, cfg, weights)
-    except ImportError:
-        print(f"parity check skipped: {library} is not installed")
-        return ExitCode.OK
-    height, width = model.patch_embed.img_size
-    x = torch.randn(2, cfg.in_chans, height, width, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want, ours = reference(x), model(x)
-        if ours.shape != want.shape:  # a headless reference giving its tokens (HF's ViTModel)
-            ours = model.forward_features(x)
-        if ours.shape != want.shape:
-            raise UserError(
-                f"the parity check cannot compare vitkit's output {tuple(ours.shape)} with "
-                f"{library}'s {tuple(want.shape)}; {args.output} is written: pass --no-parity"
-            )
-        diff = (ours - want).abs().max().item()
-    verdict = "ok" if diff <= PARITY_TOLERANCE else "MISMATCH"
-    print(
-        f"parity vs {library}: max |difference| {diff:.2e} on a random batch of 2 "
-        f"({verdict}, tolerance {PARITY_TOLERANCE:.0e})"
+    result = check_parity(
+        model,
+        args.input,
+        args.source,
+        arch=args.arch,
+        num_heads=args.num_heads,
+        hf_config=args.hf_config,
     )
-    return ExitCode.OK if verdict == "ok" else ExitCode.FAILED
+    print(result.line(PARITY_FLAGS), flush=True)
+    return ExitCode.FAILED if result.failed else ExitCode.OK

@@ -9,7 +9,8 @@ model package only.
     info         `inspect`: what a weights file or folder is, read once (`WeightsInfo`)
     pretrained   `load_pretrained`: any ViT weights into a ready (or a given) model
     loading      `load` (a checkpoint vitkit wrote) and `load_any` (any weights, as they are)
-    reference    the source library's own model, for parity checks (optional imports)
+    reference    the source library's own model, and the name a source records (optional imports)
+    parity       the converted model beside the source library's own model (`vitkit convert`)
 """
 
 from .checkpoint import (

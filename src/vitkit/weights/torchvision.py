@@ -189,6 +189,30 @@ def _square_grid(out: Mapping[str, Tensor]) -> int | None:
     return side if side * side == tokens else None
 
 
+# torchvision's ViT builders (`torchvision.models.vit_b_16`, ...): name -> (patch_size,
+# num_layers, num_heads, hidden_dim, mlp_dim). The weights show all but the head count.
+TORCHVISION_BUILDERS: dict[str, tuple[int, int, int, int, int]] = {
+    "vit_b_16": (16, 12, 12, 768, 3072),
+    "vit_b_32": (32, 12, 12, 768, 3072),
+    "vit_l_16": (16, 24, 16, 1024, 4096),
+    "vit_l_32": (32, 24, 16, 1024, 4096),
+    "vit_h_14": (14, 32, 16, 1280, 5120),
+}
+
+
+def torchvision_builder(config: ViTConfig) -> str | None:
+    """The torchvision builder of `config`'s sizes (patch, depth, width, MLP width), whose
+    head count is then torchvision's; None for other sizes or a conv stem."""
+    if config.conv_stem or config.mlp_layer != "mlp":
+        return None
+    sizes = (config.patch_size, config.depth, config.embed_dim,
+             int(config.embed_dim * config.mlp_ratio))  # fmt: skip
+    for name, (patch, layers, _, hidden, mlp) in TORCHVISION_BUILDERS.items():
+        if sizes == (patch, layers, hidden, mlp):
+            return name
+    return None
+
+
 def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
     """Arguments for torchvision's `VisionTransformer` of the same architecture (square
     images and patches, class token, token pooling, eps 1e-6 only). A conv stem becomes
