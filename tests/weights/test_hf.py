@@ -85,13 +85,24 @@ def test_round_trip_vitkit_hf_vitkit(layout):
     for key, value in model.state_dict().items():
         assert torch.equal(back[key], value), key
 
+
+def test_the_installed_transformers_reads_the_layout_of_its_version():
+    """transformers 5 reads the 'v5' layout, 4.x the 'legacy' one: the layout this
+    transformers reads is loaded strictly and gives vitkit's logits (the other layout is
+    checked by the round trip above only)."""
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
-    if layout == "v5" and int(transformers.__version__.split(".")[0]) >= 5:
-        source = transformers.ViTForImageClassification(transformers.ViTConfig(**hf)).eval()
-        source.load_state_dict(exported, strict=True)
-        x = images(32, batch=2)
-        with torch.no_grad():
-            torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
+    layout = "v5" if int(transformers.__version__.split(".")[0]) >= 5 else "legacy"
+    model = randomize(
+        VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5
+        )
+    )
+    hf = convert.to_hf_config(model.config)
+    source = transformers.ViTForImageClassification(transformers.ViTConfig(**hf)).eval()
+    source.load_state_dict(convert.to_hf(model, layout=layout), strict=True)
+    x = images(32, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)
 
 
 def test_to_hf_refuses_what_hf_cannot_express():
