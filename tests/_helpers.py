@@ -69,3 +69,20 @@ def _requires_onednn() -> pytest.MarkDecorator:
 
 # Where this torch build cannot run the oneDNN fast path: skipped, with the reason.
 requires_onednn = _requires_onednn()
+
+
+def digits_subsets(train: int, val: int):
+    """The first `train` training and `val` validation digits, normalised with the split's
+    mean and std: (train set, val set) for `fit` without transforms."""
+    from vitkit.data import Subset, Transformed, load_data
+
+    splits = load_data("digits", seed=0)
+    mean, std = torch.tensor(splits.mean).view(-1, 1, 1), torch.tensor(splits.std).view(-1, 1, 1)
+
+    def norm(x):
+        return (x - mean) / std
+
+    return (
+        Transformed(Subset(splits.train, range(train)), norm),
+        Transformed(Subset(splits.val, range(val)), norm),
+    )

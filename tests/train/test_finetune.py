@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from _helpers import requires_timm
+from _helpers import digits_subsets, requires_timm
 from vitkit import cli, create_model, load, save
-from vitkit.data import Subset, Transformed, load_data
 from vitkit.train import LAST_FILE, RECIPES, StopFlag, TrainConfig, fit, param_groups
 from vitkit.train.fit import new_run_state
 from vitkit.train.loop import train_one_epoch
@@ -31,16 +30,7 @@ def tiny_model(depth=3, **kw):
 
 @pytest.fixture(scope="module")
 def digits():
-    splits = load_data("digits", seed=0)
-    mean, std = torch.tensor(splits.mean).view(-1, 1, 1), torch.tensor(splits.std).view(-1, 1, 1)
-
-    def norm(x):
-        return (x - mean) / std
-
-    return (
-        Transformed(Subset(splits.train, range(96)), norm),
-        Transformed(Subset(splits.val, range(32)), norm),
-    )
+    return digits_subsets(96, 32)
 
 
 def cfg(**kw):

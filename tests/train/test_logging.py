@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import digits_subsets
 from vitkit import create_model
-from vitkit.data import Subset, TensorImages, Transformed, load_data
+from vitkit.data import TensorImages
 from vitkit.train import TrainConfig, evaluate, fit, make_loader, run_training
 from vitkit.train.logs import LoggerUnavailableError
 
@@ -24,16 +25,7 @@ def tiny_model():
 
 @pytest.fixture(scope="module")
 def digits():
-    splits = load_data("digits", seed=0)
-    mean, std = torch.tensor(splits.mean).view(-1, 1, 1), torch.tensor(splits.std).view(-1, 1, 1)
-
-    def norm(x):
-        return (x - mean) / std
-
-    return (
-        Transformed(Subset(splits.train, range(96)), norm),
-        Transformed(Subset(splits.val, range(32)), norm),
-    )
+    return digits_subsets(96, 32)
 
 
 def cfg(**kw):
