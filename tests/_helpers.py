@@ -86,3 +86,15 @@ def digits_subsets(train: int, val: int):
         Transformed(Subset(splits.train, range(train)), norm),
         Transformed(Subset(splits.val, range(val)), norm),
     )
+
+
+class FixedLogits(torch.nn.Module):
+    """A classifier whose logits are row `x[:, 0, 0, 0]` of `table`: exact metrics to check
+    `evaluate` against."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[x[:, 0, 0, 0].long()]

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from _helpers import FixedLogits
 from vitkit import create_model, load
 from vitkit.data import Subset, TensorImages, Transformed, load_data
 from vitkit.train import (
@@ -138,15 +139,6 @@ def test_shard_sampler_partitions_pads_and_skips():
         ShardSampler(10, shuffle=False, rank=r, world_size=3, pad=False).indices() for r in range(3)
     ]
     assert sorted(sum(eval_parts, [])) == list(range(10))
-
-
-class FixedLogits(nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.table = table
-
-    def forward(self, x):
-        return self.table[x[:, 0, 0, 0].long()]
 
 
 def test_evaluate_exact_metrics_and_confusion():

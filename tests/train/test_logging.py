@@ -9,9 +9,8 @@ import sys
 
 import pytest
 import torch
-from torch import nn
 
-from _helpers import digits_subsets
+from _helpers import FixedLogits, digits_subsets
 from vitkit import create_model
 from vitkit.data import TensorImages
 from vitkit.train import TrainConfig, evaluate, fit, make_loader, run_training
@@ -93,15 +92,6 @@ def test_run_training_returns_a_machine_readable_summary(tmp_path):
                          "metrics.jsonl", "model.safetensors", "state.pt", "test.json"]),
     }  # fmt: skip
     assert summary["test"]["count"] == 359
-
-
-class FixedLogits(nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.table = table
-
-    def forward(self, x):
-        return self.table[x[:, 0, 0, 0].long()]
 
 
 def test_per_class_scores_match_scikit_learn():
