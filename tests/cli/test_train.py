@@ -195,6 +195,21 @@ def test_model_beside_pretrained_is_the_architecture_or_refused(tmp_path, run_cl
     assert (trained.num_heads, trained.depth, trained.embed_dim) == (4, 1, 64)
 
 
+def test_a_fine_tuning_run_is_named_after_its_weights(tmp_path, run_cli, monkeypatch):
+    """Without --out or --model, a run from --pretrained weights goes to
+    runs/<data>-<the weights' name>, not to the folder of the data's default model."""
+    torch.manual_seed(0)
+    vitkit.save(vitkit.create_model("vit_digits", depth=1), tmp_path / "digits-w.safetensors")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--pretrained", "digits-w.safetensors", "--epochs", "1", "--no-progress"]
+    code, _, err = run_cli("train", *argv)
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["digits-digits-w"]
+    code, _, err = run_cli("train", *argv, "--epochs", "2", "--resume")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["digits-digits-w"]
+
+
 def test_json_prints_the_run_summary_alone_and_log_tensorboard_writes_events(
     tmp_path, run_cli, caplog
 ):

@@ -123,20 +123,34 @@ def run_config(
     """The settings and folder of a `train` / `pretrain` run: the saved settings on --resume,
     else the options over --config over the recipe. Without --out the folder is
     `runs/<--name>`, else `runs/<name_of(data)>`, else `runs/<data>-<model>`, the same
-    whether the run starts or resumes."""
+    whether the run starts or resumes; `<model>` is the weights' name (their file or
+    folder's) when --pretrained gives the architecture."""
     job = args.job
     given = job_options_given(args)
     if args.resume:
         data = given.get("data", job.data)
-        model = given.get("model") or default_model(data, given.get("data_dir"))
+        model = _model_name(
+            given.get("model"), given.get("pretrained"), data, given.get("data_dir")
+        )
     else:
         settings = getattr(args, "config", None)
         values = read_settings(settings, job, source=f"--config {settings}") if settings else {}
         config = resolve_config(given, values, job)
         data = config.data
-        model = config.model or default_model(data, config.data_dir)  # pretrained: theirs
+        model = _model_name(
+            config.model, getattr(config, "pretrained", None), data, config.data_dir
+        )
     out = Path(args.out) if args.out else default_out(data, model, args.name or name_of(data))
     return (_resumed_config(out, given, job) if args.resume else config), out
+
+
+def _model_name(model: str | None, pretrained: str | None, data: str, data_dir: str | None) -> str:
+    """The model part of a run folder's default name."""
+    if model:
+        return model
+    if pretrained:
+        return Path(pretrained).name.split(".")[0] or "pretrained"
+    return default_model(data, data_dir)
 
 
 def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> JobConfig:
