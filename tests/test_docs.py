@@ -199,6 +199,7 @@ def run_pycon(block: Block, namespace: dict) -> None:
     runner = doctest.DocTestRunner(optionflags=flags)
     out = io.StringIO()
     runner.run(test, out=out.write, clear_globs=False)
+    namespace.update(test.globs)  # doctest ran on a copy: later blocks see its names
     assert runner.failures == 0, f"{block.where}:\n{out.getvalue()}"
 
 
@@ -266,6 +267,16 @@ def test_every_setup_script_belongs_to_a_page():
 )
 def test_shown_output_matching(shown, printed, ok):
     assert matches(shown, printed) is ok
+
+
+def test_names_carry_from_block_to_block():
+    page = ROOT / "README.md"
+    namespace: dict = {}
+    run_pycon(Block(page, 1, "pycon", ">>> import json\n>>> n = 2\n", None), namespace)
+    run_python(Block(page, 5, "python", "m = n + 1\n", None), namespace)
+    run_pycon(Block(page, 9, "pycon", ">>> json.dumps([m])\n'[3]'\n", None), namespace)
+    with pytest.raises(AssertionError, match="Expected"):
+        run_pycon(Block(page, 12, "pycon", ">>> m\n4\n", None), namespace)
 
 
 def test_the_harness_reads_markers_and_commands(tmp_path):
