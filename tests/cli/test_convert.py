@@ -256,6 +256,23 @@ def test_a_hugging_face_folder_is_checked_against_transformers(tmp_path, run_cli
 
 
 @requires_transformers
+def test_the_class_names_of_a_hugging_face_folder_are_kept(tmp_path, run_cli):
+    """A folder's id2label travels into the converted checkpoint (and so into `predict`'s
+    labels and an HF export), as `load_any` keeps it; a new head of another size drops it."""
+    import transformers
+
+    folder = _hf_folder(tmp_path / "hf")
+    config = transformers.ViTConfig.from_pretrained(folder)
+    config.id2label = {0: "cat", 1: "dog", 2: "fox"}
+    config.save_pretrained(folder)
+    code, text, _ = run_cli("convert", "--from", "hf", folder, tmp_path / "v.st", "--no-parity")
+    assert code == 0, text
+    assert vitkit.load(tmp_path / "v.st").meta["class_names"] == ["cat", "dog", "fox"]
+    assert vitkit.load_pretrained(folder).meta == {"class_names": ["cat", "dog", "fox"]}
+    assert getattr(vitkit.load_pretrained(folder, num_classes=5), "meta", {}) == {}
+
+
+@requires_transformers
 def test_hugging_face_weights_without_their_config(tmp_path, run_cli, monkeypatch):
     """A bare state dict: the key mapping only, naming HF's defaults; with --hf-config,
     transformers' own model of that config."""

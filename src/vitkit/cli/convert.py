@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.num_classes} classes, pool {cfg.global_pool}",
         flush=True,
     )
-    meta = {"converted_from": args.source}
+    meta = {**getattr(model, "meta", {}), "converted_from": args.source}  # class names kept
     if reading.get("arch") in list_models():  # the name the options came from
         meta["model_name"] = reading["arch"]
     save(model, args.output, meta=meta)

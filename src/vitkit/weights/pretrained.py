@@ -65,14 +65,15 @@ class Fitting:
 
 @dataclass(frozen=True)
 class SourceWeights:
-    """Weights read and converted to vitkit's layout: the state dict, its config, its format
-    and the data config its source states (None: none)."""
+    """Weights read and converted to vitkit's layout: the state dict, its config, its format,
+    the data config and the class names its source states (None: none)."""
 
     state_dict: dict[str, Tensor]
     config: ViTConfig
     format: str
     data_config: DataConfig | None
     name: str
+    class_names: tuple[str, ...] | None = None
 
 
 def load_pretrained(
@@ -131,6 +132,8 @@ def load_pretrained(
     )
     chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
     model.data_config = data_config.replace(input_size=(chans, height, width))
+    if weights.class_names and len(weights.class_names) == model.config.num_classes:
+        model.meta = {**getattr(model, "meta", {}), "class_names": list(weights.class_names)}
     return model.eval()
 
 
@@ -169,18 +172,18 @@ def read_source(
     if isinstance(source, Mapping):
         state_dict = dict(source)
         found = _detect(state_dict) if format == "auto" else format
-        name, stated, data_config = "the state dict", {}, None
+        name, stated, data_config, names = "the state dict", {}, None, None
     else:
         info = source if isinstance(source, WeightsInfo) else inspect(source, format=format)
         if info.format in ("onnx", "timm-cnn"):
             raise CheckpointError(f"{info.path} is {info.kind}; load_pretrained reads ViT weights")
         state_dict, found, name = _tensors(info), info.format, str(info.path)
-        stated, data_config = info.source_options, info.data_config
+        stated, data_config, names = info.source_options, info.data_config, info.class_names
         if found == "vitkit":
             config = info.require_config()
             if config.encoder == "torch":  # a vitkit file of an encoder='torch' model
                 state_dict = torch_to_native_state_dict(state_dict)
-            return SourceWeights(state_dict, config, "vitkit", data_config, name)
+            return SourceWeights(state_dict, config, "vitkit", data_config, name, names)
         log.info("reading %s as %s", info.path, info.kind)
     options = {**stated, **options}
     if found == "hf" and new_head:
@@ -190,7 +193,7 @@ def read_source(
         # what `inspect` could not infer (e.g. under a classifier a new head replaces) is
         # known now: a Hugging Face processor's sizes are the model's
         data_config = processor_data_config(Path(name), config)
-    return SourceWeights(state_dict, config, found, data_config, name)
+    return SourceWeights(state_dict, config, found, data_config, name, names)
 
 
 def _tensors(info: WeightsInfo) -> dict[str, Any]:
