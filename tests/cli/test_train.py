@@ -195,6 +195,17 @@ def test_model_beside_pretrained_is_the_architecture_or_refused(tmp_path, run_cl
     assert (trained.num_heads, trained.depth, trained.embed_dim) == (4, 1, 64)
 
 
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+def test_resume_and_overwrite_together_are_refused_as_such(command, tmp_path, run_cli):
+    """Not as a folder without saved settings, which is what it said before checking."""
+    code, _, err = run_cli(command, "--out", tmp_path / "none", "--resume", "--overwrite")
+    assert (code, err) == (
+        2,
+        "vitkit: error: --resume and --overwrite exclude each other: drop one\n",
+    )
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_fine_tuning_run_is_named_after_its_weights(tmp_path, run_cli, monkeypatch):
     """Without --out or --model, a run from --pretrained weights goes to
     runs/<data>-<the weights' name>, not to the folder of the data's default model."""

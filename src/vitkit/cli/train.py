@@ -127,6 +127,8 @@ def run_config(
     folder's) when --pretrained gives the architecture."""
     job = args.job
     given = job_options_given(args)
+    if args.resume and args.overwrite:  # before the saved settings are looked for
+        raise UserError("--resume and --overwrite exclude each other: drop one")
     if args.resume:
         data = given.get("data", job.data)
         model = _model_name(
