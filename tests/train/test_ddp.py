@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from vitkit import load
 from vitkit.data import Transformed, load_data
 from vitkit.train import evaluate, make_loader
+from vitkit.train.distributed import all_reduce, all_reduce_tensor, distributed, world
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -48,6 +50,62 @@ SCRIPT = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
+
+
+@pytest.fixture
+def gloo_group():
+    """A one-process gloo group in this process (no torchrun), left afterwards."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_reduction_returns_after_gloo_let_go_of_its_tensor(gloo_group):
+    """gloo's worker thread drops its reference to a reduced tensor just after the result is
+    ready; a reduction that returned before that left the last reference to a Python tensor on
+    that thread, which at interpreter exit aborts the process (rank 1 of the torchrun CLI died
+    of SIGABRT). Without the wait, about one reduction in five returns too early here."""
+    early = 0
+    for i in range(300):
+        tensor = all_reduce_tensor(torch.full((3,), float(i), dtype=torch.float64))
+        early += tensor._use_count() > 1
+        assert tensor.tolist() == [float(i)] * 3
+    assert early == 0
+
+
+def test_reduction_without_the_private_use_count(gloo_group, monkeypatch):
+    """Where torch has no `Tensor._use_count`, a reduction still sums and returns at once."""
+    monkeypatch.setattr(torch.Tensor, "_use_count", None, raising=False)
+    assert all_reduce_tensor(torch.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_the_run_leaves_the_group_it_joined(monkeypatch):
+    """`distributed` (the run folder's block) leaves the torchrun group it joined, also when
+    the run fails or stops; a group joined before it is the caller's to leave."""
+    join = dist.init_process_group
+    monkeypatch.setattr(
+        dist,
+        "init_process_group",
+        lambda backend: join(backend, store=dist.HashStore(), rank=0, world_size=1),
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="failed run"), distributed("cpu") as device:
+        assert device == "cpu" and dist.is_initialized()
+        raise RuntimeError("failed run")
+    assert not dist.is_initialized()
+    join("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with distributed("cpu"):
+            assert all_reduce([2.0], torch.device("cpu")) == [2.0]
+        assert dist.is_initialized()  # the caller's group
+    finally:
+        dist.destroy_process_group()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing to join
+    with distributed("cpu"):
+        assert world() == (0, 1)
 
 
 def _torchrun(args, cwd, timeout=240):

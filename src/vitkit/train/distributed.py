@@ -3,13 +3,22 @@
 Each rank trains on its share of a per-epoch shuffled order (`ShardSampler`, as PyTorch's
 DistributedSampler), DistributedDataParallel averages the gradients, metrics are summed across
 ranks, and rank 0 alone writes files. Outside torchrun every function is the one-process case.
+
+A reduction returns only once gloo's worker thread has let go of its tensor (`all_reduce_tensor`):
+the worker drops its reference just after the result is ready, and if that was the last one it
+frees the Python tensor, which needs the GIL; at interpreter exit that aborts the process
+("terminate called without an active exception", SIGABRT). `destroy_process_group` does not
+stop the workers once DistributedDataParallel has used the group, so the last reduction of a
+run (the test split's) could meet the exit of a rank with nothing left to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import time
 from collections.abc import Iterator
 
 import torch
@@ -31,8 +40,26 @@ def all_reduce(values: list[float], device: torch.device) -> list[float]:
     if world()[1] == 1:
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    return all_reduce_tensor(tensor).tolist()
+
+
+def all_reduce_tensor(tensor: torch.Tensor, *, wait_s: float = 1.0) -> torch.Tensor:
+    """Sum `tensor` across ranks in place; with gloo, returns once its worker thread holds no
+    reference to the tensor (at most `wait_s` later: it lets go microseconds after the result
+    is ready), so that the tensor dies with its Python owner."""
     dist.all_reduce(tensor)
-    return tensor.tolist()
+    if dist.get_backend() == "gloo":
+        deadline = time.monotonic() + wait_s
+        while _other_references(tensor) and time.monotonic() < deadline:
+            time.sleep(1e-4)
+    return tensor
+
+
+def _other_references(tensor: torch.Tensor) -> bool:
+    """Whether C++ code besides this Python tensor holds it. Reads the private
+    `Tensor._use_count`; where a torch lacks it, False (the reduction returns at once)."""
+    use_count = getattr(tensor, "_use_count", None)
+    return callable(use_count) and use_count() > 1
 
 
 class ShardSampler(Sampler[int]):
@@ -122,6 +149,19 @@ def set_epoch(loader: DataLoader, epoch: int, *, start: int = 0) -> None:
     loader.sampler.set_epoch(epoch, start=start)
     if isinstance(loader.dataset, SeededItems):
         loader.dataset.set_epoch(epoch)
+
+
+@contextlib.contextmanager
+def distributed(device: str) -> Iterator[str]:
+    """Joined to the torchrun group for the block (`init_distributed`), left at its end, however
+    it ends, when this block joined it; yields this process's device."""
+    joins = not (dist.is_available() and dist.is_initialized())
+    device = init_distributed(device)
+    try:
+        yield device
+    finally:
+        if joins and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def init_distributed(device: str) -> str:

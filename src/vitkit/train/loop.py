@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .distributed import all_reduce, world
+from .distributed import all_reduce, all_reduce_tensor, world
 from .optim import set_lr
 from .state import EpochState, RunState
 
@@ -170,9 +169,7 @@ def evaluate(
             confusion += torch.bincount(pairs, minlength=num_classes**2).view_as(confusion)
     loss_sum, correct1, correct5, count = all_reduce([loss_sum, correct1, correct5, count], device)
     if confusion is not None and world()[1] > 1:
-        confusion = confusion.to(device)
-        dist.all_reduce(confusion)
-        confusion = confusion.cpu()
+        confusion = all_reduce_tensor(confusion.to(device)).cpu()
     if count == 0:
         raise ValueError("nothing to evaluate: the evaluation data is empty")
     result: dict[str, Any] = {

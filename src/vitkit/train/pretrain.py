@@ -102,8 +102,6 @@ def _pretrain(
     task = MaeTask(mae, config, sample=sample, mean=splits.mean, std=splits.std)
     result = fit(task, setup.train_set, setup.val_set, config, out_dir=out, resume=resume,
                  progress=progress, loggers=config.loggers)  # fmt: skip
-    if world_size > 1:
-        torch.distributed.destroy_process_group()
     return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
 
 

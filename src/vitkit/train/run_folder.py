@@ -31,7 +31,7 @@ from ..files import (
 )
 from ..options import read_settings
 from .config import PretrainConfig, TrainConfig
-from .distributed import barrier, init_distributed, world
+from .distributed import barrier, distributed, world
 from .lock import run_lock
 
 if TYPE_CHECKING:
@@ -194,21 +194,21 @@ def clear_out(out: Path, *, overwrite: bool) -> None:
 def open_run(
     config: Any, out: Path, *, resume: bool, overwrite: bool, task: str, files: tuple[str, ...]
 ) -> Iterator[Any]:
-    """The run folder of a job, held for the block: joins the torchrun group, checks the
-    folder (`prepare_out`), on `resume` the saved settings (`resumed_config`), then holds the
-    run lock and clears the previous run's `files` (`clear_out`); yields the config with this
-    process's device."""
-    device = init_distributed(config.resolved_device())
-    config = config.replace(device=device)
-    prepare_out(out, resume=resume, overwrite=overwrite, files=files)
-    if resume:
-        config = resumed_config(out, config, task=task)
-    main = world()[0] == 0
-    with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
-        if main:
-            clear_out(out, overwrite=overwrite)
-        barrier()
-        yield config
+    """The run folder of a job, held for the block: joins the torchrun group (left at the end
+    of the block), checks the folder (`prepare_out`), on `resume` the saved settings
+    (`resumed_config`), then holds the run lock and clears the previous run's `files`
+    (`clear_out`); yields the config with this process's device."""
+    with distributed(config.resolved_device()) as device:
+        config = config.replace(device=device)
+        prepare_out(out, resume=resume, overwrite=overwrite, files=files)
+        if resume:
+            config = resumed_config(out, config, task=task)
+        main = world()[0] == 0
+        with run_lock(out) if main else contextlib.nullcontext():  # one writer per folder
+            if main:
+                clear_out(out, overwrite=overwrite)
+            barrier()
+            yield config
 
 
 def read_run_config(out: Path, config_type: type | None = None) -> Any:

@@ -312,6 +312,4 @@ def _train_and_test(
         }
         text = json.dumps(row) + "\n"
         atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
-    if world_size > 1:
-        torch.distributed.destroy_process_group()
     return RunOutcome(result=result, test=test, out=out, rank=rank, task=task.name)
