@@ -100,7 +100,7 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, run_cli, caplog):
         (["--resume"], "vitkit: error: {out} holds no run settings (config.json)"),
         (["--model", "vit_nope"], "vitkit: error: unknown model"),
         (["--model-opt", "depth"], "vitkit: error: --model-opt takes KEY=VALUE"),
-        (["--resume", "--overwrite"], "vitkit: error: {out} holds no run settings (config.json)"),
+        (["--resume", "--overwrite"], "vitkit: error: --resume and --overwrite exclude each other"),
     ],
 )
 def test_user_errors(tmp_path, run_cli, argv, message):
