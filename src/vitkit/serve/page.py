@@ -19,6 +19,7 @@ PAGE = """<!doctype html>
   table { border-collapse: collapse; min-width: 16rem; }
   td { padding: 0.25rem 0.5rem; border-bottom: 1px solid #ddd; }
   td.score { text-align: right; font-variant-numeric: tabular-nums; }
+  td:last-child { width: 8rem; }
   .bar { background: #36c; height: 0.5rem; }
   #error { color: #b00; }
   figure { margin: 0; }
