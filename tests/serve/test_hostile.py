@@ -152,3 +152,52 @@ def test_nothing_is_written_to_disk(url):
     files = [("file", (f"{i}.png", image_bytes(i, (200, 200)))) for i in range(2)]
     assert httpx.post(f"{url}/predict", files=files).status_code == 200
     assert set(Path(tempfile.gettempdir()).iterdir()) == before
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Pillow's notes on mangled TIFF tags
+def test_mangled_files_of_every_format_are_decoded_or_refused_with_422():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.serve.errors import RequestError
+    from vitkit.serve.limits import Limits
+    from vitkit.serve.uploads import Upload, decode_image
+
+    rng = np.random.default_rng(0)
+    originals = []
+    for fmt in ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP"):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(out, format=fmt)
+        originals.append(out.getvalue())
+    outcomes = set()
+    for trial in range(300):
+        data = bytearray(originals[trial % len(originals)])
+        for at in rng.integers(0, len(data), size=int(rng.integers(1, 8))):
+            data[at] = int(rng.integers(0, 256))  # a few bytes flipped
+        if trial % 3 == 0:
+            data = data[: int(rng.integers(1, len(data)))]  # and cut short
+        try:
+            decode_image(Upload("m", bytes(data)), Limits(), in_chans=3)
+            outcomes.add(200)
+        except RequestError as err:
+            assert err.status in (413, 422), err.message
+            outcomes.add(err.status)
+    assert 422 in outcomes  # no other exception escaped: no 500
+
+
+def test_a_decoder_error_of_another_kind_is_a_422_not_a_500(monkeypatch):
+    import struct as struct_module
+
+    from vitkit.serve import uploads
+    from vitkit.serve.errors import RequestError
+
+    def broken(*args, **kwargs):
+        raise struct_module.error("unpack requires a buffer of 4 bytes")
+
+    monkeypatch.setattr(uploads, "open_image", broken)
+    with pytest.raises(RequestError) as raised:
+        uploads.decode_image(uploads.Upload("odd.tga", GOOD), uploads.Limits(), in_chans=3)
+    assert raised.value.status == 422
+    assert raised.value.message == "cannot read odd.tga: error: unpack requires a buffer of 4 bytes"

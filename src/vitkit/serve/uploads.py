@@ -134,6 +134,8 @@ def decode_image(upload: Upload, limits: Limits, *, in_chans: int) -> Image.Imag
     except DataError as err:
         reason = str(err).removeprefix(f"cannot read image {data}: ")
         raise RequestError(422, f"cannot read {upload.name}: {reason}") from None
+    except Exception as err:  # Pillow's plugins raise more kinds on malformed files
+        raise RequestError(422, f"cannot read {upload.name}: {type(err).__name__}: {err}") from None
 
 
 def _header_size(upload: Upload, limits: Limits) -> tuple[int, int]:
