@@ -23,6 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "explain": {"data", "plots"},
     "export": {"model", "files"},
     "convert": {"weights"},
+    "serve": {"model", "data", "explain", "train"},
     "train": {"model", "data", "weights", "plots", "files", "options"},
     "cli": {
         "options",
@@ -36,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
         "export",
         "summary",
         "files",
+        "serve",
     },
 }
 

@@ -217,6 +217,20 @@ def _targets(target: int | Sequence[int] | Tensor | None, logits: Tensor) -> Ten
     return chosen.clone()
 
 
+def class_index(text: str, names: Sequence[str], *, given_as: str = "--class") -> int:
+    """The class `text` names: a class name of the model, else an index (errors name it as
+    `given_as`, the flag or parameter it came from)."""
+    if text in names:
+        return list(names).index(text)
+    if text.isdigit() and int(text) < len(names):
+        return int(text)
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    raise ValueError(
+        f"{given_as} {text!r} is not a class of this checkpoint; give a name ({shown}) or an "
+        f"index 0 to {len(names) - 1}"
+    )
+
+
 # -- one image file -------------------------------------------------------------------------
 
 

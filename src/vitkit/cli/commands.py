@@ -33,6 +33,9 @@ COMMANDS: dict[str, Command] = {
         "what the model looks at: class relevance, attention rollout and [CLS] attention over "
         "an image",
     ),
+    "serve": Command(
+        "serve", "serve a checkpoint over HTTP: /predict, /explain, a page to try it; batched"
+    ),
     "convert": Command(
         "convert", "convert timm / Hugging Face / torchvision / JAX weights to a vitkit file"
     ),

@@ -4,11 +4,10 @@ class-token attention)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..explain import explain_image
+from ..explain import class_index, explain_image
 from ..files import check_output
 from ..model import VisionTransformer
 from ..train.config import resolve_device
@@ -93,16 +92,3 @@ def run(args: argparse.Namespace) -> int:
         f"({float(probs[t]):.4f}); {explained.caption}; attention maps in {output}"
     )
     return ExitCode.OK
-
-
-def class_index(text: str, names: Sequence[str]) -> int:
-    """`--class`: a class name of the checkpoint, else an index."""
-    if text in names:
-        return list(names).index(text)
-    if text.isdigit() and int(text) < len(names):
-        return int(text)
-    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-    raise UserError(
-        f"--class {text!r} is not a class of this checkpoint; give a name ({shown}) or an "
-        f"index 0 to {len(names) - 1}"
-    )

@@ -1,0 +1,191 @@
+"""The HTTP API (Starlette): /predict, /explain, /health, /info, /openapi.json and the page at /.
+Every refusal is a JSON `{"error": ...}` with a 4xx status (503 with Retry-After when the
+queue is full); the server goes on serving."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from torch import Tensor
+
+from .. import __version__
+from .batcher import Batcher, Batching, QueueFull
+from .errors import RequestError
+from .limits import Limits
+from .openapi import openapi
+from .page import PAGE
+from .service import MAPS, Service, explanation_json, overlay_png
+from .uploads import Upload, decode_image, uploads_of
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+
+
+class _Api:
+    """The endpoints over one service, its batcher and the request limits."""
+
+    def __init__(self, service: Service, batching: Batching, limits: Limits) -> None:
+        self.service = service
+        self.limits = limits
+        self.batcher = Batcher(service.predict, batching)
+        self._decoders = anyio.Semaphore(limits.decoders)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ready"})
+
+    async def info(self, request: Request) -> Response:
+        batching = self.batcher.batching
+        return JSONResponse({
+            **self.service.info(),
+            "version": __version__,
+            "batching": {"max_batch": batching.max_batch, "max_wait_ms": batching.max_wait_ms,
+                         "max_queue": batching.max_queue},
+            "batch_sizes": {str(k): n for k, n in sorted(self.batcher.batch_sizes.items())},
+            "waiting": self.batcher.waiting,
+            "limits": {"max_upload_bytes": self.limits.max_upload_bytes,
+                       "max_pixels": self.limits.max_pixels, "min_side": self.limits.min_side,
+                       "max_files": self.limits.max_files},
+        })  # fmt: skip
+
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(PAGE)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi(__version__))
+
+    async def predict(self, request: Request) -> Response:
+        topk = _topk(request.query_params.get("topk"), len(self.service.class_names))
+        uploads = await uploads_of(request, self.limits)
+        self._room_for(len(uploads))  # before any decoding: overload costs little
+        images = [await self._prepared(upload) for upload in uploads]
+        try:
+            results = await self.batcher.submit(images, topk)
+        except QueueFull as err:
+            raise _busy(str(err)) from None
+        return JSONResponse({
+            "model": self.service.name,
+            "precision": self.service.precision,
+            "results": [{"image": u.name, "predictions": r} for u, r in zip(uploads, results)],
+        })  # fmt: skip
+
+    async def explain(self, request: Request) -> Response:
+        query = request.query_params
+        map_name = _choice(query, "map", MAPS)
+        form = _choice(query, "format", ("png", "json"))
+        try:
+            target = self.service.target(query.get("class"))
+        except ValueError as err:
+            raise RequestError(400, str(err)) from None
+        uploads = await uploads_of(request, self.limits)
+        if len(uploads) != 1:
+            raise RequestError(400, f"/explain takes one image, got {len(uploads)}")
+        (upload,) = uploads
+        await self._prepared(upload)  # the same checks as /predict
+        try:
+            explained = await self.batcher.call(self.service.explain, upload.data, upload.name,
+                                                target)  # fmt: skip
+        except ValueError as err:
+            raise RequestError(400, str(err)) from None
+        names = self.service.class_names
+        if form == "json":
+            return JSONResponse(
+                {"model": self.service.name, **explanation_json(explained, map_name, names)}
+            )
+        png = overlay_png(explained.image, explained.maps[map_name])
+        headers = {
+            "X-Predicted-Class": names[explained.predicted],
+            "X-Explained-Class": names[explained.target],
+        }
+        return Response(png, media_type="image/png", headers=headers)
+
+    async def _prepared(self, upload: Upload) -> Tensor:
+        """The upload decoded and prepared, off the event loop, a few at a time."""
+        async with self._decoders:
+            return await run_in_threadpool(self._decode_and_prepare, upload)
+
+    def _decode_and_prepare(self, upload: Upload) -> Tensor:
+        image = decode_image(upload, self.limits, in_chans=self.service.in_chans)
+        return self.service.prepare(image)
+
+    def _room_for(self, count: int) -> None:
+        batching = self.batcher.batching
+        if count > batching.max_queue:  # would never fit: no use retrying
+            raise RequestError(413, f"{count} images in one request, more than the queue holds "
+                               f"({batching.max_queue}); send fewer at a time")  # fmt: skip
+        if self.batcher.waiting + count > batching.max_queue:
+            raise _busy(f"{self.batcher.waiting} images are waiting (the queue holds at most "
+                        f"{batching.max_queue})")  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.batcher.start()
+        log.info("serving %s (%s)", self.service.name, self.service.precision)
+        try:
+            yield
+        finally:
+            await self.batcher.stop()
+
+
+def _busy(why: str) -> RequestError:
+    return RequestError(503, f"the server is busy: {why}; retry in {RETRY_AFTER_S} s",
+                        {"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+
+
+def _topk(text: str | None, classes: int) -> int:
+    """`topk` of the query: default 5, at most the number of classes."""
+    if text is None:
+        return min(5, classes)
+    if not text.isdigit() or int(text) < 1:
+        raise RequestError(400, f"topk must be a whole number >= 1, got {text!r}")
+    return min(int(text), classes)
+
+
+def _choice(query: Any, name: str, choices: tuple[str, ...]) -> str:
+    value = query.get(name, choices[0])
+    if value not in choices:
+        raise RequestError(400, f"{name}={value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+async def _refused(request: Request, err: Exception) -> Response:
+    if isinstance(err, RequestError):
+        return JSONResponse({"error": err.message}, err.status, headers=err.headers)
+    assert isinstance(err, HTTPException)
+    return JSONResponse({"error": err.detail}, err.status_code, headers=err.headers)
+
+
+async def _failed(request: Request, err: Exception) -> Response:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+    message = f"the server failed: {type(err).__name__}: {err}"
+    return JSONResponse({"error": message}, 500)
+
+
+def create_app(
+    service: Service, *, batching: Batching | None = None, limits: Limits | None = None
+) -> Starlette:
+    """The ASGI app serving `service` (run it with uvicorn, `server.serve`), its requests
+    batched as `batching` says and bounded by `limits`."""
+    api = _Api(service, batching or Batching(), limits or Limits())
+    routes = [
+        Route("/", api.page, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/info", api.info, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
+        Route("/predict", api.predict, methods=["POST"]),
+        Route("/explain", api.explain, methods=["POST"]),
+    ]
+    handlers = {RequestError: _refused, HTTPException: _refused, Exception: _failed}
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
+    app.state.api = api
+    return app

@@ -1,0 +1,141 @@
+"""Dynamic batching: images of concurrent requests wait in one bounded queue and go through
+the model together, up to `max_batch` at a time, the first waiting at most `max_wait_ms` for
+others (as TorchServe's `batch_size` / `max_batch_delay` and Triton's dynamic batcher do).
+Each image gets its own result back; a full queue refuses new work at once (`QueueFull`)
+instead of growing memory. The model runs on one thread of its own, so the event loop keeps
+accepting and decoding while a batch computes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Batching:
+    """How requests are batched.
+
+    Args:
+        max_batch: images per forward pass (1: no batching).
+        max_wait_ms: how long the first image of a batch waits for others.
+        max_queue: images waiting at most; beyond, requests are answered 503.
+    """
+
+    max_batch: int = 16
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_queue < 1 or self.max_wait_ms < 0:
+            raise ValueError(
+                f"batching needs max_batch >= 1, max_queue >= 1 and max_wait_ms >= 0, got "
+                f"{self.max_batch}, {self.max_queue} and {self.max_wait_ms}"
+            )
+
+
+class QueueFull(Exception):
+    """The queue has no room for a request's images."""
+
+
+@dataclass
+class _Item:
+    image: Tensor  # (C, H, W)
+    topk: int
+    done: asyncio.Future
+
+
+class Batcher:
+    """Runs `run(images (B, C, H, W), topk per image) -> one result per image` on batches of
+    queued images. `start` and `stop` in the event loop that serves the requests."""
+
+    def __init__(
+        self, run: Callable[[Tensor, list[int]], Sequence[Any]], batching: Batching
+    ) -> None:
+        self.run = run
+        self.batching = batching
+        self.batch_sizes: Counter[int] = Counter()  # batch size -> forward passes
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._task: asyncio.Task | None = None
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="vitkit-model")
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue(self.batching.max_queue)
+        self._task = asyncio.create_task(self._serve())
+
+    async def stop(self) -> None:
+        """End the batching loop (after the server has answered its requests in flight)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._model_thread.shutdown(wait=True)
+
+    @property
+    def waiting(self) -> int:
+        """Images in the queue now."""
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def submit(self, images: Sequence[Tensor], topk: int) -> list[Any]:
+        """The results of `images`, each computed in whatever batch it joined; `QueueFull`
+        (nothing queued) when the queue cannot take them all."""
+        if self._queue is None:
+            raise RuntimeError("the batcher is not started; call start() in the serving loop")
+        if self.waiting + len(images) > self.batching.max_queue:
+            raise QueueFull(f"{self.waiting} images are waiting (the queue holds at most "
+                            f"{self.batching.max_queue})")  # fmt: skip
+        loop = asyncio.get_running_loop()
+        items = [_Item(image, topk, loop.create_future()) for image in images]
+        for item in items:
+            self._queue.put_nowait(item)
+        return list(await asyncio.gather(*(item.done for item in items)))
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` on the model's thread (e.g. an explanation), between batches."""
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, function, *args)
+
+    async def _serve(self) -> None:
+        assert self._queue is not None
+        while True:
+            batch = await self._gather(self._queue)
+            self.batch_sizes[len(batch)] += 1
+            try:
+                images = torch.stack([item.image for item in batch])  # (B, C, H, W)
+                results = await self.call(self.run, images, [item.topk for item in batch])
+            except Exception as err:  # each request answers the error; the loop goes on
+                log.exception("a batch of %d failed", len(batch))
+                for item in batch:
+                    if not item.done.done():
+                        item.done.set_exception(err)
+                continue
+            for item, result in zip(batch, results):
+                if not item.done.done():  # its client may have gone
+                    item.done.set_result(result)
+
+    async def _gather(self, queue: asyncio.Queue[_Item]) -> list[_Item]:
+        """The next batch: the first image, then others until `max_batch` or `max_wait_ms`."""
+        batch = [await queue.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batching.max_wait_ms / 1000
+        while len(batch) < self.batching.max_batch:
+            if not queue.empty():
+                batch.append(queue.get_nowait())
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), left))
+            except (TimeoutError, asyncio.TimeoutError):
+                break
+        return batch

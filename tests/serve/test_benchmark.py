@@ -1,0 +1,35 @@
+"""benchmarks/serve.py runs end to end (its numbers are reported, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.requires("starlette", "uvicorn", "multipart", "httpx", extra="serve")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_serve_benchmark_reports_every_round(tmp_path):
+    out = tmp_path / "serve.json"
+    args = ["--model", "vit_digits", "--clients", "1,3", "--requests", "6", "--image-size", "24",
+            "--max-batch", "4", "--json", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's vitkit
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve.py"), *args],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rounds = [(row["mode"], row["clients"]) for row in report["serve"]]
+    assert rounds == [("batching on", 1), ("batching on", 3), ("batching off", 1),
+                      ("batching off", 3)]  # fmt: skip
+    assert all(row["requests_per_s"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
+               for row in report["serve"])  # fmt: skip
+    assert set(report["serve"][-1]["batch_sizes"]) == {"1"}  # batching off: one image a pass
+    assert set(report["plain_loop"]) == {"batch 1", "batch 4"} and report["environment"]["cpu"]
+    assert "| batching on | 3 |" in proc.stdout
