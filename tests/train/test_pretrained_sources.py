@@ -5,7 +5,6 @@ a non-standard width needs the head count given."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +13,8 @@ import torch
 from PIL import Image
 
 import vitkit
+from _helpers import write_jax_npz
 from vitkit import cli
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weights"))
-from test_jax import write_jax_npz  # noqa: E402  (the big_vision key layout writer)
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5)
 

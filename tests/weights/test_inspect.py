@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 from _parity import randomize
-from test_jax import write_jax_npz
 
 import vitkit
+from _helpers import write_jax_npz
 from vitkit.data.data_config import IMAGENET_MEAN, DataConfig
 from vitkit.weights import (
     ArchMismatchError,

@@ -11,43 +11,9 @@ import torch
 from _parity import TOL, images, randomize
 
 import vitkit
+from _helpers import write_jax_npz
 from vitkit import VisionTransformer, convert
 from vitkit.cli import main
-
-
-def write_jax_npz(model: VisionTransformer, path, prefix: str = "") -> None:
-    """Write a model's weights in the layout of google-research/vision_transformer."""
-    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    dim, heads = model.embed_dim, model.config.num_heads
-    hd = dim // heads
-    out = {
-        "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # (ph, pw, C, D)
-        "embedding/bias": sd["patch_embed.proj.bias"],
-        "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
-        "Transformer/encoder_norm/scale": sd["norm.weight"],
-        "Transformer/encoder_norm/bias": sd["norm.bias"],
-        "head/kernel": sd["head.weight"].T,
-        "head/bias": sd["head.bias"],
-    }
-    if "cls_token" in sd:
-        out["cls"] = sd["cls_token"]
-    for i in range(model.config.depth):
-        b, p = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-        mha = p + "MultiHeadDotProductAttention_1/"
-        q, k, v = np.split(sd[b + "attn.qkv.weight"], 3)  # each (D_out, D_in)
-        qb, kb, vb = np.split(sd[b + "attn.qkv.bias"], 3)
-        for name, w, bias in (("query", q, qb), ("key", k, kb), ("value", v, vb)):
-            out[f"{mha}{name}/kernel"] = w.T.reshape(dim, heads, hd)
-            out[f"{mha}{name}/bias"] = bias.reshape(heads, hd)
-        out[mha + "out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(heads, hd, dim)
-        out[mha + "out/bias"] = sd[b + "attn.proj.bias"]
-        for ours, theirs in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
-            out[f"{p}{theirs}/scale"] = sd[f"{b}{ours}.weight"]
-            out[f"{p}{theirs}/bias"] = sd[f"{b}{ours}.bias"]
-        for ours, theirs in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
-            out[f"{p}MlpBlock_3/{theirs}/kernel"] = sd[f"{b}mlp.{ours}.weight"].T
-            out[f"{p}MlpBlock_3/{theirs}/bias"] = sd[f"{b}mlp.{ours}.bias"]
-    np.savez(path, **{prefix + k: v for k, v in out.items()})
 
 
 @pytest.mark.parametrize(
