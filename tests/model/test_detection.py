@@ -1,0 +1,116 @@
+"""ViTDet's simple feature pyramid, and torchvision's detectors on it."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitkit.model import SimpleFeaturePyramid, VisionTransformer
+from vitkit.model.layers import LayerNorm2d
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision.models.detection import FasterRCNN, RetinaNet  # noqa: E402
+from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
+
+TINY = dict(patch_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=0, img_size=64)
+VITDET = dict(TINY, class_token=False, global_pool="avg", window_size=2, global_blocks=(1,),
+              use_rel_pos=True)  # fmt: skip
+
+
+def pyramid(out_channels=16, **options):
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "dynamic_img_size": True, **options})
+    return SimpleFeaturePyramid(model, out_channels=out_channels)
+
+
+@pytest.mark.parametrize("options", [{}, VITDET], ids=["vit", "vitdet"])
+def test_maps_at_strides_4_to_64_on_non_square_inputs(options):
+    fpn = pyramid(**options).eval()
+    assert fpn.strides == {"0": 4, "1": 8, "2": 16, "3": 32, "pool": 64}
+    x = torch.randn(2, 3, 96, 160)
+    with torch.no_grad():
+        maps = fpn(x)
+    assert list(maps) == ["0", "1", "2", "3", "pool"]
+    for name, out in maps.items():
+        stride = fpn.strides[name]
+        assert out.shape == (2, 16, math.ceil(96 / stride), math.ceil(160 / stride)), name
+
+
+def test_levels_are_the_papers_layers():
+    fpn = pyramid().eval()
+    resample = [type(m) for m in fpn.levels[0].resample]
+    assert resample == [nn.ConvTranspose2d, LayerNorm2d, nn.GELU, nn.ConvTranspose2d]
+    assert fpn.levels[0].lateral.in_channels == 8  # D / 4
+    assert isinstance(fpn.levels[1].resample, nn.ConvTranspose2d)
+    assert fpn.levels[1].lateral.in_channels == 16  # D / 2
+    assert isinstance(fpn.levels[2].resample, nn.Identity)
+    assert isinstance(fpn.levels[3].resample, nn.MaxPool2d)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        maps = fpn(x)
+        vit_map = fpn.model.forward_intermediates(x, [-1], intermediates_only=True)[0]
+        assert vit_map.shape == (1, 32, 4, 6)
+        level = fpn.levels[2]
+        expected = level.output_norm(level.output(level.lateral_norm(level.lateral(vit_map))))
+        torch.testing.assert_close(maps["2"], expected)
+        pooled = F.max_pool2d(vit_map, 2)
+        level = fpn.levels[3]
+        expected = level.output_norm(level.output(level.lateral_norm(level.lateral(pooled))))
+        torch.testing.assert_close(maps["3"], expected)
+        top, names = LastLevelMaxPool()([maps["3"]], [], ["3"])
+        assert names == ["3", "pool"]
+        torch.testing.assert_close(maps["pool"], top[-1])
+
+
+def test_layer_norm_2d_normalises_each_position_over_channels():
+    norm = LayerNorm2d(4, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        norm.bias.copy_(torch.tensor([0.5, 0.0, -0.5, 1.0]))
+    x = torch.randn(2, 4, 3, 5)
+    mean = x.mean(1, keepdim=True)
+    var = x.var(1, unbiased=False, keepdim=True)
+    expected = (x - mean) / torch.sqrt(var + 1e-6) * norm.weight[:, None, None]
+    torch.testing.assert_close(norm(x), expected + norm.bias[:, None, None])
+
+
+def test_patch_8_gives_strides_2_to_32():
+    fpn = pyramid(patch_size=8)
+    assert fpn.strides == {"0": 2, "1": 4, "2": 8, "3": 16, "pool": 32}
+
+
+def test_a_fixed_size_model_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        SimpleFeaturePyramid(VisionTransformer(**TINY))
+
+
+def targets():
+    return [
+        {"boxes": torch.tensor([[10.0, 12.0, 60.0, 70.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.tensor([[5.0, 20.0, 40.0, 90.0], [50.0, 30.0, 110.0, 80.0]]),
+         "labels": torch.tensor([2, 1])},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("detector", [FasterRCNN, RetinaNet])
+@pytest.mark.parametrize("options", [{}, VITDET], ids=["vit", "vitdet"])
+def test_torchvision_detectors_train_and_eval_on_the_pyramid(detector, options):
+    fpn = pyramid(**options)
+    model = detector(fpn, num_classes=3, min_size=96, max_size=160)
+    images = [torch.rand(3, 100, 150), torch.rand(3, 120, 90)]
+    model.train()
+    losses = model(images, targets())
+    assert losses and all(torch.isfinite(loss) for loss in losses.values())
+    sum(losses.values()).backward()
+    vit = fpn.model
+    assert vit.patch_embed.proj.weight.grad.abs().sum() > 0
+    assert vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        detections = model(images)
+    assert len(detections) == 2
+    for found in detections:
+        assert set(found) == {"boxes", "labels", "scores"}
+        assert found["boxes"].shape[1:] == (4,) and len(found["scores"]) == len(found["labels"])
