@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _helpers import optional_import, requires_torchvision
 from vitkit.model import SimpleFeaturePyramid, VisionTransformer
 from vitkit.model.layers import LayerNorm2d
 
-torchvision = pytest.importorskip("torchvision")
-from torchvision.models.detection import FasterRCNN, RetinaNet  # noqa: E402
-from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
+detection = optional_import("torchvision.models.detection")
+pyramid_ops = optional_import("torchvision.ops.feature_pyramid_network")
 
 TINY = dict(patch_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=0, img_size=64)
 VITDET = dict(TINY, class_token=False, global_pool="avg", window_size=2, global_blocks=(1,),
@@ -38,6 +38,7 @@ def test_maps_at_strides_4_to_64_on_non_square_inputs(options):
         assert out.shape == (2, 16, math.ceil(96 / stride), math.ceil(160 / stride)), name
 
 
+@requires_torchvision
 def test_levels_are_the_papers_layers():
     fpn = pyramid().eval()
     resample = [type(m) for m in fpn.levels[0].resample]
@@ -59,7 +60,7 @@ def test_levels_are_the_papers_layers():
         level = fpn.levels[3]
         expected = level.output_norm(level.output(level.lateral_norm(level.lateral(pooled))))
         torch.testing.assert_close(maps["3"], expected)
-        top, names = LastLevelMaxPool()([maps["3"]], [], ["3"])
+        top, names = pyramid_ops.LastLevelMaxPool()([maps["3"]], [], ["3"])
         assert names == ["3", "pool"]
         torch.testing.assert_close(maps["pool"], top[-1])
 
@@ -94,11 +95,12 @@ def targets():
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("detector", [FasterRCNN, RetinaNet])
+@requires_torchvision
+@pytest.mark.parametrize("detector", ["FasterRCNN", "RetinaNet"])
 @pytest.mark.parametrize("options", [{}, VITDET], ids=["vit", "vitdet"])
 def test_torchvision_detectors_train_and_eval_on_the_pyramid(detector, options):
     fpn = pyramid(**options)
-    model = detector(fpn, num_classes=3, min_size=96, max_size=160)
+    model = getattr(detection, detector)(fpn, num_classes=3, min_size=96, max_size=160)
     images = [torch.rand(3, 100, 150), torch.rand(3, 120, 90)]
     model.train()
     losses = model(images, targets())
