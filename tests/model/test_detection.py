@@ -1,6 +1,7 @@
 """ViTDet's simple feature pyramid, and torchvision's detectors on it."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -116,3 +117,47 @@ def test_torchvision_detectors_train_and_eval_on_the_pyramid(detector, options):
     for found in detections:
         assert set(found) == {"boxes", "labels", "scores"}
         assert found["boxes"].shape[1:] == (4,) and len(found["scores"]) == len(found["labels"])
+
+
+def flow_rows(model, size):
+    from vitkit.summary import flow
+
+    return {(row.stage, row.role): row for row in flow(model, size).rows}
+
+
+def test_flow_walks_the_vit_then_every_level():
+    fpn = pyramid().eval()
+    rows = flow_rows(fpn, (1, 3, 96, 160))
+    with torch.no_grad():
+        maps = fpn(torch.zeros(1, 3, 96, 160))
+    assert rows[("model", "ViT map")].shape == (1, 32, 6, 10)
+    for i in range(4):
+        assert rows[(f"levels.{i}.output_norm", f"level {i}")].shape == tuple(maps[str(i)].shape)
+    assert rows[("levels.0.resample.0", "level 0")].shape == (1, 16, 12, 20)  # deconv: D / 2
+    assert rows[("pool", "level pool")].shape == tuple(maps["pool"].shape) == (1, 16, 2, 3)
+    assert ("head", "head") not in rows and ("model.blocks.1", "residual") in rows
+
+
+def test_flow_of_window_blocks_shows_windows_and_relative_positions():
+    model = VisionTransformer(**VITDET, dynamic_img_size=True)
+    rows = flow_rows(model, (1, 3, 80, 96))  # a 5 x 6 grid in 2 x 2 windows: 3 x 3 of them
+    assert rows[("blocks", "to map")].shape == (1, 5, 6, 32)
+    assert rows[("blocks.0", "window partition")].shape == (9, 2, 2, 32)
+    assert rows[("blocks.0.attn", "attention logits")].shape == (9, 2, 4, 4)
+    relative = rows[("blocks.0.attn", "relative positions")]
+    assert relative.shape == (9, 2, 4, 4) and relative.params == 2 * 3 * 16
+    assert rows[("blocks.0", "window merge")].shape == (1, 5, 6, 32)
+    assert rows[("blocks.1.attn", "attention logits")].shape == (1, 2, 30, 30)  # global
+    assert ("blocks.1", "window partition") not in rows
+
+
+def test_cli_summary_flow_of_the_pyramid(capsys):
+    from vitkit.cli import main
+
+    args = ["summary", "vit_tiny_patch16_224", "--depth", "1", "--img-size", "64", "96"]
+    assert main([*args, "--dynamic-img-size", "--pyramid", "16", "--flow"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"levels\.0\.output_norm +level 0: LayerNorm2d .* \(1, 16, 16, 24\)", out)
+    assert re.search(r"pool +level pool: .* \(1, 16, 1, 2\)", out)
+    assert main([*args, "--pyramid", "16"]) != 0
+    assert "--pyramid needs a model that takes any input size" in capsys.readouterr().err

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .intermediates import take_indices
 from .layers import LayerNorm2d
+from .stages import FlowSpec, Input, Op, Output, Stage
 from .vit import VisionTransformer
 
 SCALES = (4.0, 2.0, 1.0, 0.5)
@@ -149,3 +152,85 @@ class SimpleFeaturePyramid(nn.Module):
 
     def extra_repr(self) -> str:
         return f"out_channels={self.out_channels}, strides={self.strides}"
+
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """The forward pass for an input of `input_size` (B, C, H, W), stage by stage, for
+        `vitkit.summary.flow`: the ViT's stages up to the block read, then the levels."""
+        vit = self.model.describe_flow(input_size)
+        last = take_indices(len(self.model.block_list()), [self.block_index])[0]
+        unused = {"pool", "attn_pool", "fc_norm", "head", "head_dist", ""}
+        if not self.norm:
+            unused.add("norm")
+        stages = [vit.stages[0]]  # the input
+        for stage in vit.stages[1:]:
+            if stage.name not in unused and (stage.block is None or stage.block <= last):
+                stages.append(_under_model(stage))
+        detail = f"block {last}'s patch tokens as a map"
+        stages.append(
+            Stage("model", "ViT map", detail, "(B, D, H/ph, W/pw)", Op("", ("permute",), -1))
+        )
+        for i, level in enumerate(self.levels):
+            stages += _level_stages(self, i, level)
+        if self.top_pool:
+            detail = f"level {len(self.levels) - 1} subsampled 2x (LastLevelMaxPool)"
+            measure = Op("", ("max_pool2d",), -1)
+            stages.append(Stage("pool", "level pool", detail, "(B, C', H/s, W/s)", measure))
+        return replace(
+            vit,
+            stages=tuple(stages),
+            blocks=f"model.{vit.blocks}",
+            patches=Output("model.patch_embed"),
+            tokens=Output("model.patch_embed")
+            if self.model.spatial_blocks
+            else Input(f"model.{vit.blocks}.0"),
+            legend=vit.legend + "; C' out_channels, s the level's stride",
+        )
+
+
+def _under_model(stage: Stage) -> Stage:
+    """A ViT stage seen from the pyramid: its modules under `model.`; what the ViT's own
+    `forward` ran (path ''), the pyramid's call of `forward_intermediates` runs."""
+
+    def path(name: str) -> str:
+        return f"model.{name}" if name else ""
+
+    measure = stage.measure
+    if isinstance(measure, Op):
+        measure = replace(measure, scope=path(measure.scope))
+    else:
+        measure = replace(measure, path=path(measure.path))
+    name = stage.name if stage.name.startswith(" ") else path(stage.name)
+    return replace(stage, name=name, measure=measure)
+
+
+def _level_stages(fpn: SimpleFeaturePyramid, index: int, level: nn.Sequential) -> list[Stage]:
+    """One level: its resampling layers, then the 1x1 and 3x3 convolutions with their norms."""
+    stride = fpn.strides[str(index)]
+    layout = f"(B, C', H/{stride}, W/{stride})"
+    pre = f"levels.{index}"
+    resample = level.resample
+    layers = list(resample.named_children()) if isinstance(resample, nn.Sequential) else []
+    named = [(f"resample.{n}", m) for n, m in layers] or [("resample", resample)]
+    named += [(n, m) for n, m in level.named_children() if n != "resample"]
+    stages = []
+    for name, module in named:
+        if isinstance(module, nn.Identity):
+            continue
+        params = sum(p.numel() for p in module.parameters())
+        stage = Stage(f"{pre}.{name}", f"level {index}", _layer_text(module), layout,
+                      Output(f"{pre}.{name}"), params)  # fmt: skip
+        stages.append(stage)
+    return stages
+
+
+def _layer_text(module: nn.Module) -> str:
+    """A pyramid layer as a reader knows it: 'ConvTranspose2d 768->384, 2x2, stride 2'."""
+    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+        kernel, stride = module.kernel_size, module.stride
+        text = f"{type(module).__name__} {module.in_channels}->{module.out_channels}"
+        return (
+            text + f", {kernel[0]}x{kernel[1]}" + (f", stride {stride[0]}" if stride[0] > 1 else "")
+        )
+    if isinstance(module, nn.MaxPool2d):
+        return f"MaxPool2d {module.kernel_size}x{module.kernel_size}, stride {module.stride}"
+    return type(module).__name__
