@@ -151,7 +151,8 @@ SIZES = {
 
 def test_every_size_has_a_range():
     assert {"img_size", "patch_size", "in_chans", "conv_stem", "num_classes", "embed_dim",
-            "depth", "num_heads", "reg_tokens"} == set(SIZES)  # fmt: skip
+            "depth", "num_heads", "reg_tokens", "window_size", "global_blocks",
+            "rel_pos_img_size"} == set(SIZES)  # fmt: skip
 
 
 @SETTINGS
@@ -163,7 +164,7 @@ def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, v
     """Each size has a declared range (its field's); a value outside it is one error naming
     the range, raised by the config alone (no model, nothing allocated)."""
     bounds = SIZES[name]
-    setting = (value,) if name == "conv_stem" else value
+    setting = (value,) if name in ("conv_stem", "global_blocks") else value
     if bounds.holds(value):
         try:
             ViTConfig(**{name: setting})

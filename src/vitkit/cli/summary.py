@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..model import VisionTransformer, ViTConfig, registry
+from ..model import SimpleFeaturePyramid, VisionTransformer, ViTConfig, registry
 from ..weights import load_any
 from . import options
 from .commands import add_command
@@ -57,6 +57,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="parameters per stage of the native encoder and the nn.TransformerEncoder one",
     )
+    p.add_argument(
+        "--pyramid",
+        type=options.int_in(1),
+        metavar="CHANNELS",
+        help="the model as a detection backbone: ViTDet's simple feature pyramid with CHANNELS "
+        "channels per map (the model needs --dynamic-img-size)",
+    )
     options.weights_reading(p, num_heads=False)  # the model flags' --num-heads serves both
     options.model_flags(p)
     return p
@@ -67,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
     model = _model(args)
     size = (args.batch_size, *_input_size(model))
+    if args.pyramid is not None:
+        model = _pyramid(model, args)
     if not (args.flow or args.compare_torch):
         print(summary(model, size, max_depth=args.max_depth))
         return ExitCode.OK
-    if not isinstance(model, VisionTransformer):
+    if not isinstance(model, (VisionTransformer, SimpleFeaturePyramid)):
         raise UserError(f"{args.model} is a timm CNN: --flow and --compare-torch walk ViTs")
     native = flow(model, size)
     if args.flow:
@@ -83,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
         pair = (native, other) if native.encoder == "native" else (other, native)
         print(compare_params(*pair))
     return ExitCode.OK
+
+
+def _pyramid(model: nn.Module, args: argparse.Namespace) -> SimpleFeaturePyramid:
+    """The model as ViTDet's pyramid backbone (`--pyramid`)."""
+    if not isinstance(model, VisionTransformer) or args.compare_torch:
+        raise UserError("--pyramid takes a ViT, without --compare-torch")
+    if not model.patch_embed.dynamic_img_size:
+        raise UserError("--pyramid needs a model that takes any input size: add --dynamic-img-size")
+    return SimpleFeaturePyramid(model, out_channels=args.pyramid)
 
 
 def _input_size(model: nn.Module) -> tuple[int, ...]:

@@ -4,11 +4,13 @@ Imports nothing from the rest of vitkit; everything else builds on it.
 """
 
 from .config import ViTConfig, patch_grid, to_2tuple
+from .detection import SimpleFeaturePyramid
 from .features import ViTBackbone
 from .registry import create_model, get_config, list_models
 from .vit import VisionTransformer
 
 __all__ = [
+    "SimpleFeaturePyramid",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

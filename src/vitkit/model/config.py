@@ -279,12 +279,54 @@ class ViTConfig(Options):
         family=True,
     )
 
+    pos_embed_antialias: bool = option(
+        True,
+        "antialias the learned position grid when dynamic_img_size resamples it (timm); off: "
+        "plain bicubic, as ViTDet (detectron2, HF VitDet)",
+        group="architecture",
+    )
+    window_size: int = option(
+        0,
+        "ViTDet's window attention (Li et al., 2022): every block but global_blocks attends "
+        "within window_size x window_size patches, the grid padded to whole windows; 0: global "
+        "attention everywhere",
+        range=Range(0, 65536),
+        group="architecture",
+        family=True,
+    )
+    global_blocks: tuple[int, ...] = option(
+        (),
+        "with window_size, the indices of the blocks that keep global attention (ViTDet-B: "
+        "2 5 8 11)",
+        range=Range(0, 1023),
+        metavar="INDEX",
+        group="architecture",
+        family=True,
+    )
+    use_rel_pos: bool = option(
+        False,
+        "decomposed relative positions added to the attention scores (MViTv2, ViTDet): tables "
+        "rel_pos_h / rel_pos_w per block, interpolated to other window or grid sizes",
+        group="architecture",
+        family=True,
+    )
+    rel_pos_img_size: int | tuple[int, int] | None = option(
+        None,
+        "input size the global blocks' relative-position tables are made for (detectron2's "
+        "img_size; default: img_size)",
+        range=_SIDE,
+        metavar="N",
+        group="architecture",
+        family=True,
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices
         self._check_widths()
         self._check_patch_count()
         self._check_tokens()
         self._check_encoder()
+        self._check_windows()
 
     def _check_widths(self) -> None:
         width = self.embed_dim * self.mlp_ratio
@@ -346,6 +388,40 @@ class ViTConfig(Options):
                 f"encoder='torch' (nn.TransformerEncoderLayer) cannot express "
                 f"{', '.join(changed)}; use encoder='native'"
             )
+
+    def _check_windows(self) -> None:
+        spatial = self.window_size > 0 or self.use_rel_pos
+        if self.global_blocks and not self.window_size:
+            raise ValueError("global_blocks needs window_size > 0; pass --window-size too")
+        wrong = [i for i in self.global_blocks if i >= self.depth]
+        if wrong:
+            raise ValueError(
+                f"global_blocks {wrong} out of range for depth {self.depth}; use 0 to "
+                f"{self.depth - 1}"
+            )
+        if not spatial:
+            if self.rel_pos_img_size is not None:
+                raise ValueError("rel_pos_img_size needs use_rel_pos=True")
+            return
+        what = "window attention" if self.window_size else "relative positions"
+        if self.num_prefix_tokens:
+            raise ValueError(
+                f"{what} works on the patch grid, which prefix tokens are not on (ViTDet has no "
+                "class token); pass class_token=False, global_pool='avg', reg_tokens=0"
+            )
+        if self.encoder != "native" or self.res_post_norm:
+            raise ValueError(f"{what} needs encoder='native' and res_post_norm=False")
+
+    @property
+    def rel_pos_grid(self) -> tuple[int, int]:
+        """The patch grid the global blocks' relative-position tables are sized for."""
+        size = self.img_size if self.rel_pos_img_size is None else self.rel_pos_img_size
+        return patch_grid(
+            *to_2tuple(size, "rel_pos_img_size"),
+            to_2tuple(self.patch_size, "patch_size"),
+            len(self.conv_stem),
+            "rel_pos_img_size",
+        )
 
     @property
     def grid_size(self) -> tuple[int, int]:

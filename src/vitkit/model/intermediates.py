@@ -107,7 +107,7 @@ class IntermediateFeatures:
             blocks = blocks[: max(take) + 1]
         tokens = self.embed(x)  # (B, P + N, D); checks the input first
         grid = self.patch_embed.grid_for(*x.shape[-2:])
-        tokens, outputs = self._run_blocks(tokens, blocks, take, norm)
+        tokens, outputs = self._run_blocks(tokens, blocks, take, norm, grid)
         intermediates = [
             split_tokens(outputs[i], self.num_prefix_tokens, grid, output_fmt, return_prefix_tokens)
             for i in take
@@ -117,20 +117,30 @@ class IntermediateFeatures:
         return self.norm(tokens), intermediates
 
     def _run_blocks(
-        self, tokens: Tensor, blocks: list[nn.Module], take: list[int], norm: bool
+        self,
+        tokens: Tensor,
+        blocks: list[nn.Module],
+        take: list[int],
+        norm: bool,
+        grid: tuple[int, int],
     ) -> tuple[Tensor, dict[int, Tensor]]:
         """Tokens (B, P + N, D) through `blocks`, keeping (and with `norm`, normalising) the
-        outputs of the blocks in `take`; checkpointed as `encode` is."""
+        outputs of the blocks in `take`; checkpointed as `encode` is. ViTDet's blocks
+        (`spatial_blocks`) run on maps (B, H/ph, W/pw, D) of the `grid`."""
         outputs: dict[int, Tensor] = {}
         checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        shape = tokens.shape
+        if self.spatial_blocks:
+            tokens = tokens.reshape(shape[0], grid[0], grid[1], shape[2])  # (B, H/ph, W/pw, D)
         for i, block in enumerate(blocks):
             if checkpointing:
                 tokens = torch.utils.checkpoint.checkpoint(block, tokens, use_reentrant=False)
             else:
                 tokens = block(tokens)
             if i in take:
-                outputs[i] = self.norm(tokens) if norm else tokens
-        return tokens, outputs
+                out = tokens.reshape(shape)  # (B, P + N, D)
+                outputs[i] = self.norm(out) if norm else out
+        return tokens.reshape(shape), outputs
 
     def get_intermediate_layers(
         self,

@@ -130,9 +130,13 @@ class TimmModelApi:
         position grid is resampled (bicubic) and, for a new patch size, the patch projection
         too (FlexiViT's PI-resize, `resample_patch_embed`); fixed tables are recomputed."""
         old_grid = self.patch_embed.grid_size
+        changes: dict[str, Any] = {}
+        if self.config.use_rel_pos and self.config.rel_pos_img_size is None:
+            changes["rel_pos_img_size"] = self.config.img_size  # the tables keep their size
         config = self.config.replace(
             img_size=self.config.img_size if img_size is None else img_size,
             patch_size=self.config.patch_size if patch_size is None else patch_size,
+            **changes,
         )
         self.patch_embed = self._resized_patch_embed(config)
         self.config = config

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from . import onednn
 from .config import ViTConfig
 from .intermediates import IntermediateFeatures, take_indices
-from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, make_norm
+from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, WindowBlock, make_norm
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .stages import FlowSpec
 from .timm_api import TimmModelApi, block_feature_info
@@ -71,6 +71,9 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
         self.pos_prefix_tokens = config.pos_prefix_tokens
         self.pos_embed_kind = config.pos_embed
         self.pool_include_prefix = config.pool_include_prefix
+        self.pos_embed_antialias = config.pos_embed_antialias
+        # ViTDet's blocks (window attention, relative positions) take maps (B, H, W, D).
+        self.spatial_blocks = config.window_size > 0 or config.use_rel_pos
 
         self.patch_embed = self._build_patch_embed(config)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
@@ -238,6 +241,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
                     new_size=grid,
                     old_size=self.patch_embed.grid_size,
                     num_prefix_tokens=self.pos_prefix_tokens,
+                    antialias=self.pos_embed_antialias,
                 )
             kind, prefix = self.pos_embed_kind, self.pos_prefix_tokens
             return fixed_pos_embed(kind, grid, self.embed_dim, prefix).to(self.pos_embed)
@@ -263,15 +267,35 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
             x = x + pos_embed
         return self.norm_pre(self.pos_drop(x))
 
-    def encode(self, x: Tensor) -> Tensor:
+    def encode(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
         """Tokens (B, P + N, D) through every block, checkpointed when that is on and
-        training."""
+        training. ViTDet's blocks (`spatial_blocks`) need the patch `grid` of the input: they
+        run on the tokens as maps (B, H, W, D)."""
+        shape = x.shape
+        if self.spatial_blocks:
+            if grid is None:
+                raise ValueError(
+                    "window attention and relative positions need the patch grid: call "
+                    "encode(tokens, grid); they cannot run on a subset of the patches (MAE)"
+                )
+            x = x.reshape(shape[0], grid[0], grid[1], shape[2])  # (B, H/ph, W/pw, D)
         if not torch.jit.is_scripting():  # TorchScript has no activation checkpointing
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 for block in self.block_list():
                     x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-                return x
-        return self.blocks(x)
+                return x.reshape(shape)
+        x = self.blocks(x)
+        return x.reshape(shape) if self.spatial_blocks else x
+
+    def spatial_grid(self, x: Tensor) -> tuple[int, int] | None:
+        """The patch grid of images `x` where the blocks need it (`spatial_blocks`), else
+        None: the plain path computes nothing more."""
+        if not self.spatial_blocks:
+            return None
+        if torch.jit.is_scripting():
+            raise ValueError("window attention and relative positions need the eager model")
+        else:
+            return self.patch_embed.grid_for(x.shape[-2], x.shape[-1])
 
     def block_list(self) -> list[nn.Module]:
         """The encoder blocks in order (native blocks, or `nn.TransformerEncoderLayer`s)."""
@@ -287,7 +311,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
                 return self.features_with_attention(x)
         elif return_attention:
             raise ValueError("return_attention=True needs the eager model, not TorchScript")
-        return self.norm(self.encode(self.embed(x)))
+        return self.norm(self.encode(self.embed(x), self.spatial_grid(x)))
 
     def features_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """`forward_features` and each block's attention weights (B, heads, P + N, P + N)."""
@@ -296,12 +320,16 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
                 "return_attention=True needs encoder='native'; nn.TransformerEncoderLayer "
                 "does not expose its attention weights"
             )
+        grid = self.spatial_grid(x)
         x = self.embed(x)
+        shape = x.shape
+        if grid is not None:
+            x = x.reshape(shape[0], grid[0], grid[1], shape[2])  # (B, H/ph, W/pw, D)
         attentions: list[Tensor] = []
         for block in self.blocks:
             x, weights = block.forward_with_weights(x)
             attentions.append(weights)
-        return self.norm(x), attentions
+        return self.norm(x.reshape(shape)), attentions
 
     def pool(self, x: Tensor) -> Tensor:
         """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`; with
@@ -339,7 +367,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
         """DeiT training: logits of the class head and of the distillation head, separately."""
         if self.head_dist is None:
             raise ValueError("forward_distill needs a model built with distilled=True")
-        x = self.norm(self.encode(self.embed(x)))
+        x = self.norm(self.encode(self.embed(x), self.spatial_grid(x)))
         cls_logits = self.head(self.head_drop(self.pool(x)))
         dist_logits = self.head_dist(self.head_drop(self.fc_norm(x[:, 1])))
         return cls_logits, dist_logits
@@ -356,7 +384,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
                 return self.forward_head(feats), attentions
         elif return_attention:
             raise ValueError("return_attention=True needs the eager model, not TorchScript")
-        return self.forward_head(self.norm(self.encode(self.embed(x))))
+        return self.forward_head(self.norm(self.encode(self.embed(x), self.spatial_grid(x))))
 
 
 def _resolve_config(config: ViTConfig | None, options: dict[str, Any]) -> ViTConfig:
@@ -397,18 +425,25 @@ def _build_blocks(config: ViTConfig) -> nn.Module:
         )
     last = max(config.depth - 1, 1)
     drop_path = [config.drop_path_rate * i / last for i in range(config.depth)]
-    return nn.Sequential(*[_build_block(config, rate) for rate in drop_path])
+    return nn.Sequential(*[_build_block(config, rate, i) for i, rate in enumerate(drop_path)])
 
 
-def _build_block(config: ViTConfig, drop_path: float) -> nn.Module:
+def _build_block(config: ViTConfig, drop_path: float, index: int) -> nn.Module:
     """One pre-norm block, or a `ResPostBlock` (norm after each branch) with res_post_norm.
     The CPU fast path's classes (`onednn.layer_classes`: `OneDNNBlock`, `OneDNNLinear`) where
-    this torch can run them, else the plain `Block` and `nn.Linear`."""
+    this torch can run them, else the plain `Block` and `nn.Linear`; ViTDet's `WindowBlock`
+    (global attention in `global_blocks`) with window attention or relative positions."""
     block_class, linear_layer = onednn.layer_classes()
+    spatial: dict[str, Any] = {}
     if config.res_post_norm:
         block_class = ResPostBlock
+    elif config.window_size or config.use_rel_pos:
+        block_class = WindowBlock
+        spatial["window_size"] = 0 if index in config.global_blocks else config.window_size
+        spatial["rel_pos"] = config.rel_pos_grid if config.use_rel_pos else None
     return block_class(
         config.embed_dim,
+        **spatial,
         num_heads=config.num_heads,
         mlp_ratio=config.mlp_ratio,
         qkv_bias=config.qkv_bias,

@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from .layers import Attention, Block, Mlp, PatchEmbed, ResPostBlock, SwiGLU, SwiGLUPacked
+from .layers import (
+    Attention,
+    Block,
+    Mlp,
+    PatchEmbed,
+    ResPostBlock,
+    SwiGLU,
+    SwiGLUPacked,
+    WindowBlock,
+)
 from .stages import FlowSpec, Input, Op, Output, Stage, Unfold
 from .torch_encoder import torch_layer_stages
 
@@ -21,10 +30,12 @@ if TYPE_CHECKING:
     from .vit import VisionTransformer
 
 TOKEN = "(B, N, D)"
+MAP = "(B, H, W, D)"
 LEGEND = (
     "B batch, C channels, H x W image, D width, P patches, N tokens (P + prefix tokens), "
     "hd head width (D / heads)"
 )
+WINDOW_LEGEND = "; in window blocks B*win windows of ws x ws patches, N = ws * ws"
 
 
 def _params(module: nn.Module | nn.Parameter | None) -> int:
@@ -175,7 +186,7 @@ def block_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
         attn, mlp = attn + [norm("norm1", "attention norm")], mlp + [norm("norm2", "MLP norm")]
     else:
         attn, mlp = [norm("norm1", "attention norm"), *attn], [norm("norm2", "MLP norm"), *mlp]
-    return [
+    stages = [
         *attn,
         *_optional(root, f"{path}.ls1", "layer scale", TOKEN, block, "x * gamma"),
         residual("attention", 0),
@@ -183,6 +194,35 @@ def block_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
         *_optional(root, f"{path}.ls2", "layer scale", TOKEN, block, "x * gamma"),
         residual("MLP", 1),
     ]
+    return _on_maps(stages, module, path, block) if isinstance(module, WindowBlock) else stages
+
+
+def _on_maps(stages: list[Stage], module: WindowBlock, path: str, block: int) -> list[Stage]:
+    """A ViTDet `WindowBlock`'s stages: the block's own on maps (B, H, W, D), the window
+    partition and merge around the attention (whose batch then counts windows), the relative
+    positions added to its logits."""
+    window, attn = module.window_size, f"{path}.attn"
+    out = []
+    for stage in stages:
+        if not stage.name.startswith(attn):
+            stage = replace(stage, layout=stage.layout.replace("N", "H, W"))
+        out.append(stage)
+        if stage.role == "attention norm" and window:
+            detail = f"zero-pad to whole {window}x{window} windows, one batch row each"
+            measure = Op(path, ("reshape",), 1)
+            out.append(Stage(path, "window partition", detail, "(B*win, ws, ws, D)", measure))
+        if stage.role == "attention logits" and module.attn.rel_pos_h is not None:
+            params = _params(module.attn.rel_pos_h) + _params(module.attn.rel_pos_w)
+            detail = "+ q . R_h[i - k] + q . R_w[j - l] (decomposed)"
+            measure = Op(attn, ("add",), -1)
+            out.append(Stage(attn, "relative positions", detail, stage.layout, measure, params))
+        if stage.role == "attention projection":
+            shape = "(B*win, ws, ws, D)" if window else MAP
+            out.append(Stage(attn, "to map", "reshape", shape, Op(attn, ("reshape",), -1)))
+            if window:
+                detail, measure = "windows back in place, padding cut", Op(path, ("__getitem__",))
+                out.append(Stage(path, "window merge", detail, MAP, measure))
+    return [replace(stage, block=block) for stage in out]
 
 
 def _token_stage(model: VisionTransformer) -> list[Stage]:
@@ -257,6 +297,9 @@ def describe_vit(model: VisionTransformer, input_size: tuple[int, ...]) -> FlowS
         *_position_stage(model),
         *_optional(model, "norm_pre", "norm before the blocks", TOKEN, None),
     ]
+    if model.spatial_blocks:  # ViTDet's blocks hold maps
+        detail = "reshape the tokens to the patch grid"
+        stages.append(Stage("blocks", "to map", detail, MAP, Input("blocks.0")))
     torch_blocks = isinstance(model.blocks, nn.TransformerEncoder)
     container = "blocks.layers" if torch_blocks else "blocks"
     for i in range(len(model.block_list())):
@@ -273,6 +316,6 @@ def describe_vit(model: VisionTransformer, input_size: tuple[int, ...]) -> FlowS
         blocks=container,
         grid=model.patch_embed.grid_for(*input_size[-2:]),
         patches=Output("patch_embed"),
-        tokens=Input("blocks"),
-        legend=LEGEND,
+        tokens=Output("patch_embed") if model.spatial_blocks else Input("blocks"),
+        legend=LEGEND + (WINDOW_LEGEND if model.config.window_size else ""),
     )

@@ -189,17 +189,22 @@ def header_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe built on
-    the meta device (no memory allocated), its block keys repeated `depth` times."""
+    the meta device (no memory allocated), its block keys repeated `depth` times; ViTDet's
+    `global_blocks` from a probe of their own (their relative-position tables differ)."""
     with torch.device("meta"):
-        probe = VisionTransformer(config.replace(depth=1, drop_path_rate=0.0))
+        probes = [VisionTransformer(config.replace(depth=1, drop_path_rate=0.0, global_blocks=()))]
+        if config.global_blocks:
+            probes.append(VisionTransformer(config.replace(depth=1, global_blocks=(0,))))
     shapes = {}
-    for key, value in probe.state_dict().items():
-        match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
-        if match is None:
-            shapes[key] = value.shape
-            continue
-        for i in range(config.depth):
-            shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
+    for kind, probe in enumerate(probes):  # 0: the other blocks, 1: the global blocks
+        for key, value in probe.state_dict().items():
+            match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
+            if match is None:
+                shapes[key] = value.shape
+                continue
+            for i in range(config.depth):
+                if (i in config.global_blocks) == (kind == 1):
+                    shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
     return shapes
 
 

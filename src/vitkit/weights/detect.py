@@ -2,11 +2,12 @@
 
 The format is told from the key names: timm `vision_transformer.py` (and vitkit) name the
 patch projection `patch_embed.proj`, Hugging Face `modeling_vit.py` and `modeling_dinov2.py`
-`embeddings.patch_embeddings.projection` (CLIP's and SigLIP's `embeddings.patch_embedding`),
+`embeddings.patch_embeddings.projection` (CLIP's and SigLIP's `embeddings.patch_embedding`,
+VitDet's `embeddings.projection`),
 torchvision `vision_transformer.py` `conv_proj`, and the npz files of
 google-research/vision_transformer and big_vision `embedding/kernel` (also under `params/img/`).
-Hugging Face's families (ViT, DINOv2, CLIP, SigLIP) are one format, 'hf', whose converter tells
-them apart (`hf_families.py`).
+Hugging Face's families (ViT, DINOv2, CLIP, SigLIP, VitDet) are one format, 'hf', whose
+converter tells them apart (`hf_families.py`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def detect_format(state_dict: Mapping[str, Any]) -> str:
         return "torchvision"
     if any(
         "embeddings.patch_embeddings.projection" in k
-        or k.endswith("embeddings.patch_embedding.weight")
+        or k.endswith(("embeddings.patch_embedding.weight", "embeddings.projection.weight"))
         for k in keys
     ):
         return "hf"

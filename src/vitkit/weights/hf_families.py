@@ -40,6 +40,7 @@ from ..model.layers import mlp_hidden_width
 from .checkpoint import CheckpointError
 from .hf import from_hf, hf_config_dict, unknown_weights_error
 from .layout import check_state_dict, infer_config
+from .vitdet import from_hf_vitdet, is_vitdet
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,11 @@ _TEXT_TOWER = (r"text_model\..*", r"text_projection\.weight", r"logit_scale", r"
 
 
 def hf_family(state_dict: Mapping[str, Any]) -> str:
-    """'vit', 'dinov2', 'clip' or 'siglip': the Hugging Face model family of the weights, from
-    their keys (DINOv2's LayerScale, CLIP's class embedding, SigLIP's patch embedding)."""
+    """'vit', 'dinov2', 'clip', 'siglip' or 'vitdet': the Hugging Face model family of the
+    weights, from their keys (DINOv2's LayerScale, CLIP's class embedding, SigLIP's and
+    VitDet's patch embeddings)."""
+    if is_vitdet(state_dict):
+        return "vitdet"
     keys = list(state_dict)
     if any(".layer_scale1.lambda1" in k for k in keys):
         return "dinov2"
@@ -160,10 +164,14 @@ def from_hf_any(
     **overrides: Any,
 ) -> tuple[dict[str, Tensor], ViTConfig]:
     """Hugging Face weights of any family vitkit reads (`hf_family`): ViT (`hf.from_hf`),
-    DINOv2, CLIP or SigLIP. The arguments are `from_hf_family`'s."""
+    DINOv2, CLIP, SigLIP or VitDet (`vitdet.from_hf_vitdet`). The arguments are
+    `from_hf_family`'s."""
     family = hf_family(state_dict)
     if family == "vit":
         return from_hf(state_dict, config=config, num_heads=num_heads, **overrides)
+    if family == "vitdet":  # vitdet.py
+        heads = {} if num_heads is None else {"num_heads": num_heads}
+        return from_hf_vitdet(state_dict, config=config, **heads, **overrides)
     return from_hf_family(
         state_dict, family, config=config, num_heads=num_heads, new_head=new_head, **overrides
     )

@@ -13,8 +13,9 @@ from .block import Block, ResPostBlock
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_CLASSES, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act, mlp_hidden_width
-from .norm import make_norm
+from .norm import LayerNorm2d, make_norm
 from .patch_embed import ConvStem, PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
+from .window import RelPosAttention, WindowBlock, window_partition, window_unpartition
 
 __all__ = [
     "MLP_CLASSES",
@@ -23,16 +24,21 @@ __all__ = [
     "Block",
     "ConvStem",
     "DropPath",
+    "LayerNorm2d",
     "LayerScale",
     "Mlp",
     "PatchEmbed",
     "QuickGELU",
+    "RelPosAttention",
     "ResPostBlock",
     "SwiGLU",
     "SwiGLUPacked",
+    "WindowBlock",
     "conv_to_unfold_weight",
     "make_act",
     "make_norm",
     "mlp_hidden_width",
     "unfold_to_conv_weight",
+    "window_partition",
+    "window_unpartition",
 ]

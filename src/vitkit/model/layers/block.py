@@ -6,6 +6,8 @@ post-norm block is Swin Transformer V2's (Liu et al., CVPR 2022).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from ...options import check_choice
@@ -30,6 +32,8 @@ class Block(nn.Module):
         init_values: LayerScale init; None disables it.
         norm_layer, norm_eps: 'layernorm' or 'rmsnorm', and its epsilon, for every norm.
         linear_layer: the class of the attention's and the MLP's Linear layers.
+        attn_layer: what builds the attention from `Attention`'s arguments (a subclass, e.g.
+            ViTDet's `RelPosAttention`).
     """
 
     def __init__(
@@ -53,11 +57,12 @@ class Block(nn.Module):
         scale_mlp_norm: bool = False,
         proj_bias: bool = True,
         linear_layer: type[nn.Linear] = nn.Linear,
+        attn_layer: Callable[..., Attention] = Attention,
     ) -> None:
         super().__init__()
         check_choice("mlp_layer", mlp_layer, MLP_LAYERS)
         self.norm1 = make_norm(norm_layer, dim, norm_eps)
-        self.attn = Attention(
+        self.attn = attn_layer(
             dim,
             num_heads=num_heads,
             qkv_bias=qkv_bias,
