@@ -1,4 +1,5 @@
-"""The network: config, layers, position embeddings, the ViT, presets and backbones.
+"""The network: config, layers, position embeddings, the ViT, the Swin Transformer, presets
+and backbones.
 
 Imports nothing from the rest of vitkit; everything else builds on it.
 """
@@ -6,9 +7,12 @@ Imports nothing from the rest of vitkit; everything else builds on it.
 from .config import ViTConfig, patch_grid, to_2tuple
 from .features import ViTBackbone
 from .registry import create_model, get_config, list_models
+from .swin import SwinConfig, SwinTransformer
 from .vit import VisionTransformer
 
 __all__ = [
+    "SwinConfig",
+    "SwinTransformer",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",
