@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ..model import VisionTransformer
+from ..model import VisionTransformer, ViTConfig
 from .checkpoint import (
     CheckpointError,
     check_class_names,
@@ -74,7 +74,7 @@ def load_any(
             f"{info.path} is an ONNX model; this needs PyTorch weights (a vitkit checkpoint, "
             "or timm / Hugging Face / torchvision / JAX weights)"
         )
-    if arch is not None and info.config is not None:
+    if arch is not None and isinstance(info.config, ViTConfig):  # a Swin's is checked when read
         check_arch(info.config, arch)  # a name of other sizes is another model
     if info.format == "vitkit" and num_heads not in (None, info.config.num_heads):
         raise CheckpointError(
