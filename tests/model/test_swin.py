@@ -185,3 +185,15 @@ def test_v2_blocks_start_as_the_identity_and_v1_tables_are_initialised():
     table = v1.layers[0].blocks[0].attn.relative_position_bias_table
     assert 0.01 < table.std().item() < 0.03
     assert get_config("swin_s3_small_224").windows == (14, 14, 14, 7)
+
+
+@requires_timm
+@pytest.mark.parametrize("old, new", [(7, 4), (7, 2), (7, 12), (12, 7), (8, 16)])
+def test_bias_tables_resize_as_timms(old, new):
+    from timm.layers import resize_rel_pos_bias_table as timm_resize
+
+    from vitkit.model.swin.window import resize_rel_pos_bias_table
+
+    table = torch.randn((2 * old - 1) ** 2, 3, generator=torch.Generator().manual_seed(old))
+    theirs = timm_resize(table, new_window_size=(new, new), new_bias_shape=((2 * new - 1) ** 2, 3))
+    torch.testing.assert_close(resize_rel_pos_bias_table(table, (new, new)), theirs)

@@ -115,3 +115,53 @@ def test_vit_weights_still_load_as_vits():
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1).eval()
     model = load_pretrained(vit.state_dict(), num_heads=3)
     assert type(model).__name__ == "VisionTransformer"
+
+
+@requires_timm
+def test_fine_tuning_at_another_size_resizes_the_tables_as_timm():
+    """Weights of a 224 model run at 56: the maps shrink to 14, 7, 4, 2, so the windows of
+    stages 2 and 3 clamp to 4 and 2 and their tables are resized, as timm's
+    `checkpoint_filter_fn` does when its model is built at 56."""
+    from timm.models.swin_transformer import checkpoint_filter_fn
+
+    source = _timm("swin_tiny_patch4_window7_224")
+    model = load_pretrained(source.state_dict(), arch="swin_tiny_patch4_window7_224",
+                            img_size=56)  # fmt: skip
+    theirs = timm.create_model("swin_tiny_patch4_window7_224", img_size=56, **NARROW).eval()
+    theirs.load_state_dict(checkpoint_filter_fn(source.state_dict(), theirs))
+    assert model.layers[3].blocks[0].attn.relative_position_bias_table.shape == (9, 8)
+    _same(model, theirs, (56, 56))
+
+
+@requires_timm
+def test_a_saved_swin_loads_with_its_config(tmp_path):
+    import vitkit
+
+    source = _timm("swinv2_tiny_window8_256")
+    model = load_pretrained(source.state_dict(), arch="swinv2_tiny_window8_256")
+    vitkit.save(model, tmp_path / "swin.safetensors", meta={"class_names": None})
+    loaded = vitkit.load(tmp_path / "swin.safetensors")
+    assert isinstance(loaded, SwinTransformer) and loaded.config == model.config
+    assert loaded.data_config == model.data_config
+    _same(loaded, source, (256, 256))
+    assert inspect(tmp_path / "swin.safetensors").format == "vitkit"
+
+
+@requires_timm
+def test_a_saved_swin_whose_config_was_edited_is_refused(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, safe_open, save_file
+
+    import vitkit
+
+    model = vitkit.create_model("swin_tiny_patch4_window7_224", **NARROW, img_size=64)
+    vitkit.save(model, tmp_path / "a.safetensors")
+    with safe_open(str(tmp_path / "a.safetensors"), framework="pt") as f:
+        metadata = f.metadata()
+    config = json.loads(metadata["vitkit_config"])
+    config["depths"] = [1, 1, 3, 1]
+    metadata["vitkit_config"] = json.dumps(config)
+    save_file(load_file(tmp_path / "a.safetensors"), tmp_path / "b.safetensors", metadata)
+    with pytest.raises(CheckpointError, match="its config does not match its tensors"):
+        vitkit.load(tmp_path / "b.safetensors")

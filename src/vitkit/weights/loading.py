@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ..model import VisionTransformer, ViTConfig
+from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
 from .checkpoint import (
     CheckpointError,
     check_class_names,
@@ -94,7 +94,9 @@ def _built(info: WeightsInfo, map_location: str | torch.device) -> nn.Module:
     if info.format == "timm-cnn":
         model = _timm_cnn(info)
     else:
-        model = VisionTransformer(info.require_config())
+        config = info.require_config()
+        swin = isinstance(config, SwinConfig)
+        model = SwinTransformer(config) if swin else VisionTransformer(config)
     state_dict = dict(info.tensors) if info.tensors is not None else None
     if state_dict is None:
         state_dict = load_state_dict(info.weights_file, map_location=map_location)

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..data.data_config import DataConfig
 from ..model import SwinConfig, SwinTransformer, get_config
 from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
+from ..model.swin.window import resize_rel_pos_bias_table
 from .checkpoint import (
     ArchMismatchError,
     CheckpointError,
@@ -121,7 +122,7 @@ def from_timm_or_swin(
     record theirs, and any size reads them (it sets only the windows' clamping and masks)."""
     fit_img_size = options.pop("fit_img_size", None)
     if is_swin_state_dict(list(state_dict)):
-        if fit_img_size is not None:
+        if fit_img_size is not None and options.get("arch") is None:
             options.setdefault("img_size", fit_img_size)
         return from_timm_swin(state_dict, **options)
     return from_timm(state_dict, **options)
@@ -160,6 +161,28 @@ def from_timm_swin(
     return sd, config
 
 
+def _table_rows_aside(shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """Shapes with the V1 bias tables' rows left out: a table of another window is resized
+    to the model's (`resize_tables`), as timm's `checkpoint_filter_fn` does."""
+    return {
+        key: (shape[1:] if key.endswith("relative_position_bias_table") else shape)
+        for key, shape in shapes.items()
+    }
+
+
+def resize_tables(state_dict: dict[str, Tensor], model: SwinTransformer) -> dict[str, Tensor]:
+    """The V1 bias tables of `state_dict` resized to the model's windows where they differ
+    (timm's `resize_rel_pos_bias_table`): weights read at one image or window size, run at
+    another."""
+    own = model.state_dict()
+    for key, table in state_dict.items():
+        if key.endswith("relative_position_bias_table") and table.shape != own[key].shape:
+            window = model.get_submodule(key.rsplit(".", 1)[0]).window_size
+            log.info("resizing %s from %s to the %s window", key, tuple(table.shape), window)
+            state_dict[key] = resize_rel_pos_bias_table(table, window)
+    return state_dict
+
+
 def _arch_config(arch: str, shown: Mapping[str, Any], overrides: Mapping[str, Any]) -> SwinConfig:
     """`arch`'s config (image size, windows, pre-training windows, pooling) with the sizes the
     weights show; a name of the other version (or a ViT's) is refused."""
@@ -176,7 +199,10 @@ def _arch_config(arch: str, shown: Mapping[str, Any], overrides: Mapping[str, An
 
 def load_check(expected: Mapping[str, Tensor], sd: Mapping[str, Tensor]) -> None:
     """Every key and shape of a Swin of the inferred config, or one readable CheckpointError."""
-    report = mismatch_report({k: v.shape for k, v in expected.items()}, sd)
+    expected_shapes = _table_rows_aside({k: tuple(v.shape) for k, v in expected.items()})
+    report = mismatch_report(
+        expected_shapes, _table_rows_aside({k: tuple(v.shape) for k, v in sd.items()})
+    )
     if report:
         raise CheckpointError(
             f"timm Swin weights do not match the inferred model ({report}); pass the "
@@ -213,7 +239,7 @@ def fill_swin(
             state_dict.pop(key, None)
             if key in own:
                 state_dict[key] = own[key]
-    load_into(model, state_dict, source=f"{weights.format} Swin checkpoint")
+    load_into(model, resize_tables(state_dict, model), source=f"{weights.format} Swin checkpoint")
     chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
     data_config = weights.data_config
     if data_config is None:
