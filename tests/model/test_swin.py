@@ -197,3 +197,31 @@ def test_bias_tables_resize_as_timms(old, new):
     table = torch.randn((2 * old - 1) ** 2, 3, generator=torch.Generator().manual_seed(old))
     theirs = timm_resize(table, new_window_size=(new, new), new_bias_shape=((2 * new - 1) ** 2, 3))
     torch.testing.assert_close(resize_rel_pos_bias_table(table, (new, new)), theirs)
+
+
+@requires_timm
+def test_parameter_groups_and_weight_decay_names_are_timms():
+    from timm.models._manipulate import group_parameters
+
+    for name in ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"):
+        source, model = pair(name, {})
+        for coarse in (False, True):  # the same groups (timm's V2 lists attn before norm1)
+            ours = group_parameters(model, model.group_matcher(coarse))
+            theirs = group_parameters(source, source.group_matcher(coarse))
+            assert {k: sorted(v) for k, v in ours.items()} == {
+                k: sorted(v) for k, v in theirs.items()
+            }
+        assert model.no_weight_decay() == source.no_weight_decay()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = create_model("swinv2_tiny_window8_256", **NARROW, img_size=64, drop_path_rate=0.0)
+    x = torch.randn(2, 3, 64, 64)
+    model(x).square().mean().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).square().mean().backward()
+    for grad, param in zip(plain, model.parameters()):
+        torch.testing.assert_close(param.grad, grad)
