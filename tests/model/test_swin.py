@@ -225,3 +225,21 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model(x).square().mean().backward()
     for grad, param in zip(plain, model.parameters()):
         torch.testing.assert_close(param.grad, grad)
+
+
+@requires_timm
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("swin_tiny_patch4_window7_224", dict(img_size=64, always_partition=True)),
+        ("swinv2_tiny_window8_256", dict(img_size=(72, 40), always_partition=True)),
+        ("swinv2_tiny_window8_256", dict(img_size=(72, 40))),  # windows clamped per side
+    ],
+)
+def test_always_partition_and_non_square_maps_equal_timms(name, options):
+    """Windows larger than the map: padded and shifted anyway (always_partition), or clamped
+    per side (18x10 -> a 8x8 window, then 9x5 -> 8x5, ...)."""
+    source, model = pair(name, options)
+    x = torch.randn(2, 3, *model.patch_embed.img_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert relative_error(model(x), source(x)) < RTOL
