@@ -3,13 +3,24 @@
 from . import convert
 from .export import export_onnx
 from .files import DiskFullError
-from .model import VisionTransformer, ViTBackbone, ViTConfig, create_model, get_config, list_models
+from .model import (
+    SwinConfig,
+    SwinTransformer,
+    VisionTransformer,
+    ViTBackbone,
+    ViTConfig,
+    create_model,
+    get_config,
+    list_models,
+)
 from .summary import summary
 from .weights import CheckpointError, load, load_pretrained, load_state_dict, save
 
 __all__ = [
     "CheckpointError",
     "DiskFullError",
+    "SwinConfig",
+    "SwinTransformer",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

@@ -17,7 +17,8 @@ def photos(folder: Path, per_class: int = 8) -> None:
         for i in range(per_class):
             image = Image.fromarray(rng.integers(0, 120, (96, 96, 3), dtype=np.uint8))
             x, y, r = (int(v) for v in rng.integers((20, 20, 12), (76, 76, 20)))
-            shape = ImageDraw.Draw(image).ellipse if label == "circle" else ImageDraw.Draw(image).rectangle
+            draw = ImageDraw.Draw(image)
+            shape = draw.ellipse if label == "circle" else draw.rectangle
             shape((x - r, y - r, x + r, y + r), fill=(240, 220, 40))
             image.save(folder / label / f"{i}.jpg", quality=90)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..explain import class_index, explain_image
 from ..files import check_output
-from ..model import VisionTransformer
+from ..model import SwinTransformer, VisionTransformer
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output or f"{Path(args.image).stem}_explain.png")
     check_output(output)  # a FIFO or a folder is refused before the model is read
     model, info = load_model(args, device)
+    if isinstance(model, SwinTransformer):
+        raise UserError(
+            f"{args.checkpoint} holds a Swin Transformer; explain draws a ViT's attention "
+            "and does not cover windowed attention yet"
+        )
     if not isinstance(model, VisionTransformer):
         raise UserError(
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..files import check_output
-from ..model import VisionTransformer
+from ..model import SwinConfig, VisionTransformer
 from ..weights import inspect, load_any
 from . import options
 from .commands import add_command
@@ -123,6 +123,11 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
         raise UserError(
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
             "export the CNN with timm or torch.onnx.export"
+        )
+    if isinstance(info.config, SwinConfig):
+        raise UserError(
+            f"{args.checkpoint} holds a Swin Transformer, which vitkit does not export yet; "
+            "export it with torch.onnx.export"
         )
     model = load_any(info, num_heads=args.num_heads, arch=args.arch)
     model.data_config = options.prepared(model.data_config, args)

@@ -9,7 +9,13 @@ from typing import Any
 
 from torch import nn
 
-from ..model import SimpleFeaturePyramid, VisionTransformer, ViTConfig, registry
+from ..model import (
+    SimpleFeaturePyramid,
+    SwinTransformer,
+    VisionTransformer,
+    ViTConfig,
+    registry,
+)
 from ..weights import load_any
 from . import options
 from .commands import add_command
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(summary(model, size, max_depth=args.max_depth))
         return ExitCode.OK
     if not isinstance(model, (VisionTransformer, SimpleFeaturePyramid)):
-        raise UserError(f"{args.model} is a timm CNN: --flow and --compare-torch walk ViTs")
+        kind = "a Swin Transformer" if isinstance(model, SwinTransformer) else "a timm CNN"
+        raise UserError(f"{args.model} is {kind}: --flow and --compare-torch walk ViTs")
     native = flow(model, size)
     if args.flow:
         print(native.render(all_blocks=args.all_blocks))

@@ -1,4 +1,5 @@
-"""The network: config, layers, position embeddings, the ViT, presets and backbones.
+"""The network: config, layers, position embeddings, the ViT, the Swin Transformer, presets
+and backbones.
 
 Imports nothing from the rest of vitkit; everything else builds on it.
 """
@@ -7,10 +8,13 @@ from .config import ViTConfig, patch_grid, to_2tuple
 from .detection import SimpleFeaturePyramid
 from .features import ViTBackbone
 from .registry import create_model, get_config, list_models
+from .swin import SwinConfig, SwinTransformer
 from .vit import VisionTransformer
 
 __all__ = [
     "SimpleFeaturePyramid",
+    "SwinConfig",
+    "SwinTransformer",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

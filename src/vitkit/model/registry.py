@@ -21,6 +21,8 @@ from typing import Any
 
 from .config import ViTConfig
 from .features import ViTBackbone
+from .swin import SwinConfig, SwinTransformer
+from .swin.presets import swin_presets
 from .vit import VisionTransformer
 
 # size name -> (embed_dim, depth, num_heads); MLP ratio 4 throughout (paper Table 1).
@@ -381,6 +383,9 @@ _FAMILY_CONFIGS: dict[str, ViTConfig] = {
     name: config for family in FAMILIES for name, config in family.configs().items()
 }
 
+# The Swin Transformer (V1, S3, V2): a second architecture, its presets in swin/presets.py.
+_SWIN_CONFIGS: dict[str, SwinConfig] = swin_presets()
+
 # timm names whose architecture vitkit does not implement, with the reason.
 UNSUPPORTED_NAMES = {
     "vit_dlittle_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
@@ -411,19 +416,21 @@ def _decode(name: str) -> ViTConfig:
 
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching a shell-style `pattern`, sorted."""
-    names = sorted(set(_STANDARD_NAMES) | set(_SPECIAL) | set(_FAMILY_CONFIGS))
+    names = sorted(set(_STANDARD_NAMES) | set(_SPECIAL) | set(_FAMILY_CONFIGS) | set(_SWIN_CONFIGS))
     return [name for name in names if fnmatch.fnmatch(name, pattern)]
 
 
-def get_config(name: str) -> ViTConfig:
-    """The preset `ViTConfig` of a registered name (the paper's presets keep a 1000-class
-    head where timm's model has none)."""
+def get_config(name: str) -> ViTConfig | SwinConfig:
+    """The preset config of a registered name: a `ViTConfig` (the paper's presets keep a
+    1000-class head where timm's model has none) or, for a Swin name, a `SwinConfig`."""
     if name in _SPECIAL:
         return _SPECIAL[name]
     if name in _STANDARD_NAMES:
         return _decode(name)
     if name in _FAMILY_CONFIGS:
         return _FAMILY_CONFIGS[name]
+    if name in _SWIN_CONFIGS:
+        return _SWIN_CONFIGS[name]
     if name in UNSUPPORTED_NAMES:
         raise ValueError(
             f"timm's {name} uses {UNSUPPORTED_NAMES[name]}, which vitkit does not implement"
@@ -441,8 +448,9 @@ def create_model(
     feature_cls: str = "getter",
     output_fmt: str = "NCHW",
     **overrides: Any,
-) -> VisionTransformer | ViTBackbone:
-    """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`.
+) -> VisionTransformer | ViTBackbone | SwinTransformer:
+    """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`;
+    a Swin name builds a `SwinTransformer` (no `features_only` yet).
 
     With `features_only=True`, as timm: a pruned `ViTBackbone` whose forward returns the maps
     of blocks `out_indices` (an int n: the last n, timm's default 3), 'NCHW' or 'NLC' by
@@ -451,17 +459,25 @@ def create_model(
     """
     if overrides.get("global_pool") == "":
         overrides["global_pool"] = "none"  # timm's spelling
+    config = get_config(name)
+    if isinstance(config, SwinConfig):
+        if features_only:
+            raise ValueError(
+                f"features_only=True is not available for the Swin model {name} yet; use "
+                "model.forward_intermediates(x) for its stage maps"
+            )
+        return SwinTransformer(config.replace(**overrides))
     if not features_only:
         if out_indices != 3 or feature_cls != "getter" or output_fmt != "NCHW":
             raise ValueError(
                 "out_indices, feature_cls and output_fmt describe a feature extractor; pass "
                 "features_only=True with them"
             )
-        return VisionTransformer(get_config(name).replace(**overrides))
+        return VisionTransformer(config.replace(**overrides))
     if feature_cls != "getter":
         raise ValueError(
             f"feature_cls={feature_cls!r} is not available for a ViT, whose maps are read "
             "through forward_intermediates; pass feature_cls='getter' (the default)"
         )
-    model = VisionTransformer(get_config(name).replace(**overrides))
+    model = VisionTransformer(config.replace(**overrides))
     return ViTBackbone(model, out_indices, output_fmt=output_fmt, prune=True)

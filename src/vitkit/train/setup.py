@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
 from ..files import atomic_write
-from ..model import VisionTransformer, create_model, get_config, to_2tuple
+from ..model import VisionTransformer, ViTConfig, create_model, get_config, to_2tuple
 from ..weights import inspect, load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from ..weights.timm import check_arch
@@ -163,7 +163,7 @@ def _pretrained_model(
     img_size = options.pop("img_size", None)
     if config.model is not None:
         info = inspect(config.pretrained, arch=config.model, overrides=options)
-        if info.config is not None:
+        if isinstance(info.config, ViTConfig):  # a Swin's arch is checked when read
             check_arch(info.config, config.model, options)
     model = load_pretrained(
         config.pretrained,

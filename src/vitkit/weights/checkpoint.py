@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..data.data_config import DataConfig
 from ..files import atomic_write
-from ..model import VisionTransformer, ViTConfig
+from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from .cnn import TIMM_KEY, timm_metadata
 
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_KEY = "vitkit_config"
 META_KEY = "vitkit_meta"
+# The architecture of a file's config when it is not a ViT ('swin'); absent for a ViT.
+ARCH_KEY = "vitkit_architecture"
 
 
 class CheckpointError(ValueError):
@@ -105,6 +107,8 @@ def save(
     metadata = (
         {TIMM_KEY: timm_spec} if timm_spec else {CONFIG_KEY: json.dumps(model.config.to_dict())}
     )
+    if isinstance(getattr(model, "config", None), SwinConfig):
+        metadata[ARCH_KEY] = "swin"
     data_config = getattr(model, "data_config", None)
     if data_config is not None and "data_config" not in (meta or {}):
         meta = {**(meta or {}), "data_config": data_config.to_dict()}
@@ -134,16 +138,17 @@ def _invalid_safetensors(path: Path, err: BaseException) -> str:
     )
 
 
-def saved_config(metadata: Mapping[str, str], path: Path) -> ViTConfig:
-    """The `ViTConfig` that `save` wrote into a file's metadata (checked, not yet against the
-    tensors: `check_header`)."""
+def saved_config(metadata: Mapping[str, str], path: Path) -> ViTConfig | SwinConfig:
+    """The `ViTConfig` (or `SwinConfig`) that `save` wrote into a file's metadata (checked,
+    not yet against the tensors: `check_header`)."""
     if CONFIG_KEY not in metadata:
         raise CheckpointError(
             f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
             "Load it with vitkit.load_pretrained()"
         )
+    config_cls = SwinConfig if metadata.get(ARCH_KEY) == "swin" else ViTConfig
     try:
-        return ViTConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+        return config_cls.from_dict(json.loads(metadata[CONFIG_KEY]))
     except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as err:
         raise CheckpointError(f"{path} has an invalid vitkit config: {err}") from None
 
@@ -211,6 +216,16 @@ def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
 def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: Path) -> None:
     """Refuse a config that its file's tensors do not bear out, before any model is built: a
     config is metadata anyone can edit, and a claimed depth or image size allocates memory."""
+    if isinstance(config, SwinConfig):  # a Swin's shapes, from the whole model on meta
+        with torch.device("meta"):
+            expected = {k: v.shape for k, v in SwinTransformer(config).state_dict().items()}
+        report = mismatch_report(expected, shapes)
+        if report:
+            raise CheckpointError(
+                f"{path}: its config does not match its tensors ({report}); the file is "
+                "damaged or its metadata was edited"
+            )
+        return
     blocks = {int(m[1]) for k in shapes if (m := re.match(r"blocks\.(?:layers\.)?(\d+)\.", k))}
     if len(blocks) != config.depth:
         raise CheckpointError(

@@ -23,7 +23,7 @@ from ..model import ViTConfig
 from .checkpoint import CheckpointError
 from .hf_families import from_hf_any
 from .jax import from_jax
-from .timm import from_timm
+from .swin import from_timm_or_swin
 from .torchvision import from_torchvision
 
 FORMATS = ("vitkit", "timm", "hf", "torchvision", "jax")
@@ -33,8 +33,8 @@ FORMATS = ("vitkit", "timm", "hf", "torchvision", "jax")
 WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 
 CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], ViTConfig]]] = {
-    "timm": from_timm,
-    "vitkit": from_timm,
+    "timm": from_timm_or_swin,  # a ViT's or a Swin's keys (swin.py)
+    "vitkit": from_timm_or_swin,
     "hf": from_hf_any,
     "torchvision": from_torchvision,
     "jax": from_jax,

@@ -382,6 +382,8 @@ def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]
         options = {**arch_options(options.pop("arch")), **options}
     if format != "hf":
         options.pop("config", None)
+    if format not in ("timm", "vitkit"):
+        options.pop("fit_img_size", None)  # read by timm's converter for a Swin (swin.py)
     return options
 
 

@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ..model import VisionTransformer
+from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
 from .checkpoint import (
     CheckpointError,
     check_class_names,
@@ -74,7 +74,7 @@ def load_any(
             f"{info.path} is an ONNX model; this needs PyTorch weights (a vitkit checkpoint, "
             "or timm / Hugging Face / torchvision / JAX weights)"
         )
-    if arch is not None and info.config is not None:
+    if arch is not None and isinstance(info.config, ViTConfig):  # a Swin's is checked when read
         check_arch(info.config, arch)  # a name of other sizes is another model
     if info.format == "vitkit" and num_heads not in (None, info.config.num_heads):
         raise CheckpointError(
@@ -94,7 +94,9 @@ def _built(info: WeightsInfo, map_location: str | torch.device) -> nn.Module:
     if info.format == "timm-cnn":
         model = _timm_cnn(info)
     else:
-        model = VisionTransformer(info.require_config())
+        config = info.require_config()
+        swin = isinstance(config, SwinConfig)
+        model = SwinTransformer(config) if swin else VisionTransformer(config)
     state_dict = dict(info.tensors) if info.tensors is not None else None
     if state_dict is None:
         state_dict = load_state_dict(info.weights_file, map_location=map_location)

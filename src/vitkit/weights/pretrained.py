@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import VisionTransformer, ViTConfig
+from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from ..model.pos_embed import resample_patch_embed, resample_pos_embed
 from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
@@ -37,11 +37,14 @@ from .info import (
     inspect,
     processor_data_config,
 )
+from .swin import fill_swin
 
 log = logging.getLogger(__name__)
 
 _HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(ViTConfig))
+_CONFIG_FIELDS = frozenset(
+    f.name for cls in (ViTConfig, SwinConfig) for f in dataclasses.fields(cls)
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +81,7 @@ class SourceWeights:
 
 def load_pretrained(
     source: str | os.PathLike | Mapping[str, Any] | WeightsInfo,
-    model: VisionTransformer | None = None,
+    model: VisionTransformer | SwinTransformer | None = None,
     format: str = "auto",
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
@@ -90,8 +93,9 @@ def load_pretrained(
     arch: str | None = None,
     hf_config: Any = None,
     **overrides: Any,
-) -> VisionTransformer:
-    """A `VisionTransformer` in eval mode holding the weights of `source`.
+) -> VisionTransformer | SwinTransformer:
+    """A `VisionTransformer` (or, for Swin weights, a `SwinTransformer`: `swin.py`) in eval
+    mode holding the weights of `source`.
 
     Args:
         source: a file (`.safetensors`, `.pth`, `.bin`, `.npz`), a Hugging Face or timm
@@ -120,10 +124,14 @@ def load_pretrained(
                       distilled=distilled, pos_resample=pos_resample)  # fmt: skip
     reading = {"num_heads": num_heads, "arch": arch, "config": hf_config}
     reading = {k: v for k, v in reading.items() if v is not None}
-    if model is not None and format != "jax":  # the given model knows its head count
+    if img_size is not None:  # what a Swin's weights do not record (swin.py)
+        reading["fit_img_size"] = img_size
+    if isinstance(model, VisionTransformer) and format != "jax":  # it knows its head count
         reading.setdefault("num_heads", model.config.num_heads)
     new_head = num_classes is not None or model is not None  # DINOv2's classifier gives way
     weights = read_source(source, format, {**reading, **overrides}, new_head=new_head)
+    if isinstance(weights.config, SwinConfig):
+        return fill_swin(weights, model, num_classes, img_size, overrides)
     target = _target_config(weights.config, model, fitting, overrides)
     state_dict = adapt_state_dict(weights.state_dict, weights.config, target, pos_resample)
     model = _fill(model, target, state_dict, weights)

@@ -1,0 +1,279 @@
+"""The Swin Transformer: a hierarchical ViT whose attention runs inside local windows.
+
+Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows" (ICCV
+2021); version 2 is Liu et al., "Swin Transformer V2: Scaling Up Capacity and Resolution"
+(CVPR 2022). Semantics, names and layouts are timm's (`swin_transformer.py`,
+`swin_transformer_v2.py`), so timm's state dicts load key for key.
+
+    image (B, C, H, W)
+      -> patch embedding + LayerNorm   (B, H/4, W/4, D)      the ViT's PatchEmbed, as a map
+      -> stage 0: blocks               (B, H/4, W/4, D)      windows of w x w tokens, every
+      -> stage 1: merge 2x2, blocks    (B, H/8, W/8, 2D)     second block shifted by w/2
+      -> stage 2: merge 2x2, blocks    (B, H/16, W/16, 4D)
+      -> stage 3: merge 2x2, blocks    (B, H/32, W/32, 8D)
+      -> LayerNorm                     (B, H/32, W/32, 8D)   forward_features (NHWC, as timm)
+      -> pool over H, W, head          (B, num_classes)      forward_head
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..intermediates import take_indices
+from ..layers import PatchEmbed
+from ..weight_init import trunc_normal_
+from .attention import CosineWindowAttention, WindowAttention
+from .config import SwinConfig
+from .stage import PatchMerging, SwinBlock, SwinStage
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class SwinHead(nn.Module):
+    """Pooling over the map (B, H, W, C) -> (B, C), dropout and the classifier `fc` (timm's
+    `ClassifierHead` with NHWC input); with global_pool='none' the classifier sees every
+    position, (B, H, W, num_classes)."""
+
+    def __init__(self, dim: int, num_classes: int, *, global_pool: str, drop: float) -> None:
+        super().__init__()
+        self.global_pool = global_pool
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.global_pool == "avg":
+            return x.mean(dim=(1, 2))
+        if self.global_pool == "max":
+            return x.amax(dim=(1, 2))
+        if self.global_pool == "avgmax":
+            return 0.5 * (x.mean(dim=(1, 2)) + x.amax(dim=(1, 2)))
+        return x
+
+    def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.drop(self.pool(x))
+        return x if pre_logits else self.fc(x)
+
+
+class SwinTransformer(nn.Module):
+    """Swin V1 or V2: `SwinTransformer(**options)` or `SwinTransformer(SwinConfig(...))`.
+
+    Keys follow timm's (`patch_embed.proj`, `layers.N.downsample`, `layers.N.blocks.M.attn`,
+    `norm`, `head.fc`); `forward_features` returns the normed last map in NHWC, as timm's.
+    """
+
+    def __init__(self, config: SwinConfig | None = None, /, **options: Any) -> None:
+        super().__init__()
+        if config is None:
+            config = SwinConfig.from_dict(options)
+        elif options:
+            config = config.replace(**options)
+        self.config = config
+        self.num_classes = config.num_classes
+        self.global_pool = config.global_pool
+        self.embed_dim = config.embed_dim
+        self.num_features = self.head_hidden_size = config.num_features
+        self.patch_embed = PatchEmbed(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            embed_dim=config.embed_dim,
+            norm=True,
+            norm_eps=config.norm_eps,
+            dynamic_img_size=config.dynamic_img_size,
+        )
+        self.layers = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
+        self.norm = nn.LayerNorm(config.num_features, eps=config.norm_eps)
+        self.head = SwinHead(config.num_features, config.num_classes,
+                             global_pool=config.global_pool, drop=config.drop_rate)  # fmt: skip
+        self.feature_info = [
+            {"num_chs": dim, "reduction": config.patch_size * 2**i, "module": f"layers.{i}"}
+            for i, dim in enumerate(config.stage_dims)
+        ]
+        self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """timm's init: trunc-normal(0.02) Linear weights and the V1 bias tables, zero biases,
+        unit LayerNorms; V2's logit scale log(10) and zero q / v biases; V2's block norms
+        start at zero (timm's `_init_respostnorm`), so each block starts as the identity."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, CosineWindowAttention):
+                module.logit_scale.fill_(math.log(10.0))
+                for bias in (module.q_bias, module.v_bias):
+                    if bias is not None:
+                        bias.zero_()
+            elif isinstance(module, WindowAttention):
+                trunc_normal_(module.relative_position_bias_table)
+        for module in self.modules():  # after the LayerNorms' ones, which visit later
+            if isinstance(module, SwinBlock) and module.res_post_norm:
+                for norm in (module.norm1, module.norm2):
+                    nn.init.zeros_(norm.weight)
+                    nn.init.zeros_(norm.bias)
+
+    # -- timm's model API -------------------------------------------------------------------
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's `pretrained_cfg`: ImageNet mean / std, bicubic, crop 0.9 (or the loaded
+        weights' data config), the first conv and the classifier."""
+        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
+        data = {
+            "input_size": (chans, height, width),
+            "interpolation": "bicubic",
+            "crop_pct": 0.9,
+            "crop_mode": "center",
+            "mean": IMAGENET_MEAN if chans == 3 else (0.5,) * chans,
+            "std": IMAGENET_STD if chans == 3 else (0.5,) * chans,
+        }
+        if self.data_config is not None:
+            data = {key: getattr(self.data_config, key) for key in data}
+        return {
+            **data,
+            "fixed_input_size": not self.config.dynamic_img_size,
+            "num_classes": self.num_classes,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head.fc",
+        }
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's layer groups: the patch embedding, each stage's patch merging with the block
+        before it, each block, the final norm last."""
+        if coarse:
+            return {"stem": r"^patch_embed", "blocks": r"^layers\.(\d+)"}
+        return {
+            "stem": r"^patch_embed",
+            "blocks": [
+                (r"^layers\.(\d+).downsample", (0,)),
+                (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        }
+
+    def no_weight_decay(self) -> set[str]:
+        """timm's: the V1 bias tables; V2's position-bias MLP and logit scales."""
+        keys = ("relative_position_bias_table", "cpb_mlp", "logit_scale")
+        return {name for name, _ in self.named_parameters() if any(k in name for k in keys)}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass: less activation memory, same gradients."""
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh classifier for `num_classes` (0: none), and another pooling if given (timm's
+        '' is 'none')."""
+        if global_pool == "":
+            global_pool = "none"
+        pool = self.global_pool if global_pool is None else global_pool
+        self.config = self.config.replace(num_classes=num_classes, global_pool=pool)
+        self.num_classes, self.global_pool = num_classes, pool
+        device = self.norm.weight.device
+        head = SwinHead(self.num_features, num_classes, global_pool=pool,
+                        drop=self.config.drop_rate)  # fmt: skip
+        if isinstance(head.fc, nn.Linear):
+            trunc_normal_(head.fc.weight)
+            nn.init.zeros_(head.fc.bias)
+        self.head = head.to(device).train(self.training)
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Images (B, C, H, W) -> the patch map (B, H/p, W/p, D), normed."""
+        tokens, grid = self.patch_embed(x)  # (B, N, D)
+        return tokens.reshape(tokens.shape[0], grid[0], grid[1], -1)  # (B, H/p, W/p, D)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The last stage's map after the final norm, (B, H/32, W/32, 8D) (NHWC, as timm)."""
+        return self.norm(self.layers(self.embed(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """A map (B, h, w, C) -> logits (B, num_classes), or the pooled (B, C) features."""
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        stop_early: bool = False,
+    ) -> tuple[Tensor, list[Tensor]] | list[Tensor]:
+        """The output maps of chosen stages, as timm's: `indices` None (all), an int n (the
+        last n) or stage indices; `norm` applies the final norm to the last stage's map only
+        (it is sized for it). Maps are (B, C_i, H_i, W_i) for 'NCHW', (B, H_i, W_i, C_i) for
+        'NHWC', in the order asked. Returns `(forward_features(x), maps)`, or only the maps."""
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        if stop_early and not intermediates_only:
+            raise ValueError("stop_early=True needs intermediates_only=True (no final features)")
+        stages = list(self.layers)
+        take = take_indices(len(stages), indices)
+        if stop_early:
+            stages = stages[: max(take) + 1]
+        x = self.embed(x)
+        outputs: dict[int, Tensor] = {}
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take:
+                outputs[i] = self.norm(x) if norm and i == len(self.layers) - 1 else x
+        maps = [outputs[i] for i in take]
+        if output_fmt == "NCHW":
+            maps = [m.permute(0, 3, 1, 2).contiguous() for m in maps]  # (B, C_i, H_i, W_i)
+        if intermediates_only:
+            return maps
+        return self.norm(x), maps
+
+
+def _build_stage(config: SwinConfig, index: int) -> SwinStage:
+    """Stage `index`: patch merging from the previous width (none for stage 0), then its
+    blocks, the stochastic depth rising linearly over all blocks of the model (timm's)."""
+    dims = config.stage_dims
+    first = sum(config.depths[:index])
+    total = max(sum(config.depths) - 1, 1)
+    downsample: nn.Module = nn.Identity()
+    if index > 0:
+        downsample = PatchMerging(dims[index - 1], dims[index], post_norm=config.version == 2,
+                                  eps=config.norm_eps)  # fmt: skip
+    blocks = [
+        SwinBlock(
+            dims[index],
+            num_heads=config.num_heads[index],
+            resolution=config.stage_resolution(index),
+            window=config.windows[index],
+            shift=depth % 2 == 1,
+            version=config.version,
+            dynamic_mask=config.dynamic_img_size,
+            pretrained_window=config.pretrained_windows[index],
+            mlp_ratio=config.mlp_ratio,
+            qkv_bias=config.qkv_bias,
+            proj_drop=config.proj_drop_rate,
+            attn_drop=config.attn_drop_rate,
+            drop_path=config.drop_path_rate * (first + depth) / total,
+            act_layer=config.act_layer,
+            norm_eps=config.norm_eps,
+            always_partition=config.always_partition,
+        )
+        for depth in range(config.depths[index])
+    ]
+    return SwinStage(downsample, blocks)

@@ -1,0 +1,257 @@
+"""Swin Transformer weights from timm (`swin_transformer.py`, `swin_transformer_v2.py`): a
+state dict, a file, a Hub folder, or the original Microsoft layout (downsampling at the end of
+a stage), as timm's `checkpoint_filter_fn` remaps it.
+
+A Swin is told from a ViT by its keys (`layers.N.blocks.M.attn.relative_position_bias_table`
+for V1, `...attn.logit_scale` for V2). The weights show the version, the width, the depths,
+the heads (bias-table or logit-scale shapes), the MLP ratio, the patch size, the head and the
+V1 windows (a table of (2w - 1)^2 rows); they do not show the image size, nor V2's windows and
+pre-training windows: `arch=` (a timm name) or the options give those, else the load is
+refused in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data.data_config import DataConfig
+from ..model import SwinConfig, SwinTransformer, get_config
+from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
+from ..model.swin.window import resize_rel_pos_bias_table
+from .checkpoint import (
+    ArchMismatchError,
+    CheckpointError,
+    MissingOptionError,
+    load_into,
+    mismatch_report,
+)
+from .layout import strip_prefix
+from .timm import from_timm
+
+log = logging.getLogger(__name__)
+
+_SWIN_KEY = re.compile(
+    r"^(module\.)?layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|logit_scale)$"
+)
+_BUFFERS = ("relative_position_index", "relative_coords_table", "attn_mask")
+_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
+_HEAD_KEYS = ("head.fc.weight", "head.fc.bias")
+
+
+def is_swin_state_dict(keys: Mapping[str, Any] | list[str]) -> bool:
+    """Whether the keys are a Swin Transformer's (V1 or V2), not a ViT's."""
+    return any(_SWIN_KEY.match(key) for key in keys)
+
+
+def timm_swin_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """timm's keys: no DDP `module.` prefix, no buffers, and the original Microsoft layout
+    (patch merging at the end of a stage, `head.weight`) moved as timm's
+    `checkpoint_filter_fn` does (merging at the start of the next stage, `head.fc`)."""
+    sd = strip_prefix(state_dict, "module.")
+    original = "layers.0.downsample.reduction.weight" in sd
+    out = {}
+    for key, value in sd.items():
+        if any(name in key for name in _BUFFERS):
+            continue
+        if original:
+            key = re.sub(r"layers\.(\d+)\.downsample",
+                         lambda m: f"layers.{int(m[1]) + 1}.downsample", key)  # fmt: skip
+            key = key.replace("head.", "head.fc.")
+        out[key] = value
+    return out
+
+
+def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """What the tensors show: version, sizes, heads per stage, head size, and (V1) the window
+    of each stage's first block."""
+    proj = sd["patch_embed.proj.weight"]  # (D, C, p, p)
+    blocks: dict[int, int] = {}
+    for key in sd:
+        match = _BLOCK.match(key)
+        if match:
+            stage, block = int(match[1]), int(match[2])
+            blocks[stage] = max(blocks.get(stage, 0), block + 1)
+    stages = range(len(blocks))
+    version = 2 if "layers.0.blocks.0.attn.logit_scale" in sd else 1
+    if version == 2:
+        heads = [sd[f"layers.{i}.blocks.0.attn.logit_scale"].shape[0] for i in stages]
+    else:
+        heads = [sd[f"layers.{i}.blocks.0.attn.relative_position_bias_table"].shape[1]
+                 for i in stages]  # fmt: skip
+    hidden = sd["layers.0.blocks.0.mlp.fc1.weight"].shape[0]
+    shown = {
+        "version": version,
+        "embed_dim": proj.shape[0],
+        "in_chans": proj.shape[1],
+        "patch_size": proj.shape[2],
+        "depths": tuple(blocks[i] for i in stages),
+        "num_heads": tuple(heads),
+        "mlp_ratio": hidden / proj.shape[0],
+        "num_classes": sd["head.fc.weight"].shape[0] if "head.fc.weight" in sd else 0,
+        "qkv_bias": "layers.0.blocks.0.attn.qkv.bias" in sd
+        or "layers.0.blocks.0.attn.q_bias" in sd,
+    }
+    if version == 1:
+        shown["window_size"] = tuple(_table_window(sd, i) for i in stages)
+    return shown
+
+
+def _table_window(sd: Mapping[str, Tensor], stage: int) -> int:
+    rows = sd[f"layers.{stage}.blocks.0.attn.relative_position_bias_table"].shape[0]
+    side = math.isqrt(rows)
+    if side * side != rows or side % 2 == 0:
+        raise CheckpointError(
+            f"layers.{stage} has a bias table of {rows} rows, not (2w - 1)^2 of a square "
+            "window; these weights are no timm Swin"
+        )
+    return (side + 1) // 2
+
+
+def from_timm_or_swin(
+    state_dict: Mapping[str, Tensor], **options: Any
+) -> tuple[dict[str, Tensor], Any]:
+    """timm's converter for both architectures: `from_timm_swin` for Swin keys, else the
+    ViT's `from_timm`. `fit_img_size` is `load_pretrained`'s img_size: a Swin's weights do not
+    record theirs, and any size reads them (it sets only the windows' clamping and masks)."""
+    fit_img_size = options.pop("fit_img_size", None)
+    if is_swin_state_dict(list(state_dict)):
+        if fit_img_size is not None and options.get("arch") is None:
+            options.setdefault("img_size", fit_img_size)
+        return from_timm_swin(state_dict, **options)
+    return from_timm(state_dict, **options)
+
+
+def from_timm_swin(
+    state_dict: Mapping[str, Tensor],
+    *,
+    arch: str | None = None,
+    num_heads: Any = None,
+    **overrides: Any,
+) -> tuple[dict[str, Tensor], SwinConfig]:
+    """A timm Swin state dict in timm's layout and its `SwinConfig`: the sizes the tensors
+    show, over `arch`'s config (a name of `vitkit.list_models('swin*')`: image size, windows,
+    pooling) or the `overrides` (`SwinConfig` fields: `img_size`, and for V2 `window_size`,
+    which the weights cannot show). `num_heads` is read from the weights; a given one is
+    ignored."""
+    sd = timm_swin_layout(state_dict)
+    shown = shown_options(sd)
+    overrides = {k: v for k, v in overrides.items() if k in SwinConfig.__dataclass_fields__}
+    if arch is not None:
+        config = _arch_config(arch, shown, overrides)
+    else:
+        missing = ["img_size"] + (["window_size"] if shown["version"] == 2 else [])
+        if any(name not in overrides for name in missing):
+            what = "the image size" + (" nor their windows" if len(missing) == 2 else "")
+            raise MissingOptionError(
+                f"Swin V{shown['version']} weights do not record {what}",
+                ("arch",),
+                tuple(missing),
+            )
+        config = SwinConfig(**{**shown, **overrides})
+    with torch.device("meta"):
+        expected = SwinTransformer(config).state_dict()
+    load_check(expected, sd)
+    return sd, config
+
+
+def _table_rows_aside(shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """Shapes with the V1 bias tables' rows left out: a table of another window is resized
+    to the model's (`resize_tables`), as timm's `checkpoint_filter_fn` does."""
+    return {
+        key: (shape[1:] if key.endswith("relative_position_bias_table") else shape)
+        for key, shape in shapes.items()
+    }
+
+
+def resize_tables(state_dict: dict[str, Tensor], model: SwinTransformer) -> dict[str, Tensor]:
+    """The V1 bias tables of `state_dict` resized to the model's windows where they differ
+    (timm's `resize_rel_pos_bias_table`): weights read at one image or window size, run at
+    another."""
+    own = model.state_dict()
+    for key, table in state_dict.items():
+        if key.endswith("relative_position_bias_table") and table.shape != own[key].shape:
+            window = model.get_submodule(key.rsplit(".", 1)[0]).window_size
+            log.info("resizing %s from %s to the %s window", key, tuple(table.shape), window)
+            state_dict[key] = resize_rel_pos_bias_table(table, window)
+    return state_dict
+
+
+def _arch_config(arch: str, shown: Mapping[str, Any], overrides: Mapping[str, Any]) -> SwinConfig:
+    """`arch`'s config (image size, windows, pre-training windows, pooling) with the sizes the
+    weights show; a name of the other version (or a ViT's) is refused."""
+    named = get_config(arch)
+    if not isinstance(named, SwinConfig):
+        raise ArchMismatchError(arch, "Swin weights, and it is a ViT name; pass a swin* name")
+    if named.version != shown["version"]:
+        raise ArchMismatchError(
+            arch, f"version {shown['version']} ({arch}: version {named.version})"
+        )
+    sizes = {k: v for k, v in shown.items() if k != "window_size"}  # the name's, unclamped
+    return named.replace(**{**sizes, **overrides})
+
+
+def load_check(expected: Mapping[str, Tensor], sd: Mapping[str, Tensor]) -> None:
+    """Every key and shape of a Swin of the inferred config, or one readable CheckpointError."""
+    expected_shapes = _table_rows_aside({k: tuple(v.shape) for k, v in expected.items()})
+    report = mismatch_report(
+        expected_shapes, _table_rows_aside({k: tuple(v.shape) for k, v in sd.items()})
+    )
+    if report:
+        raise CheckpointError(
+            f"timm Swin weights do not match the inferred model ({report}); pass the "
+            "arch= they were made for"
+        )
+
+
+def fill_swin(
+    weights: Any,
+    model: SwinTransformer | None,
+    num_classes: int | None,
+    img_size: Any,
+    overrides: Mapping[str, Any],
+) -> SwinTransformer:
+    """`load_pretrained` for Swin weights (`weights`: its `SourceWeights`): the model (given,
+    or built from the weights' config with `overrides`, `img_size` and `num_classes`) holding
+    them, a head of another size left freshly initialised; eval mode, with the data config."""
+    source: SwinConfig = weights.config
+    if model is None:
+        target = source.replace(**overrides)
+        if img_size is not None:
+            target = target.replace(img_size=img_size)
+        if num_classes is not None:
+            target = target.replace(num_classes=num_classes)
+        model = SwinTransformer(target)
+    elif num_classes is not None and num_classes != model.num_classes:
+        model.reset_classifier(num_classes)
+    state_dict = dict(weights.state_dict)
+    if model.num_classes != source.num_classes:
+        log.info("new %d-class head (the checkpoint has %d): fine-tune it",
+                 model.num_classes, source.num_classes)  # fmt: skip
+        own = model.state_dict()
+        for key in _HEAD_KEYS:
+            state_dict.pop(key, None)
+            if key in own:
+                state_dict[key] = own[key]
+    load_into(model, resize_tables(state_dict, model), source=f"{weights.format} Swin checkpoint")
+    chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
+    data_config = weights.data_config
+    if data_config is None:
+        log.info("%s states no data config; assuming timm's Swin defaults: ImageNet mean and "
+                 "std, bicubic, centre crop 0.9", weights.name)  # fmt: skip
+        imagenet = chans == 3
+        data_config = DataConfig(
+            input_size=(chans, height, width),
+            mean=IMAGENET_MEAN if imagenet else 0.5,
+            std=IMAGENET_STD if imagenet else 0.5,
+            interpolation="bicubic",
+            crop_pct=0.9,
+        )
+    model.data_config = data_config.replace(input_size=(chans, height, width))
+    return model.eval()
