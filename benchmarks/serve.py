@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = serve_rounds(service, images, args)
     env = environment(torch.device("cpu"), argparse.Namespace(no_timm=True, threads=None))
     print(f"\n{args.model}, {args.image_size}x{args.image_size} PNGs, {args.requests} requests "
-          f"per round; {env['cpu']}, {env['threads']} threads, torch {env['torch']}, "
+          f"per round; {env['cpu']} ({env['cpu_capability']}), {env['threads']} threads, "
+          f"torch {env['torch']}, "
           f"{env['date']}\n")  # fmt: skip
     print(
         "| server | clients | requests/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |"
