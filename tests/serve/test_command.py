@@ -59,6 +59,43 @@ def test_a_port_in_use_is_refused_in_one_line(checkpoint, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give the weights to serve: vitkit serve RUN_OR_CHECKPOINT"),
+        (["a.safetensors", "--checkpoint", "b.safetensors"], "give the weights once"),
+    ],
+)
+def test_the_weights_are_given_once(argv, message, capsys):
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitkit: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_run_folder_is_served_with_its_model(tmp_path, monkeypatch, capsys):
+    """`vitkit serve RUN` serves the run's model.safetensors, as `predict --checkpoint RUN`
+    reads it (the server itself stubbed: the subprocess test below runs a real one)."""
+    import vitkit.serve.server as server_module
+
+    run = tmp_path / "run"
+    argv = ["train", "--out", str(run), "--epochs", "1", "--model-opt", "depth=1", "--no-progress"]
+    assert cli.main(argv) == 0
+    served = {}
+
+    class Stub:
+        def __init__(self, app, **_):
+            served["app"] = app
+
+        def run(self, sockets):
+            served["sockets"] = sockets
+
+    monkeypatch.setattr(server_module, "server", Stub)
+    assert cli.main(["serve", str(run), "--port", "0"]) == 0
+    service = served["app"].state.api.service
+    assert service.info()["model"] == str(run)
+    assert service.info()["classes"] == [str(i) for i in range(10)]
+
+
 def _lines(stream, into: queue.Queue) -> None:
     for line in stream:
         into.put(line)
@@ -66,7 +103,7 @@ def _lines(stream, into: queue.Queue) -> None:
 
 def test_the_command_serves_until_sigterm_and_finishes_the_request_in_flight(checkpoint):
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "vitkit", "serve", "--checkpoint", str(checkpoint),
+    command = [sys.executable, "-m", "vitkit", "serve", str(checkpoint),
                "--port", "0", "--max-wait-ms", "1500"]  # fmt: skip
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()

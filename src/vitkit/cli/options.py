@@ -51,11 +51,11 @@ def fraction(text: str) -> float:
 WEIGHTS_FLAGS = {"num_heads": "--num-heads N", "arch": "--arch NAME"}
 
 
-def checkpoint(parser: argparse.ArgumentParser) -> None:
+def checkpoint(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """`--checkpoint PATH`: the weights a command runs (eval, predict, explain, export)."""
     parser.add_argument(
         "--checkpoint",
-        required=True,
+        required=required,
         metavar="PATH",
         help="the model's weights: a vitkit checkpoint (a run's model.safetensors), or timm / "
         "Hugging Face / torchvision / JAX weights, a file or a model folder",

@@ -12,6 +12,7 @@ from ..serve.limits import Limits
 from ..train.config import resolve_device
 from . import options
 from .commands import add_command
+from .errors import UserError
 from .loading import load_model
 from .status import ExitCode
 
@@ -50,7 +51,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "`vitkit predict` prepares them; concurrent requests are batched. Needs the serve "
         "extra: pip install 'vitkit[serve]'.",
     )
-    options.checkpoint(p)
+    p.add_argument("source", nargs="?", metavar="RUN_OR_CHECKPOINT",
+                   help="a run folder (its model.safetensors) or any weights --checkpoint "
+                   "takes")  # fmt: skip
+    options.checkpoint(p, required=False)
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: 127.0.0.1, this machine only; "
                    "0.0.0.0 for every network)")  # fmt: skip
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.server import address, bind, server
     from ..serve.service import Service
 
+    args.checkpoint = _weights(args)
     device = resolve_device(args.device)
     sock = bind(args.host, args.port)  # a port in use is said before the model is read
     with sock:
@@ -97,3 +102,12 @@ def run(args: argparse.Namespace) -> int:
                  address(sock))  # fmt: skip
         server(create_app(service, batching=batching, limits=limits)).run(sockets=[sock])
     return ExitCode.OK
+
+
+def _weights(args: argparse.Namespace) -> str:
+    """What to serve: RUN_OR_CHECKPOINT or --checkpoint, one of them."""
+    if args.source is None and args.checkpoint is None:
+        raise UserError("give the weights to serve: vitkit serve RUN_OR_CHECKPOINT")
+    if args.source is not None and args.checkpoint is not None:
+        raise UserError(f"{args.source} and --checkpoint {args.checkpoint}: give the weights once")
+    return args.source if args.source is not None else args.checkpoint
