@@ -18,19 +18,29 @@ if TYPE_CHECKING:
     from ..train.config import JobConfig
 
 
-def int_in(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low`, else one line naming the flag."""
+def number_in(
+    low: float, high: float | None = None, *, integer: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a number (an integer with `integer`) in [low, high], else one line
+    naming the flag."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> float:
         try:
-            value = int(text)
+            value = int(text) if integer else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+            kind = "an integer" if integer else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
+        if value != value or value < low or (high is not None and value > high):
+            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value if integer else text}")
         return value
 
     return parse
+
+
+def int_in(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`, else one line naming the flag."""
+    return number_in(low, integer=True)  # type: ignore[return-value]
 
 
 def fraction(text: str) -> float:

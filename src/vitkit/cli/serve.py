@@ -22,23 +22,6 @@ OPTION_FLAGS = options.WEIGHTS_FLAGS
 MB = 1024 * 1024
 
 
-def _number_in(low: float, high: float | None = None, *, integer: bool = False) -> Any:
-    """An argparse type: a number in [low, high], else one line."""
-
-    def parse(text: str) -> float | int:
-        try:
-            value = int(text) if integer else float(text)
-        except ValueError:
-            kind = "an integer" if integer else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-        if value != value or value < low or (high is not None and value > high):
-            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
-        return value
-
-    return parse
-
-
 def register(subparsers: Any) -> argparse.ArgumentParser:
     batching, limits = Batching(), Limits()
     p = add_command(
@@ -58,20 +41,21 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: 127.0.0.1, this machine only; "
                    "0.0.0.0 for every network)")  # fmt: skip
-    p.add_argument("--port", type=_number_in(0, 65535, integer=True), default=8000,
+    p.add_argument("--port", type=options.number_in(0, 65535, integer=True), default=8000,
                    metavar="N", help="the port (default: 8000; 0: a free one)")  # fmt: skip
     group = p.add_argument_group("batching")
     group.add_argument("--max-batch", type=options.int_in(1), default=batching.max_batch,
                        metavar="N", help="images per forward pass, gathered from concurrent "
                        f"requests (default: {batching.max_batch}; 1: no batching)")  # fmt: skip
-    group.add_argument("--max-wait-ms", type=_number_in(0, 10_000), default=batching.max_wait_ms,
-                       metavar="T", help="how long the first image of a batch waits for "
+    group.add_argument("--max-wait-ms", type=options.number_in(0, 10_000),
+                       default=batching.max_wait_ms, metavar="T",
+                       help="how long the first image of a batch waits for "
                        f"others, in milliseconds (default: {batching.max_wait_ms:g})")  # fmt: skip
     group.add_argument("--max-queue", type=options.int_in(1), default=batching.max_queue,
                        metavar="N", help="images waiting at most; beyond, requests get 503 with "
                        f"Retry-After (default: {batching.max_queue})")  # fmt: skip
     group = p.add_argument_group("limits on each request")
-    group.add_argument("--max-upload-mb", type=_number_in(0.001), metavar="MB",
+    group.add_argument("--max-upload-mb", type=options.number_in(0.001), metavar="MB",
                        default=limits.max_upload_bytes / MB, help="the largest request body "
                        f"(default: {limits.max_upload_bytes / MB:g})")  # fmt: skip
     group.add_argument("--max-pixels", type=options.int_in(1), metavar="N",
