@@ -146,6 +146,16 @@ def test_empty_file_gives_one_line(tmp_path, name):
         vitkit.load_pretrained(path)
 
 
+def test_an_image_given_as_weights_is_named_as_such(tmp_path):
+    """A photo passed where the weights go: not "it needs arbitrary unpickling", which torch's
+    weights-only reader reports for any byte it cannot parse."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "photo.png")
+    with pytest.raises(CheckpointError, match=r"photo\.png is no weights file vitkit reads"):
+        load_state_dict(tmp_path / "photo.png")
+
+
 @pytest.mark.parametrize(
     "name, data, pattern",
     [

@@ -295,6 +295,11 @@ def load_state_dict(
     except pickle.UnpicklingError as err:
         if not str(err).startswith("Weights only load failed"):
             raise CheckpointError(_unreadable(path, err)) from None
+        if not _is_pickle(path):  # an image, a text file: no pickle asked for anything
+            raise CheckpointError(
+                f"{path} is no weights file vitkit reads (safetensors, a torch.save .pth / "
+                ".bin, a JAX .npz or an ONNX file): give the model's weights"
+            ) from None
         raise CheckpointError(
             f"refusing to load {path}: it needs arbitrary unpickling, which can run code "
             f"({_unpickler_reason(err)}). Load it with torch.load(weights_only=False) only if "
@@ -303,6 +308,14 @@ def load_state_dict(
     except Exception as err:  # torch.load raises many types for files of another format
         raise CheckpointError(_unreadable(path, err)) from None
     return _unwrap(obj, path)
+
+
+def _is_pickle(path: Path) -> bool:
+    """Whether `path` is what torch.save writes: a zip archive, or a pickle (protocol 2+)."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
 
 
 def _first_line(err: BaseException) -> str:
