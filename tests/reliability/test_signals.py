@@ -100,6 +100,33 @@ class StopAt(Dataset):
         return self.base[index]
 
 
+class WorkerEndedAt(StopAt):
+    """As StopAt, then the next read fails as the DataLoader reports a worker that the
+    stopping signal ended (one forked just before it, which could not yet ignore it)."""
+
+    def __getitem__(self, index: int):
+        if self.reads == self.at:
+            self.reads += 1
+            raise RuntimeError("DataLoader worker (pid 1234) is killed by signal: Terminated. ")
+        return super().__getitem__(index)
+
+
+def test_a_worker_the_stop_signal_ended_is_a_stop_not_a_failure(tmp_path, digits):
+    """After the stop, the loader's error about the worker the signal killed ends the epoch
+    as the stop does: the state is saved; without a stop the same error fails the run."""
+    train, val = digits
+    config = TrainConfig(epochs=2, batch_size=32, lr=2e-3, warmup_epochs=0)
+    stop = StopFlag()
+    result = fit(tiny_model(), WorkerEndedAt(train, stop, 32 + 5), val, config,
+                 out_dir=tmp_path / "run", stop=stop)  # fmt: skip
+    assert result.interrupted and result.history == []
+    assert load_state(tmp_path / "run" / STATE_FILE)["epoch_state"]["batches"] == 1
+    never = StopFlag()
+    failing = WorkerEndedAt(train, StopFlag(), 32 + 5)
+    with pytest.raises(RuntimeError, match="^DataLoader worker"):
+        fit(tiny_model(), failing, val, config, out_dir=tmp_path / "other", stop=never)
+
+
 def test_stops_in_mid_epoch_twice_in_a_row_resume_to_the_same_weights(tmp_path, digits):
     """Stopped after batch 2 of epoch 1, resumed and stopped after batch 4 of epoch 2 (later
     than the 3 batches the resumed epoch had left, which once counted as the whole of epoch
