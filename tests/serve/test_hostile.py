@@ -96,6 +96,7 @@ def test_a_multipart_file_is_named_in_its_error(url):
     )
     assert answer.status_code == 422  # fmt: skip
     assert answer.json()["error"].startswith("broken.png")
+    assert "BytesIO" not in answer.json()["error"]  # the decoder's message names the file too
 
 
 def test_an_upload_streamed_past_the_limit_is_cut_short(url):

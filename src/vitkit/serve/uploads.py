@@ -6,6 +6,7 @@ memory: nothing from a request is written to disk."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .errors import RequestError
 from .limits import Limits
 
 RAW_TYPES = ("application/octet-stream",)  # and every image/* type
+_IN_MEMORY = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 HOW_TO_SEND = (
     "send the image as multipart/form-data (curl -F file=@cat.jpg) or as raw bytes with "
     "Content-Type image/jpeg, image/png or application/octet-stream"
@@ -128,14 +130,13 @@ def decode_image(upload: Upload, limits: Limits, *, in_chans: int) -> Image.Imag
             "on each side",
         )
     data = io.BytesIO(upload.data)
-    data.name = upload.name  # named in the decoder's messages
     try:
         return open_image(data, in_chans=in_chans)
     except DataError as err:
         reason = str(err).removeprefix(f"cannot read image {data}: ")
         raise RequestError(422, f"cannot read {upload.name}: {reason}") from None
     except Exception as err:  # Pillow's plugins raise more kinds on malformed files
-        raise RequestError(422, f"cannot read {upload.name}: {type(err).__name__}: {err}") from None
+        raise RequestError(422, f"cannot read {upload.name}: {_reason(err, upload)}") from None
 
 
 def _header_size(upload: Upload, limits: Limits) -> tuple[int, int]:
@@ -151,5 +152,11 @@ def _header_size(upload: Upload, limits: Limits) -> tuple[int, int]:
         ) from None
     except Exception as err:  # Pillow raises many kinds for what is not an image
         raise RequestError(
-            422, f"{upload.name} is not an image Pillow can read ({type(err).__name__}: {err})"
+            422, f"{upload.name} is not an image Pillow can read ({_reason(err, upload)})"
         ) from None
+
+
+def _reason(err: Exception, upload: Upload) -> str:
+    """A decoder's error, the in-memory file it names (`<_io.BytesIO object at 0x...>`)
+    replaced by the upload's name."""
+    return f"{type(err).__name__}: {_IN_MEMORY.sub(repr(upload.name), str(err))}"
