@@ -280,21 +280,15 @@ def test_names_carry_from_block_to_block():
 
 
 def test_the_harness_reads_markers_and_commands(tmp_path):
-    page = DOCS / "_probe.md"
-    text = (
+    page = tmp_path / "page.md"
+    page.write_text(
         "<!-- not run: downloads 300 MB of weights -->\n```bash\ncurl x\n```\n\n"
+        "```text\nshown, not run\n```\n\n"
         "```console\n$ vitkit models \\\n  --filter x\nline\n$ ls\n```\n"
     )
-    found = _blocks_of_text(text, tmp_path)
-    assert [(b.lang, b.not_run) for b in found] == [
-        ("bash", "downloads 300 MB of weights"),
-        ("console", None),
+    found = blocks(page)
+    assert [(b.lang, b.not_run, b.line) for b in found] == [
+        ("bash", "downloads 300 MB of weights", 2),
+        ("console", None, 10),
     ]
     assert console_commands(found[1].body) == [("vitkit models  --filter x", "line\n"), ("ls", "")]
-    assert page.exists() is False
-
-
-def _blocks_of_text(text: str, folder: Path) -> list[Block]:
-    path = folder / "page.md"
-    path.write_text(text)
-    return [Block(ROOT / "README.md", b.line, b.lang, b.body, b.not_run) for b in blocks(path)]
