@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset
 
-from .images import CorruptImageError, DataError, open_image, read_image
+from .images import CorruptImageError, DataError, NeededSize, open_image, read_image
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +96,16 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
         return self.load(index)
 
-    def load(self, index: int, *, full_resolution: bool = False) -> tuple[Any, int] | None:
+    def load(
+        self, index: int, *, full_resolution: bool = False, needed: NeededSize | None = None
+    ) -> tuple[Any, int] | None:
         """(image, label): a tensor as `__getitem__`, or with `full_resolution` the PIL image
-        ('RGB' / 'L', 8-bit) at its own size; None for a skipped file."""
+        ('RGB' / 'L', 8-bit) at its own size, or a `ReducedImage` where `needed` allows (see
+        `open_image`); None for a skipped file."""
         path, label = self.samples[index]
         try:
             if full_resolution:
-                image = open_image(path, in_chans=self.in_chans)
+                image = open_image(path, in_chans=self.in_chans, needed=needed)
             else:
                 image = read_image(path, in_chans=self.in_chans, size=self.img_size)
         except CorruptImageError as err:
@@ -135,7 +138,8 @@ class Transformed(Dataset):
     """Apply `transform` to each image (None items, i.e. skipped files, pass through).
 
     A transform with `full_resolution = True` (vitkit's, which size images themselves) gets
-    image files as PIL images at their own size, not squashed at decode.
+    image files as PIL images at their own size, not squashed at decode; large JPEGs reduced
+    as far as its `decode_size` allows.
     """
 
     def __init__(self, dataset: Dataset, transform: Callable[[Tensor], Tensor] | None) -> None:
@@ -147,7 +151,8 @@ class Transformed(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
         if getattr(self.transform, "full_resolution", False):
-            item = _full_resolution_item(self.dataset, index)
+            needed = getattr(self.transform, "decode_size", None)
+            item = _full_resolution_item(self.dataset, index, needed)
         else:
             item = self.dataset[index]
         if item is None or self.transform is None:
@@ -206,12 +211,12 @@ def seeded(seed: int) -> Iterator[None]:
         random.setstate(python_state)
 
 
-def _full_resolution_item(dataset: Dataset, index: int) -> Any:
-    """`dataset[index]`, image files undecimated (through Subset wrappers)."""
+def _full_resolution_item(dataset: Dataset, index: int, needed: NeededSize | None) -> Any:
+    """`dataset[index]`, image files not squashed (through Subset wrappers)."""
     while isinstance(dataset, Subset):
         dataset, index = dataset.dataset, dataset.indices[index]
     if isinstance(dataset, ImageFiles):
-        return dataset.load(index, full_resolution=True)
+        return dataset.load(index, full_resolution=True, needed=needed)
     return dataset[index]
 
 

@@ -1,4 +1,4 @@
-"""Image files decoded at full resolution: one decoder for training, evaluation and prediction.
+"""Image files decoded: one decoder for training, evaluation and prediction.
 
 `open_image` gives the PIL image the transforms take (8-bit 'RGB' or 'L', as timm's loader
 gives them), `read_image` a float tensor (C, H, W) in [0, 1]. Both apply the EXIF orientation
@@ -6,6 +6,13 @@ gives them), `read_image` a float tensor (C, H, W) in [0, 1]. Both apply the EXI
 16-bit grey is scaled from 0..65535, not clipped at 255 as Pillow's `convert` does; 32-bit
 integer ('I') and float ('F') pixels are read when their values lie in a known range and are
 refused, naming the mode and the values, when they do not.
+
+A JPEG much larger than a transform needs can be decoded smaller: libjpeg scales the DCT by
+1/2, 1/4 or 1/8 while decoding (`Image.draft`), which costs a fraction of a full decode. The
+transform says the least size it needs (`needed`, e.g. `Compose.decode_size`); the decoder
+takes the largest reduction that still gives at least that many pixels on each side, and hands
+back a `ReducedImage` that keeps the full image's geometry, so crops and resizes land on the
+same places (docs/guides/images.md, "Decoding large JPEGs", has the measured difference).
 """
 
 from __future__ import annotations
@@ -20,13 +27,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
 _16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+# EXIF orientation -> (stored x reversed, stored y reversed, axes swapped) once upright, as
+# `ImageOps.exif_transpose` turns the image (2: mirror, 6: rotate 90 clockwise, ...)
+_ORIENTATIONS = {
+    1: (False, False, False),
+    2: (True, False, False),
+    3: (True, True, False),
+    4: (False, True, False),
+    5: (False, False, True),
+    6: (False, True, True),
+    7: (True, True, True),
+    8: (True, False, True),
+}
+NeededSize = Callable[[int, int], "tuple[int, int] | None"]
 
 
 class DataError(ValueError):
@@ -59,33 +79,72 @@ def _grey_float(img: Image.Image) -> np.ndarray | str:
     )
 
 
-def _decode(path: str | os.PathLike, in_chans: int) -> Image.Image:
-    """The file at full resolution, upright, as 'L' / 'RGB' (8-bit) or 'F' (wide grey in
-    [0, 1]); errors name the file."""
+@dataclass(frozen=True)
+class ReducedImage:
+    """A JPEG decoded by libjpeg at 1/2, 1/4 or 1/8 of its size (`Image.draft`).
+
+    `image` is the decoded 8-bit 'RGB' / 'L' image, upright; `size` (h, w) the full upright
+    image's; `box` (left, top, right, bottom) the full image's extent in `image`'s pixels
+    (`image` can be a fraction of a pixel larger: libjpeg decodes the last, partial 8x8 block
+    whole). Transforms crop and resize through `region`, in the full image's coordinates."""
+
+    image: Image.Image
+    size: tuple[int, int]
+    box: tuple[float, float, float, float]
+
+    @property
+    def scale(self) -> int:
+        """The reduction: 2, 4 or 8."""
+        return round(self.size[1] / (self.box[2] - self.box[0]))
+
+    def region(
+        self, top: float, left: float, height: float, width: float
+    ) -> tuple[float, float, float, float]:
+        """The box (left, top, right, bottom) in `image` of the full image's region."""
+        x0, y0, x1, y1 = self.box
+        sx, sy = (x1 - x0) / self.size[1], (y1 - y0) / self.size[0]
+        return x0 + left * sx, y0 + top * sy, x0 + (left + width) * sx, y0 + (top + height) * sy
+
+
+def _draft(img: Image.Image, needed: NeededSize) -> tuple[tuple[int, int], tuple] | None:
+    """Ask libjpeg to decode `img` (opened, not loaded) at the largest reduction that keeps at
+    least `needed(h, w)` pixels of the upright image on each side: the full upright size and
+    the full image's box in the upright reduced image, or None when it is not reduced (not
+    a JPEG, or not large enough for 1/2)."""
+    orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
+    flip_x, flip_y, swap = _ORIENTATIONS.get(orientation, _ORIENTATIONS[1])
+    width, height = img.size  # as stored
+    upright = (width, height) if swap else (height, width)
+    want = needed(*upright)
+    if want is None:
+        return None
+    want_w, want_h = (want[0], want[1]) if swap else (want[1], want[0])  # as stored
+    if width // max(want_w, 1) < 2 or height // max(want_h, 1) < 2:
+        return None
+    drafted = img.draft(None, (want_w, want_h))  # None for formats without reduced decoding
+    if drafted is None or drafted[1][2] >= width:
+        return None
+    _, (_, _, extent_w, extent_h) = drafted
+    left = img.size[0] - extent_w if flip_x else 0.0
+    top = img.size[1] - extent_h if flip_y else 0.0
+    box = (left, top, left + extent_w, top + extent_h)  # as stored
+    return upright, (box[1], box[0], box[3], box[2]) if swap else box
+
+
+def _decode(
+    path: str | os.PathLike, in_chans: int, needed: NeededSize | None = None
+) -> Image.Image | ReducedImage:
+    """The file upright as 'L' / 'RGB' (8-bit) or 'F' (wide grey in [0, 1]), at full
+    resolution or, with `needed`, reduced where it can be; errors name the file."""
     if in_chans not in (1, 3):
         raise ValueError(f"images are read with 1 or 3 channels, not {in_chans}")
-    target = "L" if in_chans == 1 else "RGB"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                img = ImageOps.exif_transpose(img)
-                if img.mode in (*_16_BIT_MODES, "I", "F"):
-                    grey = _grey_float(img)
-                    if isinstance(grey, str):
-                        raise CorruptImageError(f"cannot read image {path}: {grey}")
-                    return Image.fromarray(grey)  # float32 -> mode F
-                try:
-                    return img.convert(target)
-                except ValueError:  # e.g. LAB converts to RGB only
-                    pass
-                try:
-                    return img.convert("RGB").convert(target)
-                except ValueError:
-                    raise CorruptImageError(
-                        f"cannot read image {path}: Pillow cannot convert its mode "
-                        f"{img.mode} to {target}; save it as RGB or greyscale"
-                    ) from None
+                reduced = None if needed is None else _draft(img, needed)
+                decoded = _convert(img, path, in_chans)
+                return decoded if reduced is None else ReducedImage(decoded, *reduced)
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -98,16 +157,45 @@ def _decode(path: str | os.PathLike, in_chans: int) -> Image.Image:
         raise CorruptImageError(f"cannot read image {path}: {err}") from None
 
 
-def open_image(path: str | os.PathLike, *, in_chans: int = 3) -> Image.Image:
+def _convert(img: Image.Image, path: str | os.PathLike, in_chans: int) -> Image.Image:
+    """The opened file decoded, upright, in the mode `_decode` gives."""
+    target = "L" if in_chans == 1 else "RGB"
+    img = ImageOps.exif_transpose(img)
+    if img.mode in (*_16_BIT_MODES, "I", "F"):
+        grey = _grey_float(img)
+        if isinstance(grey, str):
+            raise CorruptImageError(f"cannot read image {path}: {grey}")
+        return Image.fromarray(grey)  # float32 -> mode F
+    try:
+        return img.convert(target)
+    except ValueError:  # e.g. LAB converts to RGB only
+        pass
+    try:
+        return img.convert("RGB").convert(target)
+    except ValueError:
+        raise CorruptImageError(
+            f"cannot read image {path}: Pillow cannot convert its mode "
+            f"{img.mode} to {target}; save it as RGB or greyscale"
+        ) from None
+
+
+def open_image(
+    path: str | os.PathLike, *, in_chans: int = 3, needed: NeededSize | None = None
+) -> Image.Image | ReducedImage:
     """An image file as an 8-bit PIL image at full resolution: 'RGB' (in_chans=3) or 'L' (1).
 
     Grey, palette, RGBA (alpha dropped, as torchvision's loader does), CMYK, YCbCr, HSV and
     16-bit grey (scaled) images are converted; see the module docstring for 32-bit pixels.
     Raises `CorruptImageError` naming the file when it cannot be read, and for images over
     `PIL.Image.MAX_IMAGE_PIXELS` (decompression bombs).
+
+    `needed(height, width)`, given the full upright size, returns the least (h, w) the whole
+    image may be decoded at (or None: full size). A JPEG at least twice that on both sides is
+    decoded reduced and returned as a `ReducedImage`, which vitkit's transforms take
+    (`Compose.decode_size` is such a function); other images come back at full resolution.
     """
-    img = _decode(path, in_chans)
-    if img.mode != "F":
+    img = _decode(path, in_chans, needed)
+    if isinstance(img, ReducedImage) or img.mode != "F":
         return img
     grey = np.rint(np.asarray(img) * 255.0).astype(np.uint8)
     return Image.fromarray(grey).convert("L" if in_chans == 1 else "RGB")  # uint8 -> mode L
@@ -216,14 +304,16 @@ def load_images(
     *,
     in_chans: int = 3,
 ) -> LoadedImages:
-    """Decode each file at full resolution (`open_image`) and prepare it with `transform`
-    (e.g. `eval_transform(data_config)`); a file that cannot be read is skipped, logged and
-    named in `skipped` with the reason, so one bad file does not stop the others. With none
-    readable, `images` is empty (0,) and the caller says so (`datasets.none_readable`)."""
+    """Decode each file (`open_image`; reduced where `transform.decode_size` allows) and
+    prepare it with `transform` (e.g. `eval_transform(data_config)`); a file that cannot be
+    read is skipped, logged and named in `skipped` with the reason, so one bad file does not
+    stop the others. With none readable, `images` is empty (0,) and the caller says so
+    (`datasets.none_readable`)."""
     images, kept, skipped = [], [], {}
     for path in map(str, paths):
         try:
-            images.append(transform(open_image(path, in_chans=in_chans)))
+            needed = getattr(transform, "decode_size", None)
+            images.append(transform(open_image(path, in_chans=in_chans, needed=needed)))
         except DataError as err:  # unreadable, or gone since it was listed
             reason = str(err).removeprefix(f"cannot read image {path}: ")
             skipped[path] = "it does not exist" if reason.endswith("does not exist") else reason
