@@ -31,6 +31,7 @@ import copy
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -389,17 +390,26 @@ def scaling_case(name, sizes, batch, args, device) -> list[dict]:
 # -- reporting -------------------------------------------------------------------------------
 
 
+# the CPU features that decide the fast paths (bf16 / fp16 products, AMX tiles)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+
+
 def environment(device: torch.device, args: argparse.Namespace) -> dict:
     cpu = platform.processor() or platform.machine()
+    flags: set[str] = set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
                 break
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels' ISA: AVX2, ...
+        "cpu_flags": [f for f in CPU_FLAGS if f in flags],
+        "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads() if device.type == "cpu" else args.threads,
         "device": str(device),
         "torch": torch.__version__,

@@ -1,0 +1,65 @@
+"""benchmarks/loader.py --jpegs runs end to end and its worker estimate follows from its rates
+(the rates themselves are reported, never asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _loader_script():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports its neighbour throughput.py
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "loader_bench", ROOT / "benchmarks" / "loader.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+@pytest.mark.slow
+def test_the_jpeg_benchmark_reports_every_pipeline_against_every_model(tmp_path):
+    out = tmp_path / "loader.json"
+    args = [
+        "--jpegs", "2", "--jpeg-size", "480x360", "--rounds", "1", "--threads", "1",
+        "--models", "vit_tiny_patch16_224", "--train-batch", "2", "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "loader.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    pipes = ["train, draft off", "eval, draft off", "train, draft on", "eval, draft on"]
+    assert list(report["worker_images_per_s"]) == pipes
+    models = list(report["model_train_images_per_s"])
+    assert models[0] == "vit_tiny_patch16_224 fp32" and len(models) in (1, 2)  # + bf16
+    assert [(c["pipeline"], c["model"]) for c in report["comparisons"]] == [
+        (p, m) for p in pipes for m in models
+    ]
+    module = _loader_script()  # the worker estimate: one core each, training on the rest
+    # a worker at 30 images/s, training at 10 images/s per core: 1 worker + 1 core = 30 >= 10
+    assert module.workers_needed(30.0, 10.0, 2) == 1
+    assert module.workers_needed(30.0, 10.0, 16) == 4  # w * 30 >= (16 - w) * 10 -> w >= 4
+    assert module.workers_needed(10.0, 10.0, 16) == 8  # as fast as a core: half the machine
+    assert module.workers_needed(1.0, 100.0, 2) == 2  # decoding cannot keep up on 2 cores
+    for c in report["comparisons"]:
+        worker = report["worker_images_per_s"][c["pipeline"]]
+        per_core = report["model_train_images_per_s"][c["model"]] / report["env"]["threads"]
+        assert c["workers"] == {str(n): module.workers_needed(worker, per_core, n) for n in (2, 16)}
+    assert report["env"]["cpu"] and "cpu_flags" in report["env"]
+    assert "| eval, draft on | vit_tiny_patch16_224 fp32 |" in proc.stdout
