@@ -1,8 +1,16 @@
 """bf16 autocast training on the CPU (`vitkit train --amp bf16`): the training steps, with the
 fused AdamW, track float32's loss; evaluation under the same autocast takes the fused oneDNN
-block path where the CPU has native bf16 and agrees with float32."""
+block path where the CPU has native bf16 and agrees with float32; benchmarks/train_bf16.py runs
+(its timings are reported, never asserted)."""
 
 from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +96,36 @@ def test_evaluation_under_bf16_autocast_takes_the_fused_block_and_agrees():
     assert logits.dtype == torch.bfloat16
     assert (logits.float().argmax(1) == reference.argmax(1)).float().mean() >= 0.9
     assert torch.allclose(logits.float(), reference, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.slow
+def test_the_bf16_training_benchmark_runs_both_libraries_and_profiles_the_gemms(tmp_path):
+    pytest.importorskip("timm", reason="timm is not installed (pip install -e '.[interop]')")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "bf16.json"
+    args = ["--models", "vit_tiny_patch16_224", "--batch", "2", "--rounds", "2", "--warmup", "0",
+            "--threads", "1", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "train_bf16.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(root / "src")),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = json.loads(out.read_text())["results"]
+    steps = ["vitkit bf16", "vitkit fp32", "timm bf16"]
+    assert sorted(result["seconds"]) == sorted(steps)
+    assert all(len(result["seconds"][k]) == 2 for k in steps)
+    ratios = [
+        t / v for v, t in zip(result["seconds"]["vitkit bf16"], result["seconds"]["timm bf16"])
+    ]
+    assert result["vitkit_vs_timm_bf16"] == pytest.approx(statistics.median(ratios))
+    for step in steps:
+        gemm = result["gemm"][step]
+        assert 0 < gemm["fraction"] < 1
+        assert gemm["fraction"] == pytest.approx(
+            sum(gemm["gemm_ms"].values()) / gemm["self_cpu_ms"]
+        )
+        assert "aten::mm" in gemm["gemm_ms"]  # the weight gradients
+    assert "| vit_tiny_patch16_224 | 2 |" in proc.stdout
