@@ -181,11 +181,16 @@ def from_timm_or_swin(
 ) -> tuple[dict[str, Tensor], Any]:
     """timm's converter for both architectures: `from_timm_swin` for Swin keys, else the
     ViT's `from_timm`. `fit_img_size` is `load_pretrained`'s img_size: a Swin's weights do not
-    record theirs, and any size reads them (it sets only the windows' clamping and masks)."""
+    record theirs, and any size reads them (it sets only the windows' clamping and masks);
+    `folder_img_size` is a timm Hub folder's `model_args` img_size, which comes before its
+    architecture's."""
     fit_img_size = options.pop("fit_img_size", None)
+    folder_img_size = options.pop("folder_img_size", None)
     if is_swin_state_dict(list(state_dict)):
         if fit_img_size is not None and options.get("arch") is None:
             options.setdefault("img_size", fit_img_size)
+        if folder_img_size is not None:
+            options.setdefault("img_size", folder_img_size)
         return from_timm_swin(state_dict, **options)
     return from_timm(state_dict, **options)
 
