@@ -150,3 +150,29 @@ def test_position_bias_logit_scale_and_init():
     q = k = torch.nn.functional.normalize(torch.randn(1, 1, 4, 32), dim=-1)
     assert torch.allclose(attn.logits(q, k).diagonal(dim1=-2, dim2=-1),
                           torch.full((1, 1, 4), math.exp(LOGIT_SCALE_MAX)))  # fmt: skip
+
+
+@requires_timm
+def test_set_input_size_equals_timms():
+    """Another (non-square) size with the windows from the grid, then given windows, ratios and
+    always_partition: timm's windows, shifts and masks; the parameters are the same objects."""
+    source, model = pair("swinv2_cr_tiny_224", img_size=64)
+    params = list(model.parameters())
+    steps = [
+        (dict(img_size=(96, 64)), (96, 64), (3, 2)),  # windows follow the grid (24, 16) / 8
+        (dict(img_size=64, window_size=(4, 3, 2, 2)), (64, 64), (4, 4)),
+        (dict(window_ratio=(4, 8, 8, 16), always_partition=True), (64, 64), (4, 4)),
+    ]
+    for options, size, window in steps:
+        source.set_input_size(**options)
+        model.set_input_size(**options)
+        assert model.stages[0].blocks[1].window_size == window
+        assert model.patch_embed.img_size == size
+        assert model.config.grid_size == (size[0] // 4, size[1] // 4)  # the config follows
+        x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            assert relative_error(model(x), source(x)) < RTOL
+    assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
+    model.set_input_size(window_size=3)
+    with pytest.raises(ValueError, match=r"has the windows 3; pass window_size= \(or window_ratio"):
+        model.set_input_size(img_size=128)

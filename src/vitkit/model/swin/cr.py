@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import to_2tuple
 from ..layers import DropPath, Mlp, PatchEmbed
 from .attention import LOGIT_SCALE_MAX, WindowAttention
 from .config import SwinConfig
@@ -180,15 +181,7 @@ class SwinTransformerV2Cr(SwinTransformer):
         self.global_pool = config.global_pool
         self.embed_dim = config.embed_dim
         self.num_features = self.head_hidden_size = config.num_features
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=config.embed_dim,
-            norm=True,
-            norm_eps=config.norm_eps,
-            dynamic_img_size=config.dynamic_img_size,
-        )
+        self.patch_embed = _patch_embed(config)
         self.stages = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.Identity()  # none in cr: the identity, for the methods that apply one
         self.head = SwinHead(config.num_features, config.num_classes,
@@ -226,6 +219,48 @@ class SwinTransformerV2Cr(SwinTransformer):
             "stem": r"^patch_embed",
             "blocks": [(r"^stages\.(\d+).downsample", (0,)), (r"^stages\.(\d+)\.\w+\.(\d+)", None)],
         }
+
+    def set_input_size(
+        self,
+        img_size: int | tuple[int, int] | None = None,
+        window_size: int | tuple[int, ...] | None = None,
+        window_ratio: int | tuple[int, ...] | None = None,
+        always_partition: bool | None = None,
+    ) -> None:
+        """Take another image size, windows (one side for every stage or one per stage, or
+        the grid divided by `window_ratio`) and / or `always_partition` from now on, as timm's
+        cr: the parameters stay (the meta network reads any window), the windows, shifts,
+        masks and offsets follow. Without windows, windows from the grid stay so (timm scales
+        them with the grid: the same where the grid was a multiple of the ratio, as at every
+        preset's size); given windows must be given again."""
+        config = self.config
+        new_size = (
+            img_size is not None and to_2tuple(img_size, "img_size") != self.patch_embed.img_size
+        )
+        if new_size and window_size is None and window_ratio is None and config.window_size != 0:
+            raise ValueError(
+                f"this model has the windows {config.window_size!r}; pass window_size= (or "
+                "window_ratio=) with a new img_size"
+            )
+        changes: dict[str, Any] = {}
+        if img_size is not None:
+            changes["img_size"] = img_size
+        if window_size is not None:
+            changes["window_size"] = window_size
+        elif window_ratio is not None:
+            changes.update(window_size=0, window_ratio=window_ratio)
+        if always_partition is not None:
+            changes["always_partition"] = always_partition
+        config = config.replace(**changes)
+        stem = _patch_embed(config)
+        stages = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
+        # the same Parameter objects move over (an optimizer holding them keeps them)
+        stem.load_state_dict(self.patch_embed.state_dict(keep_vars=True), assign=True)
+        stages.load_state_dict(self.stages.state_dict(keep_vars=True), assign=True)
+        device = self.patch_embed.proj.weight.device
+        self.patch_embed = stem.to(device).train(self.training)
+        self.stages = stages.to(device).train(self.training)
+        self.config = config
 
     def no_weight_decay(self) -> set[str]:
         """timm's cr names none (its optimizer factory still skips 1-d parameters)."""
@@ -273,6 +308,19 @@ class SwinTransformerV2Cr(SwinTransformer):
             return out
         final, maps = out
         return final.permute(0, 3, 1, 2), maps  # (B, C, h, w)
+
+
+def _patch_embed(config: SwinCrConfig) -> PatchEmbed:
+    """The ViT's patch-embedding convolution, then a LayerNorm (timm's cr stem)."""
+    return PatchEmbed(
+        img_size=config.img_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_chans,
+        embed_dim=config.embed_dim,
+        norm=True,
+        norm_eps=config.norm_eps,
+        dynamic_img_size=config.dynamic_img_size,
+    )
 
 
 def _build_stage(config: SwinCrConfig, index: int) -> SwinStage:
