@@ -59,6 +59,8 @@ def test_a_state_dict_shows_its_sizes_and_norms_not_its_image_size():
     )
     named = load_pretrained(sd, arch="swinv2_cr_small_ns_256", img_size=64)
     assert named.config.img_size == 64 and named.config.stage_windows[0] == (2, 2)
+    wider = load_pretrained(sd, img_size=64, window_ratio=4)  # cr's own options pass through
+    assert wider.stages[0].blocks[0].window_size == (4, 4)
     with pytest.raises(ArchMismatchError, match="they have timm's Swin V2-cr keys"):
         load_pretrained(sd, arch="swinv2_tiny_window8_256")
 
