@@ -8,13 +8,16 @@ from .config import ViTConfig, patch_grid, to_2tuple
 from .detection import SimpleFeaturePyramid
 from .features import ViTBackbone
 from .registry import create_model, get_config, list_models
-from .swin import SwinConfig, SwinTransformer
+from .swin import SwinConfig, SwinCrConfig, SwinTransformer, SwinTransformerV2Cr, build_swin
 from .vit import VisionTransformer
 
 __all__ = [
     "SimpleFeaturePyramid",
     "SwinConfig",
+    "SwinCrConfig",
     "SwinTransformer",
+    "SwinTransformerV2Cr",
+    "build_swin",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import ViTConfig
 from .features import ViTBackbone
-from .swin import SwinConfig, SwinTransformer
+from .swin import SwinConfig, SwinTransformer, build_swin
 from .swin.presets import swin_presets
 from .vit import VisionTransformer
 
@@ -466,7 +466,7 @@ def create_model(
                 f"features_only=True is not available for the Swin model {name} yet; use "
                 "model.forward_intermediates(x) for its stage maps"
             )
-        return SwinTransformer(config.replace(**overrides))
+        return build_swin(config.replace(**overrides))  # V2-cr: a SwinTransformerV2Cr
     if not features_only:
         if out_indices != 3 or feature_cls != "getter" or output_fmt != "NCHW":
             raise ValueError(

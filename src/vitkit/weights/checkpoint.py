@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..data.data_config import DataConfig
 from ..files import atomic_write
-from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
+from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_swin
 from ..model.config import to_2tuple
 from .cnn import TIMM_KEY, timm_metadata
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_KEY = "vitkit_config"
 META_KEY = "vitkit_meta"
-# The architecture of a file's config when it is not a ViT ('swin'); absent for a ViT.
+# The architecture of a file's config when it is not a ViT ('swin', 'swin_cr'); absent for a ViT.
 ARCH_KEY = "vitkit_architecture"
 
 
@@ -108,7 +108,7 @@ def save(
         {TIMM_KEY: timm_spec} if timm_spec else {CONFIG_KEY: json.dumps(model.config.to_dict())}
     )
     if isinstance(getattr(model, "config", None), SwinConfig):
-        metadata[ARCH_KEY] = "swin"
+        metadata[ARCH_KEY] = "swin_cr" if isinstance(model.config, SwinCrConfig) else "swin"
     data_config = getattr(model, "data_config", None)
     if data_config is not None and "data_config" not in (meta or {}):
         meta = {**(meta or {}), "data_config": data_config.to_dict()}
@@ -146,7 +146,9 @@ def saved_config(metadata: Mapping[str, str], path: Path) -> ViTConfig | SwinCon
             f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
             "Load it with vitkit.load_pretrained()"
         )
-    config_cls = SwinConfig if metadata.get(ARCH_KEY) == "swin" else ViTConfig
+    config_cls = {"swin": SwinConfig, "swin_cr": SwinCrConfig}.get(
+        metadata.get(ARCH_KEY, ""), ViTConfig
+    )
     try:
         return config_cls.from_dict(json.loads(metadata[CONFIG_KEY]))
     except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as err:
@@ -218,7 +220,7 @@ def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: P
     config is metadata anyone can edit, and a claimed depth or image size allocates memory."""
     if isinstance(config, SwinConfig):  # a Swin's shapes, from the whole model on meta
         with torch.device("meta"):
-            expected = {k: v.shape for k, v in SwinTransformer(config).state_dict().items()}
+            expected = {k: v.shape for k, v in build_swin(config).state_dict().items()}
         report = mismatch_report(expected, shapes)
         if report:
             raise CheckpointError(

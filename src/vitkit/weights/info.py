@@ -345,6 +345,8 @@ def _source_options(
         model_args = hub.get("model_args")
         if isinstance(model_args, Mapping):
             options.update(timm_folder_options(model_args))
+            if "img_size" in model_args:  # read by timm's converter for a Swin only (swin.py)
+                options["folder_img_size"] = model_args["img_size"]
         if hub.get("architecture") in list_models():
             options["arch"] = hub["architecture"]
     if hf_config is not None:
@@ -384,6 +386,7 @@ def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]
         options.pop("config", None)
     if format not in ("timm", "vitkit"):
         options.pop("fit_img_size", None)  # read by timm's converter for a Swin (swin.py)
+        options.pop("folder_img_size", None)
     return options
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import SwinConfig, SwinTransformer, VisionTransformer, ViTConfig
+from ..model import SwinConfig, SwinCrConfig, SwinTransformer, VisionTransformer, ViTConfig
 from ..model.config import to_2tuple
 from ..model.pos_embed import resample_patch_embed, resample_pos_embed
 from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
@@ -42,8 +42,9 @@ from .swin import fill_swin
 log = logging.getLogger(__name__)
 
 _HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
+# SwinCrConfig's fields: SwinConfig's and V2-cr's own
 _CONFIG_FIELDS = frozenset(
-    f.name for cls in (ViTConfig, SwinConfig) for f in dataclasses.fields(cls)
+    f.name for cls in (ViTConfig, SwinCrConfig) for f in dataclasses.fields(cls)
 )
 
 

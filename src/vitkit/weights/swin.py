@@ -8,6 +8,11 @@ the heads (bias-table or logit-scale shapes), the MLP ratio, the patch size, the
 V1 windows (a table of (2w - 1)^2 rows); they do not show the image size, nor V2's windows and
 pre-training windows: `arch=` (a timm name) or the options give those, else the load is
 refused in one line.
+
+timm's V2-cr (`swin_transformer_v2_cr.py`) is told by `stages.N.blocks.M.attn.meta_mlp` (or
+`.tau`, its original files, converted as timm's `checkpoint_filter_fn`: logit scale = ln(1 /
+tau)); its weights show the sizes, heads, head and extra norms (`norm3`), not the image size,
+which with `window_ratio` sets its windows: `arch=` or `img_size` gives it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import SwinConfig, SwinTransformer, get_config
+from ..model import SwinConfig, SwinCrConfig, SwinTransformer, build_swin, get_config
 from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
 from ..model.swin.window import resize_rel_pos_bias_table
 from .checkpoint import (
@@ -40,14 +45,22 @@ log = logging.getLogger(__name__)
 _SWIN_KEY = re.compile(
     r"^(module\.)?layers\.\d+\.blocks\.\d+\.attn\.(relative_position_bias_table|logit_scale)$"
 )
-_BUFFERS = ("relative_position_index", "relative_coords_table", "attn_mask")
-_BLOCK = re.compile(r"^layers\.(\d+)\.blocks\.(\d+)\.")
+# timm's V2-cr (`swin_transformer_v2_cr.py`): `stages`, a meta network; `tau` in old files.
+_CR_KEY = re.compile(r"^(module\.)?stages\.\d+\.blocks\.\d+\.attn\.(meta_mlp\.fc1\.weight|tau)$")
+_BUFFERS = ("relative_position_index", "relative_coords_table", "attn_mask",
+            "relative_coordinates_log")  # fmt: skip
+_BLOCK = re.compile(r"^(?:layers|stages)\.(\d+)\.blocks\.(\d+)\.")
 _HEAD_KEYS = ("head.fc.weight", "head.fc.bias")
 
 
 def is_swin_state_dict(keys: Mapping[str, Any] | list[str]) -> bool:
-    """Whether the keys are a Swin Transformer's (V1 or V2), not a ViT's."""
-    return any(_SWIN_KEY.match(key) for key in keys)
+    """Whether the keys are a Swin Transformer's (V1, V2 or V2-cr), not a ViT's."""
+    return any(_SWIN_KEY.match(key) or _CR_KEY.match(key) for key in keys)
+
+
+def is_cr_state_dict(keys: Mapping[str, Any] | list[str]) -> bool:
+    """Whether the keys are timm's Swin V2-cr's (`stages.N.blocks.M.attn.meta_mlp`)."""
+    return any(_CR_KEY.match(key) for key in keys)
 
 
 def timm_swin_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -56,11 +69,16 @@ def timm_swin_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     `checkpoint_filter_fn` does (merging at the start of the next stage, `head.fc`)."""
     sd = strip_prefix(state_dict, "module.")
     original = "layers.0.downsample.reduction.weight" in sd
+    cr_original = is_cr_state_dict(sd) and "head.fc.weight" not in sd
     out = {}
     for key, value in sd.items():
         if any(name in key for name in _BUFFERS):
             continue
-        if original:
+        if cr_original:  # timm's cr `checkpoint_filter_fn`: tau -> log(1 / tau), head.fc
+            if key.endswith("attn.tau"):
+                key, value = key[: -len("tau")] + "logit_scale", torch.log(1 / value)
+            key = key.replace("head.", "head.fc.")
+        elif original:
             key = re.sub(r"layers\.(\d+)\.downsample",
                          lambda m: f"layers.{int(m[1]) + 1}.downsample", key)  # fmt: skip
             key = key.replace("head.", "head.fc.")
@@ -68,17 +86,23 @@ def timm_swin_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
-    """What the tensors show: version, sizes, heads per stage, head size, and (V1) the window
-    of each stage's first block."""
-    proj = sd["patch_embed.proj.weight"]  # (D, C, p, p)
+def _depths(sd: Mapping[str, Tensor]) -> tuple[int, ...]:
+    """The blocks of each stage (`layers.N.blocks.M.` or cr's `stages.N.blocks.M.` keys)."""
     blocks: dict[int, int] = {}
     for key in sd:
         match = _BLOCK.match(key)
         if match:
             stage, block = int(match[1]), int(match[2])
             blocks[stage] = max(blocks.get(stage, 0), block + 1)
-    stages = range(len(blocks))
+    return tuple(blocks[i] for i in range(len(blocks)))
+
+
+def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """What the tensors show: version, sizes, heads per stage, head size, and (V1) the window
+    of each stage's first block."""
+    proj = sd["patch_embed.proj.weight"]  # (D, C, p, p)
+    depths = _depths(sd)
+    stages = range(len(depths))
     version = 2 if "layers.0.blocks.0.attn.logit_scale" in sd else 1
     if version == 2:
         heads = [sd[f"layers.{i}.blocks.0.attn.logit_scale"].shape[0] for i in stages]
@@ -91,7 +115,7 @@ def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
         "embed_dim": proj.shape[0],
         "in_chans": proj.shape[1],
         "patch_size": proj.shape[2],
-        "depths": tuple(blocks[i] for i in stages),
+        "depths": depths,
         "num_heads": tuple(heads),
         "mlp_ratio": hidden / proj.shape[0],
         "num_classes": sd["head.fc.weight"].shape[0] if "head.fc.weight" in sd else 0,
@@ -101,6 +125,44 @@ def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
     if version == 1:
         shown["window_size"] = tuple(_table_window(sd, i) for i in stages)
     return shown
+
+
+def shown_cr_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """What a V2-cr's tensors show: sizes, heads per stage (logit scales), head size, and
+    where the extra main-branch norms are (`norm3`: their period, or one per stage end)."""
+    proj = sd["patch_embed.proj.weight"]  # (D, C, p, p)
+    depths = _depths(sd)
+    shown = {
+        "embed_dim": proj.shape[0],
+        "in_chans": proj.shape[1],
+        "patch_size": proj.shape[2],
+        "depths": depths,
+        "num_heads": tuple(
+            sd[f"stages.{i}.blocks.0.attn.logit_scale"].shape[0] for i in range(len(depths))
+        ),  # fmt: skip
+        "mlp_ratio": sd["stages.0.blocks.0.mlp.fc1.weight"].shape[0] / proj.shape[0],
+        "num_classes": sd["head.fc.weight"].shape[0] if "head.fc.weight" in sd else 0,
+    }
+    return {**shown, **_extra_norms(sd, depths)}
+
+
+def _extra_norms(sd: Mapping[str, Tensor], depths: tuple[int, ...]) -> dict[str, Any]:
+    """The `extra_norm_period` / `extra_norm_stage` that put `norm3` where the weights have
+    it (the simplest that does); a CheckpointError where none does."""
+    found = {(s, b) for s, depth in enumerate(depths) for b in range(depth)
+             if f"stages.{s}.blocks.{b}.norm3.weight" in sd}  # fmt: skip
+    for period in range(max(depths) + 1):
+        for stage_end in (False, True):
+            probe = SwinCrConfig(embed_dim=1, depths=depths, num_heads=(1,) * len(depths),
+                                 extra_norm_period=period, extra_norm_stage=stage_end)  # fmt: skip
+            placed = {(s, b) for s, depth in enumerate(depths) for b in range(depth)
+                      if probe.extra_norm(s, b)}  # fmt: skip
+            if placed == found:
+                return {"extra_norm_period": period, "extra_norm_stage": stage_end}
+    raise CheckpointError(
+        f"the extra norms (norm3) of these Swin V2-cr weights, at {sorted(found)}, follow no "
+        "period nor stage end; these weights are no timm Swin V2-cr"
+    )
 
 
 def _table_window(sd: Mapping[str, Tensor], stage: int) -> int:
@@ -119,11 +181,16 @@ def from_timm_or_swin(
 ) -> tuple[dict[str, Tensor], Any]:
     """timm's converter for both architectures: `from_timm_swin` for Swin keys, else the
     ViT's `from_timm`. `fit_img_size` is `load_pretrained`'s img_size: a Swin's weights do not
-    record theirs, and any size reads them (it sets only the windows' clamping and masks)."""
+    record theirs, and any size reads them (it sets only the windows' clamping and masks);
+    `folder_img_size` is a timm Hub folder's `model_args` img_size, which comes before its
+    architecture's."""
     fit_img_size = options.pop("fit_img_size", None)
+    folder_img_size = options.pop("folder_img_size", None)
     if is_swin_state_dict(list(state_dict)):
         if fit_img_size is not None and options.get("arch") is None:
             options.setdefault("img_size", fit_img_size)
+        if folder_img_size is not None:
+            options.setdefault("img_size", folder_img_size)
         return from_timm_swin(state_dict, **options)
     return from_timm(state_dict, **options)
 
@@ -141,6 +208,8 @@ def from_timm_swin(
     which the weights cannot show). `num_heads` is read from the weights; a given one is
     ignored."""
     sd = timm_swin_layout(state_dict)
+    if is_cr_state_dict(sd):
+        return sd, _cr_config(sd, arch, overrides)
     shown = shown_options(sd)
     overrides = {k: v for k, v in overrides.items() if k in SwinConfig.__dataclass_fields__}
     if arch is not None:
@@ -159,6 +228,31 @@ def from_timm_swin(
         expected = SwinTransformer(config).state_dict()
     load_check(expected, sd)
     return sd, config
+
+
+def _cr_config(
+    sd: Mapping[str, Tensor], arch: str | None, overrides: Mapping[str, Any]
+) -> SwinCrConfig:
+    """The `SwinCrConfig` of V2-cr weights: what they show over `arch`'s config or the
+    `overrides`; the image size (which sets the windows, the grid / window_ratio) they do not
+    show, so without `arch` it must be given."""
+    shown = shown_cr_options(sd)
+    overrides = {k: v for k, v in overrides.items() if k in SwinCrConfig.__dataclass_fields__}
+    if arch is not None:
+        named = get_config(arch)
+        if not isinstance(named, SwinCrConfig):
+            raise ArchMismatchError(arch, "timm's Swin V2-cr keys (stages.N...meta_mlp)")
+        config = named.replace(**{**shown, **overrides})
+    elif "img_size" not in overrides:
+        raise MissingOptionError(
+            "Swin V2-cr weights do not record the image size", ("arch",), ("img_size",)
+        )
+    else:
+        config = SwinCrConfig(**{**shown, **overrides})
+    with torch.device("meta"):
+        expected = build_swin(config).state_dict()
+    load_check(expected, sd)
+    return config
 
 
 def _table_rows_aside(shapes: Mapping[str, Any]) -> dict[str, Any]:
@@ -189,6 +283,8 @@ def _arch_config(arch: str, shown: Mapping[str, Any], overrides: Mapping[str, An
     named = get_config(arch)
     if not isinstance(named, SwinConfig):
         raise ArchMismatchError(arch, "Swin weights, and it is a ViT name; pass a swin* name")
+    if isinstance(named, SwinCrConfig):
+        raise ArchMismatchError(arch, "timm's Swin V1 / V2 keys (layers.N...), not V2-cr's")
     if named.version != shown["version"]:
         raise ArchMismatchError(
             arch, f"version {shown['version']} ({arch}: version {named.version})"
@@ -227,7 +323,7 @@ def fill_swin(
             target = target.replace(img_size=img_size)
         if num_classes is not None:
             target = target.replace(num_classes=num_classes)
-        model = SwinTransformer(target)
+        model = build_swin(target)
     elif num_classes is not None and num_classes != model.num_classes:
         model.reset_classifier(num_classes)
     state_dict = dict(weights.state_dict)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import SwinConfig
+from .cr_config import SwinCrConfig
 
 # size -> (embed_dim, depths, num_heads): paper Table 7 (Swin-T/S/B/L), S3's own depths.
 SWIN_SIZES: dict[str, tuple[int, tuple[int, ...], tuple[int, ...]]] = {
@@ -48,7 +49,7 @@ SWIN_ROWS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 def swin_presets() -> dict[str, SwinConfig]:
-    """Name -> config of every Swin preset."""
+    """Name -> config of every Swin preset (V2-cr's too: `swin_cr_presets`)."""
     out = {}
     for template, variants, options in SWIN_ROWS:
         for variant in variants.split():
@@ -67,4 +68,43 @@ def swin_presets() -> dict[str, SwinConfig]:
                     **options,
                 }
             )
+    return {**out, **swin_cr_presets()}
+
+
+# timm's Swin V2-cr (`swin_transformer_v2_cr.py`): size -> (embed_dim, depths, num_heads,
+# options); the huge heads differ between 224 and 384 in timm ("trying diff values").
+SWIN_CR_SIZES: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+    "tiny": (96, (2, 2, 6, 2), (3, 6, 12, 24), {}),
+    "small": (96, (2, 2, 18, 2), (3, 6, 12, 24), {}),
+    "base": (128, (2, 2, 18, 2), (4, 8, 16, 32), {}),
+    "large": (192, (2, 2, 18, 2), (6, 12, 24, 48), {}),
+    "huge@224": (352, (2, 2, 18, 2), (8, 16, 32, 64), dict(extra_norm_period=6)),
+    "huge@384": (352, (2, 2, 18, 2), (11, 22, 44, 88), dict(extra_norm_period=6)),
+    "giant": (512, (2, 2, 42, 2), (16, 32, 64, 128), dict(extra_norm_period=6)),
+}
+
+# 'size/res' ('ns': an extra norm at the end of every stage); windows are the patch grid / 8.
+SWIN_CR_VARIANTS = (
+    "tiny/224 tiny/384 tiny_ns/224 small/224 small/384 small_ns/224 small_ns/256 base/224 "
+    "base/384 base_ns/224 large/224 large/384 huge/224 huge/384 giant/224 giant/384"
+)
+
+
+def swin_cr_presets() -> dict[str, SwinCrConfig]:
+    """Name -> config of every Swin V2-cr preset (`swinv2_cr_{size}[_ns]_{res}`)."""
+    out = {}
+    for variant in SWIN_CR_VARIANTS.split():
+        size, res = variant.split("/")
+        base = size.removesuffix("_ns")
+        row = SWIN_CR_SIZES.get(f"{base}@{res}", SWIN_CR_SIZES.get(base))
+        assert row is not None, variant
+        dim, depths, heads, options = row
+        out[f"swinv2_cr_{size}_{res}"] = SwinCrConfig(
+            img_size=int(res),
+            embed_dim=dim,
+            depths=depths,
+            num_heads=heads,
+            extra_norm_stage=size.endswith("_ns"),
+            **options,
+        )
     return out
