@@ -123,3 +123,17 @@ def test_a_registered_v2_model_walks_to_its_head():
     result = flow(model, (1, 3, 64, 64))
     assert result.rows[-1].shape == (1, 1000)
     assert sum(r.params or 0 for r in result.rows) == result.total_params
+
+
+def test_cli_flow_of_a_swin_checkpoint(tmp_path, capsys):
+    import vitkit
+
+    model = SwinTransformer(SwinConfig(img_size=32, in_chans=1, **NARROW))
+    vitkit.save(model, tmp_path / "swin.safetensors")
+    assert main(["summary", "--flow", str(tmp_path / "swin.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "Input: (1, 1, 32, 32); 8x8 grid = 64 patches" in out
+    assert "layers.1.blocks.0              one window" in out  # the 4x4 map is its window
+    assert "layers.1.blocks.1              block: each stage as in layers.1.blocks.0" in out
+    total = sum(p.numel() for p in model.parameters())
+    assert f"Total params: {total:,}" in out

@@ -166,15 +166,16 @@ def _fold_patterns(rows: list[FlowRow], blocks: dict[int, list[FlowRow]]) -> lis
 
 
 def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
-    """The forward pass of a model that describes its stages (a vitkit `VisionTransformer`:
-    `describe_flow`), stage by stage: one batch of zeros runs through the model, attention
-    computed explicitly, while every torch function (and, inside `nn.MultiheadAttention`,
-    every aten operator) is recorded with the module it runs in, so each shape is the one the
-    model produced, for any option and either encoder.
+    """The forward pass of a model that describes its stages (`describe_flow`: a vitkit
+    `VisionTransformer`, `SwinTransformer` or ViTDet pyramid), stage by stage: one batch of
+    zeros runs through the model, attention computed explicitly, while every torch function
+    (and, inside `nn.MultiheadAttention`, every aten operator) is recorded with the module it
+    runs in, so each shape is the one the model produced, for any option and either encoder.
 
     Args:
-        model: a `VisionTransformer` (native blocks or `encoder='torch'`); its attention
-            kernel choice and training flag are restored afterwards.
+        model: a `VisionTransformer` (native blocks or `encoder='torch'`), a
+            `SwinTransformer`, ...; its attention kernel choice and training flag are restored
+            afterwards.
         input_size: (B, C, H, W), or (C, H, W) for batch 1.
     """
     describe = getattr(model, "describe_flow", None)
