@@ -125,3 +125,17 @@ def test_explain_image_of_a_swin_gives_its_grad_cam(region_swin, tmp_path):
     torch.testing.assert_close(explained.maps["relevance"], expected["relevance"][0])
     with pytest.raises(ValueError, match="no attention heads over the whole image"):
         explain_image(model, path, config, per_head=True)
+
+
+def test_the_figure_title_sits_above_the_panel_titles(monkeypatch, tmp_path):
+    import vitkit.explain.image as image
+
+    figures = []
+    monkeypatch.setattr(image, "save_figure", lambda fig, path: figures.append(fig))
+    maps = {"relevance": torch.rand(2, 2), "target": torch.tensor(1)}
+    image.draw_explanation(torch.rand(3, 32, 32), maps, tmp_path / "x.png", title="a.png: 1",
+                           caption="maps over the model's 32x32 view: ...")  # fmt: skip
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    bottom = fig._suptitle.get_window_extent(renderer).y0
+    assert all(ax.title.get_window_extent(renderer).y1 <= bottom for ax in fig.axes if ax.title)

@@ -218,7 +218,8 @@ def draw_explanation(
     for h, heat in enumerate(heads):
         _overlay(fig, axes[1 + h // cols, h % cols], image, heat, f"last block, head {h}")
     if title or caption:
-        fig.suptitle("\n".join(t for t in (title, caption) if t), fontsize=10)
+        lines = "\n".join(t for t in (title, caption) if t)
+        fig.suptitle(lines, fontsize=10, y=1.0, va="bottom")  # above the panels' titles
     save_figure(fig, path)
 
 
