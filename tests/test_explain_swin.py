@@ -41,6 +41,9 @@ def test_a_frozen_model_in_training_mode_and_another_input_size():
     assert not takes_attention(model)
     with pytest.raises(ValueError, match="class 3 is out of range for a model with 3 classes"):
         grad_cam(model, torch.randn(1, 1, 32, 32), target=3)
+    unpooled = SwinTransformer(SwinConfig(num_classes=3, global_pool="none", **NARROW))
+    with pytest.raises(ValueError, match=r"this head gives \(1, 4, 4, 3\) \(global_pool='none'"):
+        grad_cam(unpooled, torch.randn(1, 1, 32, 32))
 
 
 # -- a model whose logits only one region's content reaches: the map is there -------------

@@ -80,6 +80,10 @@ def test_the_v2_walk_names_cosine_attention_the_position_mlp_and_post_norms():
     assert merging == ["patch merging", "merging projection", "merging norm"]
     assert sum(r.params or 0 for r in result.rows) == result.total_params
     assert "encoder: Swin V2" in result.render()
+    plain = flow(SwinTransformer(SwinConfig(img_size=32, version=2, qkv_bias=False, **NARROW)),
+                 (1, 3, 32, 32))  # fmt: skip
+    qkv = next(r for r in plain.rows if r.role == "qkv projection")
+    assert qkv.detail == "Linear 16->48" and qkv.params == 16 * 48
 
 
 def test_blocks_that_repeat_an_earlier_block_fold_into_one_line_each():

@@ -58,6 +58,11 @@ def grad_cam(
                     f"{tuple(features.shape)}: explain a ViT with its attention maps instead"
                 )
             logits = model.forward_head(features)
+            if logits.ndim != 2:
+                raise ValueError(
+                    f"Grad-CAM explains a classifier's pooled logits (B, classes); this head gives "
+                    f"{tuple(logits.shape)} (global_pool='none'?): pool the map, e.g. 'avg'"
+                )
             chosen = explained_classes(target, logits)
             score = logits.gather(1, chosen[:, None]).sum()
             (gradient,) = torch.autograd.grad(score, features)

@@ -47,7 +47,7 @@ def _attention_stages(root: SwinTransformer, path: str, block: int, cosine: bool
     if cosine:  # V2: F.linear with the q / v biases, not the qkv module's call
         qkv = op(
             "qkv projection",
-            f"Linear {dim}->{3 * dim}, q and v biases",
+            f"Linear {dim}->{3 * dim}" + (", q and v biases" if attn.q_bias is not None else ""),
             "(B*nW, N, 3*C)",
             "linear",
             params=attn.qkv.weight.numel() + 2 * dim * (attn.q_bias is not None),
