@@ -318,7 +318,7 @@ def _three_to_one(path, height=24):
 
 def _capture_figure(monkeypatch):
     """The figure `draw_explanation` saves (it is still written to its file)."""
-    import vitkit.explain as explain
+    import vitkit.explain.image as explain
 
     figures = []
     real = explain.save_figure

@@ -44,14 +44,17 @@ def test_fine_tune_a_timm_swin_then_eval_and_predict(tmp_path, capsys):
     Image.fromarray(np.full((8, 8), 128, dtype=np.uint8)).save(image)
     assert cli.main(["predict", "--checkpoint", str(run), "--topk", "2", str(image)]) == 0
     assert capsys.readouterr().out.startswith(f"{image}: ")
+    explained = tmp_path / "e.png"
+    assert (
+        cli.main(["explain", "--checkpoint", str(run), str(image), "--output", str(explained)]) == 0
+    )
+    assert capsys.readouterr().out.endswith(f"Grad-CAM in {explained}\n") and explained.is_file()
     # what does not cover a Swin yet says so in one line
     refusals = {
-        ("explain", "--checkpoint", str(run), str(image), "--output", str(tmp_path / "e.png")):
-            "holds a Swin Transformer; explain draws a ViT's attention",
         ("export", "--checkpoint", str(run), str(tmp_path / "m.onnx")):
             "holds a Swin Transformer, which vitkit does not export yet",
-        ("summary", "swin_tiny_patch4_window7_224", "--flow"):
-            "is a Swin Transformer: --flow and --compare-torch walk ViTs",
+        ("summary", "swin_tiny_patch4_window7_224", "--compare-torch"):
+            "is a Swin Transformer: --compare-torch compares ViT encoders",
     }  # fmt: skip
     for argv, message in refusals.items():
         assert cli.main(list(argv)) == 2

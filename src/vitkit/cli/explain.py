@@ -28,7 +28,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "centre-cropped as the checkpoint's data config says; the file with that view boxed "
         "when the crop leaves part of it out) and, blended over them with a colour bar, the "
         "class-specific relevance (gradient-weighted attention, Chefer et al. 2021), the "
-        "attention rollout and the last block's class-token attention. Prints the predicted "
+        "attention rollout and the last block's class-token attention; for a Swin, whose "
+        "windows, shifts and patch merging leave no attention over the whole image, Grad-CAM "
+        "on its last stage's map. Prints the predicted "
         "and the explained class and how the view was made from the file.",
     )
     options.checkpoint(p)
@@ -69,14 +71,17 @@ def run(args: argparse.Namespace) -> int:
     check_output(output)  # a FIFO or a folder is refused before the model is read
     model, info = load_model(args, device)
     if isinstance(model, SwinTransformer):
-        raise UserError(
-            f"{args.checkpoint} holds a Swin Transformer; explain draws a ViT's attention "
-            "and does not cover windowed attention yet"
-        )
-    if not isinstance(model, VisionTransformer):
+        rollout = args.per_head or args.head_fusion != "mean" or args.discard_ratio
+        if rollout:
+            raise UserError(
+                f"{args.checkpoint} holds a Swin Transformer, explained by Grad-CAM on its last "
+                "stage: --per-head, --head-fusion and --discard-ratio are the ViT's attention "
+                "options; drop them"
+            )
+    elif not isinstance(model, VisionTransformer):
         raise UserError(
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "
-            "to draw; explain takes a ViT checkpoint"
+            "to draw; explain takes a ViT or Swin checkpoint"
         )
     names = class_names(model)
     target = class_index(args.target, names) if args.target is not None else None
@@ -92,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
         out=output,
     )
     probs, k, t = explained.probabilities, explained.predicted, explained.target
+    drawn = "Grad-CAM" if isinstance(model, SwinTransformer) else "attention maps"
     print(
         f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[t]} "
-        f"({float(probs[t]):.4f}); {explained.caption}; attention maps in {output}"
+        f"({float(probs[t]):.4f}); {explained.caption}; {drawn} in {output}"
     )
     return ExitCode.OK

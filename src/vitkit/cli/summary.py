@@ -85,9 +85,14 @@ def run(args: argparse.Namespace) -> int:
     if not (args.flow or args.compare_torch):
         print(summary(model, size, max_depth=args.max_depth))
         return ExitCode.OK
-    if not isinstance(model, (VisionTransformer, SimpleFeaturePyramid)):
-        kind = "a Swin Transformer" if isinstance(model, SwinTransformer) else "a timm CNN"
-        raise UserError(f"{args.model} is {kind}: --flow and --compare-torch walk ViTs")
+    if isinstance(model, SwinTransformer) and args.compare_torch:
+        raise UserError(
+            f"{args.model} is a Swin Transformer: --compare-torch compares ViT encoders"
+        )
+    if not isinstance(model, (VisionTransformer, SimpleFeaturePyramid, SwinTransformer)):
+        raise UserError(
+            f"{args.model} is a timm CNN: --flow and --compare-torch walk ViTs and Swins"
+        )
     native = flow(model, size)
     if args.flow:
         print(native.render(all_blocks=args.all_blocks))

@@ -81,6 +81,10 @@ class FlowSpec:
         grid: the patch grid (rows, columns) of the input.
         patches, tokens: where the number of patches and of tokens (dimension 1) is measured.
         legend: what the letters of the stages' layouts stand for.
+        fold: 'identical': blocks after the first fold into one line when every block
+            repeats block 0 exactly (a ViT); 'pattern': each block whose stages repeat an
+            earlier block's (names within the block, roles, layouts; on another map size)
+            folds into one line of its own (a Swin's stages of halving maps).
     """
 
     stages: tuple[Stage, ...]
@@ -90,3 +94,4 @@ class FlowSpec:
     patches: Measure
     tokens: Measure
     legend: str
+    fold: str = "identical"

@@ -94,7 +94,7 @@ class _Api:
         await self._prepared(upload)  # the same checks as /predict
         try:
             explained = await self.batcher.call(self.service.explain, upload.data, upload.name,
-                                                target)  # fmt: skip
+                                                target, map_name)  # fmt: skip
         except ValueError as err:
             raise RequestError(400, str(err)) from None
         names = self.service.class_names

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..data import eval_transform
 from ..explain import Explanation, class_index, explain_image
-from ..model import VisionTransformer
+from ..model import SwinTransformer, VisionTransformer
 from ..model.precision import model_device, set_precision
 from ..train import predict
 
@@ -47,7 +47,7 @@ class Service:
         self.data_config = model.data_config
         self.class_names: list[str] = list(getattr(model, "meta", {}).get("class_names") or [])
         self.class_names = self.class_names or [str(i) for i in range(model.num_classes)]
-        explainable = isinstance(model, VisionTransformer)
+        explainable = isinstance(model, (VisionTransformer, SwinTransformer))
         keep_fp32 = explainable and precision == "int8"
         self.explainer: nn.Module | None = copy.deepcopy(model).eval() if keep_fp32 else None
         self.precision = set_precision(model, precision)
@@ -82,12 +82,20 @@ class Service:
         """The class to explain: a class name or an index (None: the predicted one)."""
         return None if text is None else class_index(text, self.class_names, given_as="class")
 
-    def explain(self, data: bytes, name: str, target: int | None) -> Explanation:
-        """The maps of one image's bytes (already checked by `uploads.decode_image`)."""
+    def explain(
+        self, data: bytes, name: str, target: int | None, map_name: str = "relevance"
+    ) -> Explanation:
+        """The maps of one image's bytes (already checked by `uploads.decode_image`); a Swin
+        has one, `relevance` (its Grad-CAM), which `map_name` must then name."""
         if self.explainer is None:
             raise ValueError(
-                f"{self.name} is no ViT (a timm CNN has no attention to draw); /explain needs a "
-                "ViT checkpoint"
+                f"{self.name} is no ViT or Swin (a timm CNN has no attention to draw); /explain "
+                "needs a ViT or Swin checkpoint"
+            )
+        if isinstance(self.explainer, SwinTransformer) and map_name != "relevance":
+            raise ValueError(
+                f"{self.name} is a Swin Transformer: its map is Grad-CAM, map=relevance; "
+                f"{map_name} is a ViT's attention map"
             )
         file = io.BytesIO(data)
         file.name = name

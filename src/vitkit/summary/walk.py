@@ -45,6 +45,7 @@ class ModelFlow:
     tokens: int
     blocks_path: str = "blocks"
     legend: str = field(default="", repr=False)
+    fold: str = "identical"
 
     def blocks(self) -> dict[int, list[FlowRow]]:
         out: dict[int, list[FlowRow]] = {}
@@ -71,8 +72,11 @@ class ModelFlow:
 
     def shown_rows(self, all_blocks: bool = False) -> list[FlowRow]:
         """The rows of the table: blocks after the first folded into one line when they all
-        repeat block 0 (`all_blocks` lists every one)."""
+        repeat block 0, or with `fold='pattern'` each block that repeats an earlier one
+        (`all_blocks` lists every one)."""
         blocks = self.blocks()
+        if self.fold == "pattern" and not all_blocks:
+            return _fold_patterns(self.rows, blocks)
         if all_blocks or len(blocks) < 2 or not self.blocks_alike():
             return list(self.rows)
         rest = [row for i, rows in blocks.items() if i > 0 for row in rows]
@@ -122,16 +126,56 @@ class ModelFlow:
         return self.render()
 
 
+def _prefix(rows: list[FlowRow]) -> str:
+    """The module path a block's rows share ('layers.1.blocks.0')."""
+    parts = [row.stage.split(".") for row in rows]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
+
+
+def _fold_patterns(rows: list[FlowRow], blocks: dict[int, list[FlowRow]]) -> list[FlowRow]:
+    """`rows` with each block whose stages (names within the block, roles, layouts) repeat
+    an earlier shown block's folded into one line: its output shape and parameters."""
+    shown: dict[tuple, str] = {}
+    folded: dict[int, FlowRow] = {}
+    for index, block_rows in blocks.items():
+        prefix = _prefix(block_rows)
+        key = tuple((r.stage[len(prefix) :], r.role, r.layout) for r in block_rows)
+        if key not in shown:
+            shown[key] = prefix
+            continue
+        folded[index] = FlowRow(
+            stage=prefix,
+            role="block",
+            detail=f"each stage as in {shown[key]}",
+            layout=block_rows[-1].layout,
+            shape=block_rows[-1].shape,
+            params=sum(row.params or 0 for row in block_rows),
+        )
+    out: list[FlowRow] = []
+    for row in rows:
+        if row.block not in folded:
+            out.append(row)
+        elif row is blocks[row.block][-1]:
+            out.append(folded[row.block])
+    return out
+
+
 def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
-    """The forward pass of a model that describes its stages (a vitkit `VisionTransformer`:
-    `describe_flow`), stage by stage: one batch of zeros runs through the model, attention
-    computed explicitly, while every torch function (and, inside `nn.MultiheadAttention`,
-    every aten operator) is recorded with the module it runs in, so each shape is the one the
-    model produced, for any option and either encoder.
+    """The forward pass of a model that describes its stages (`describe_flow`: a vitkit
+    `VisionTransformer`, `SwinTransformer` or ViTDet pyramid), stage by stage: one batch of
+    zeros runs through the model, attention computed explicitly, while every torch function
+    (and, inside `nn.MultiheadAttention`, every aten operator) is recorded with the module it
+    runs in, so each shape is the one the model produced, for any option and either encoder.
 
     Args:
-        model: a `VisionTransformer` (native blocks or `encoder='torch'`); its attention
-            kernel choice and training flag are restored afterwards.
+        model: a `VisionTransformer` (native blocks or `encoder='torch'`), a
+            `SwinTransformer`, ...; its attention kernel choice and training flag are restored
+            afterwards.
         input_size: (B, C, H, W), or (C, H, W) for batch 1.
     """
     describe = getattr(model, "describe_flow", None)
@@ -162,6 +206,7 @@ def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
         tokens=recording.shape_of(spec.tokens)[1],
         blocks_path=spec.blocks,
         legend=spec.legend,
+        fold=spec.fold,
     )
 
 

@@ -25,9 +25,11 @@ from torch import Tensor, nn
 
 from ..intermediates import take_indices
 from ..layers import PatchEmbed
+from ..stages import FlowSpec
 from ..weight_init import trunc_normal_
 from .attention import CosineWindowAttention, WindowAttention
 from .config import SwinConfig
+from .flow import describe_swin
 from .stage import PatchMerging, SwinBlock, SwinStage
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -190,6 +192,11 @@ class SwinTransformer(nn.Module):
             trunc_normal_(head.fc.weight)
             nn.init.zeros_(head.fc.bias)
         self.head = head.to(device).train(self.training)
+
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """The forward pass for an input of `input_size` (B, C, H, W), stage by stage, for
+        `vitkit.summary.flow` to measure (flow.py)."""
+        return describe_swin(self, input_size)
 
     # -- forward ----------------------------------------------------------------------------
 

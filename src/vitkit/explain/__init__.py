@@ -1,0 +1,30 @@
+"""What the model looks at: a ViT's attention maps (rollout, class-specific relevance, the
+last block's class-token attention; attention.py), Grad-CAM for hierarchical models such as
+the Swin (gradcam.py), and one image file explained and drawn (image.py)."""
+
+from .attention import (
+    attention_maps,
+    attention_rollout,
+    class_index,
+    cls_attention,
+    explained_classes,
+    gradient_relevance,
+    readout_of,
+)
+from .gradcam import grad_cam, takes_attention
+from .image import Explanation, draw_explanation, explain_image
+
+__all__ = [
+    "Explanation",
+    "attention_maps",
+    "attention_rollout",
+    "class_index",
+    "cls_attention",
+    "draw_explanation",
+    "explain_image",
+    "explained_classes",
+    "grad_cam",
+    "gradient_relevance",
+    "readout_of",
+    "takes_attention",
+]
