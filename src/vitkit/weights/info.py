@@ -376,15 +376,20 @@ def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]
     converters, and for the others it gives the options the name states
     (`timm.arch_options`) under the given ones."""
     options = dict(options)
-    if format in ("hf", "torchvision") and "arch" in options:
+    if format in ("hf", "torchvision") and "arch" in options and not _swin_arch(options["arch"]):
         from .timm import arch_options
 
         options = {**arch_options(options.pop("arch")), **options}
     if format != "hf":
         options.pop("config", None)
-    if format not in ("timm", "vitkit"):
-        options.pop("fit_img_size", None)  # read by timm's converter for a Swin (swin.py)
+    if format == "jax":
+        options.pop("fit_img_size", None)  # read by the others' converters for a Swin
     return options
+
+
+def _swin_arch(arch: Any) -> bool:
+    """Whether `arch` names a Swin (its converters read the name themselves)."""
+    return isinstance(arch, str) and arch in list_models("swin*")
 
 
 @contextlib.contextmanager

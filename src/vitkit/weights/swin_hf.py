@@ -1,0 +1,229 @@
+"""Swin Transformer weights from Hugging Face transformers (`models/swin`: `SwinModel`,
+`SwinForImageClassification`; `models/swinv2`: `Swinv2Model`, `Swinv2ForImageClassification`).
+
+The keys are renamed to timm's (`swin.py` then reads them): q, k and v fused into one `qkv`
+(V2: the q and v biases apart, k has none), the patch merging of the end of stage N moved to
+the start of stage N + 1 (as timm's `checkpoint_filter_fn` does for the original layout), the
+classifier to `head.fc`. Two key layouts are read: the Hub file layout (`attention.self.query`,
+`intermediate.dense`) and transformers 5's module layout of V1 (`attention.q_proj`,
+`attention.relative_position_bias.relative_position_bias_table`, `mlp.fc1`). The folder's
+`config.json` gives what the tensors do not show: the image size, the V2 windows and
+pre-training windows, `layer_norm_eps` and `hidden_act`.
+
+HF pads a feature map to whole windows before it shifts it, timm (and vitkit) shift, then pad;
+HF's V1 clamps a window to the smaller side of a map, timm each side to that side. Both agree
+wherever every stage's map is a whole number of windows (V2: or no larger than the window):
+`check_same_windows` refuses the other image sizes in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..model import SwinConfig
+from .checkpoint import CheckpointError, MissingOptionError
+from .hf import hf_config_dict, unknown_weights_error
+from .hf_families import from_hf_any
+from .swin import from_timm_swin
+
+log = logging.getLogger(__name__)
+
+_MODELS = "SwinModel / SwinForImageClassification / Swinv2Model / Swinv2ForImageClassification"
+_PREFIXES = ("swinv2.", "swin.")
+# HF's `hidden_act` -> vitkit's act_layer (the ones Swin configs use).
+_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                "relu": "relu", "silu": "silu", "swish": "silu"}  # fmt: skip
+
+# (regex of a block module, timm's module) under `encoder.layers.N.blocks.M.`; q, k and v go
+# to `attn.q` / `attn.k` / `attn.v`, fused afterwards.
+_BLOCK_RULES = (
+    (r"layernorm_before", "norm1"),
+    (r"layernorm_after", "norm2"),
+    (r"intermediate\.dense|mlp\.fc1", "mlp.fc1"),
+    (r"output\.dense|mlp\.fc2", "mlp.fc2"),
+    (r"attention\.output\.dense|attention\.o_proj", "attn.proj"),
+    (r"attention\.self\.query|attention\.q_proj", "attn.q"),
+    (r"attention\.self\.key|attention\.k_proj", "attn.k"),
+    (r"attention\.self\.value|attention\.v_proj", "attn.v"),
+    (r"attention\.self\.continuous_position_bias_mlp\.0", "attn.cpb_mlp.0"),
+    (r"attention\.self\.continuous_position_bias_mlp\.2", "attn.cpb_mlp.2"),
+    (r"attention\.(?:self|relative_position_bias)", "attn"),  # tables, V2's logit scale
+)
+_LEAVES = r"weight|bias|relative_position_bias_table|logit_scale|relative_coords_table"
+# (regex on the unprefixed key, timm key)
+_RULES = (
+    (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"embeddings\.norm\.(weight|bias)", r"patch_embed.norm.\1"),
+    (r"layernorm\.(weight|bias)", r"norm.\1"),
+    (r"classifier\.(weight|bias)", r"head.fc.\1"),
+    *(
+        (rf"encoder\.layers\.(\d+)\.blocks\.(\d+)\.(?:{module})\.({_LEAVES})",
+         rf"layers.\1.blocks.\2.{timm}.\3")
+        for module, timm in _BLOCK_RULES
+    ),
+    (r"encoder\.layers\.(\d+)\.downsample\.(reduction|norm)\.(weight|bias)",
+     lambda m: f"layers.{int(m[1]) + 1}.downsample.{m[2]}.{m[3]}"),
+)  # fmt: skip
+_DROPPED = re.compile(r".*relative_position_index|embeddings\.mask_token")
+
+
+def is_hf_swin(keys: Mapping[str, Any] | list[str]) -> bool:
+    """Whether Hugging Face keys are a Swin's (V1 or V2), not a ViT family's."""
+    return any(".blocks.0.layernorm_before." in key for key in keys)
+
+
+def hf_to_timm_swin(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """HF Swin keys (either layout, with or without the `swin.` / `swinv2.` prefix) renamed to
+    timm's, q / k / v fused; an absolute position embedding (`use_absolute_embeddings`) or a
+    key no rule maps is refused in one line."""
+    out: dict[str, Tensor] = {}
+    unknown = {}
+    for key, value in state_dict.items():
+        name = next((key[len(p) :] for p in _PREFIXES if key.startswith(p)), key)
+        if name == "embeddings.position_embeddings":
+            raise CheckpointError(
+                "these Swin weights have an absolute position embedding "
+                "(use_absolute_embeddings=True), which timm's and vitkit's Swin do not have"
+            )
+        if _DROPPED.fullmatch(name):
+            continue
+        for pattern, target in _RULES:
+            new, count = re.subn(f"^{pattern}$", target, name)
+            if count:
+                out[new] = value
+                break
+        else:
+            unknown[key] = value
+    if unknown:
+        raise unknown_weights_error(unknown, _MODELS)
+    _fuse_qkv(out)
+    return out
+
+
+def _fuse_qkv(sd: dict[str, Tensor]) -> None:
+    """`attn.q` / `attn.k` / `attn.v` -> `attn.qkv` (3D rows); V2 (a logit scale) keeps its q
+    and v biases apart (`q_bias`, `v_bias`) and has no k bias."""
+    for key in [k for k in sd if k.endswith(".attn.q.weight")]:
+        attn = key[: -len("q.weight")]
+        sd[attn + "qkv.weight"] = torch.cat([sd.pop(f"{attn}{n}.weight") for n in "qkv"])
+        if attn + "logit_scale" in sd:
+            for name in "qv":
+                if f"{attn}{name}.bias" in sd:
+                    sd[f"{attn}{name}_bias"] = sd.pop(f"{attn}{name}.bias")
+            sd.pop(f"{attn}k.bias", None)
+        elif attn + "q.bias" in sd:
+            sd[attn + "qkv.bias"] = torch.cat([sd.pop(f"{attn}{n}.bias") for n in "qkv"])
+
+
+def coords_windows(sd: dict[str, Tensor]) -> tuple[int, ...] | None:
+    """The V2 window of each stage from the saved `relative_coords_table` buffers
+    ((1, 2w - 1, 2w - 1, 2)), which are removed; None when the weights have none."""
+    tables = {k: sd.pop(k) for k in [k for k in sd if k.endswith("relative_coords_table")]}
+    windows: dict[int, int] = {}
+    for key, table in tables.items():
+        stage = int(key.split(".")[1])
+        if table.shape[1] != table.shape[2]:
+            raise CheckpointError(f"{key} is of a {tuple(table.shape[1:3])} window, not a square "
+                                  "one; vitkit's Swin has square windows")  # fmt: skip
+        windows.setdefault(stage, (table.shape[1] + 1) // 2)
+    return tuple(windows[i] for i in sorted(windows)) if windows else None
+
+
+def from_hf_swin(
+    state_dict: Mapping[str, Tensor],
+    *,
+    config: Any = None,
+    arch: str | None = None,
+    **overrides: Any,
+) -> tuple[dict[str, Tensor], SwinConfig]:
+    """A Hugging Face Swin / Swinv2 state dict in timm's layout and its `SwinConfig`.
+
+    Args:
+        state_dict: the weights, Hub file or transformers 5 module layout.
+        config: the `config.json` (path, dict or transformers config): image size, windows,
+            V2 pre-training windows, `layer_norm_eps`, `hidden_act`.
+        arch: a `swin*` name for what a state dict without its config does not show.
+        overrides: `SwinConfig` fields (e.g. `img_size`, `window_size`); `fit_img_size` is
+            `load_pretrained`'s img_size, used where nothing else gives the image size.
+    """
+    hf = hf_config_dict(config)
+    fit_img_size = overrides.pop("fit_img_size", None)
+    overrides.pop("num_heads", None)  # read from the weights
+    sd = hf_to_timm_swin(state_dict)
+    options: dict[str, Any] = {}
+    if hf:
+        if hf.get("use_absolute_embeddings"):
+            raise CheckpointError("the config has use_absolute_embeddings=True, which timm's "
+                                  "and vitkit's Swin do not have")  # fmt: skip
+        size = hf.get("image_size", 224)
+        options["img_size"] = size if isinstance(size, int) else tuple(size)
+        options["window_size"] = hf.get("window_size", 7)
+        options["norm_eps"] = hf.get("layer_norm_eps", 1e-5)
+        act = hf.get("hidden_act", "gelu")
+        if act not in _ACTIVATIONS:
+            raise CheckpointError(f"hidden_act {act!r} has no vitkit counterpart; expected one "
+                                  f"of {', '.join(_ACTIVATIONS)}")  # fmt: skip
+        options["act_layer"] = _ACTIVATIONS[act]
+        if "pretrained_window_sizes" in hf:
+            options["pretrained_window_sizes"] = tuple(hf["pretrained_window_sizes"])
+    windows = coords_windows(sd)
+    if windows is not None and "window_size" not in options:
+        options["window_size"] = windows
+    options.update(overrides)
+    if fit_img_size is not None and arch is None:
+        options.setdefault("img_size", fit_img_size)
+    require_img_size(options, arch, "Hugging Face")
+    sd, swin = from_timm_swin(sd, arch=arch, **options)
+    check_same_windows(swin, f"Hugging Face V{swin.version}")
+    return sd, swin
+
+
+def require_img_size(options: Mapping[str, Any], arch: str | None, library: str) -> None:
+    """Refuse, in one line, weights whose image size nothing gives (their windows shown)."""
+    if arch is None and "img_size" not in options:
+        raise MissingOptionError(
+            f"{library} Swin weights do not record the image size",
+            ("arch",),
+            ("img_size",),
+        )
+
+
+# Where a library's windows are timm's, per side of a stage map: HF V2 clamps and shifts per
+# side as timm; HF V1 (transformers 5) clamps to the smaller side but keeps the table of the
+# configured window (its own forward fails on a smaller map); torchvision never clamps.
+_SAME_WINDOWS = {
+    "Hugging Face V2": lambda sides, w: all(s <= w or s % w == 0 for s in sides),
+    "Hugging Face V1": lambda sides, w: sides == (w, w) or all(s > w and s % w == 0 for s in sides),
+    "torchvision": lambda sides, w: all(s % w == 0 for s in sides),
+}
+
+
+def check_same_windows(config: SwinConfig, library: str) -> None:
+    """Refuse an image size at which `library`'s (a key of `_SAME_WINDOWS`) windows differ
+    from timm's: a stage map it pads to whole windows (it pads, then shifts, and attends to
+    the padding; timm shifts, then pads), or one it clamps otherwise."""
+    for stage in range(config.num_stages):
+        sides, window = config.stage_resolution(stage), config.windows[stage]
+        if not _SAME_WINDOWS[library](sides, window):
+            raise CheckpointError(
+                f"at img_size {config.img_size} stage {stage} is a {sides[0]}x{sides[1]} map for "
+                f"a window of {window}, which {library} pads or clamps unlike timm: no faithful "
+                "copy; load at an img_size whose stage maps are whole windows"
+            )
+
+
+def from_hf_or_swin(
+    state_dict: Mapping[str, Tensor], **options: Any
+) -> tuple[dict[str, Tensor], Any]:
+    """The 'hf' converter: `from_hf_swin` for Swin keys, else `from_hf_any` (the ViT families)."""
+    if is_hf_swin(list(state_dict)):
+        options.pop("new_head", None)
+        return from_hf_swin(state_dict, **options)
+    options.pop("fit_img_size", None)
+    return from_hf_any(state_dict, **options)
