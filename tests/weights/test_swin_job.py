@@ -49,7 +49,7 @@ def test_fine_tune_a_timm_swin_then_eval_and_predict(tmp_path, capsys):
         ("explain", "--checkpoint", str(run), str(image), "--output", str(tmp_path / "e.png")):
             "holds a Swin Transformer; explain draws a ViT's attention",
         ("export", "--checkpoint", str(run), str(tmp_path / "m.onnx")):
-            "holds a Swin Transformer, which vitkit does not export yet",
+            "holds a Swin Transformer, which vitkit does not export to onnx yet",
         ("summary", "swin_tiny_patch4_window7_224", "--flow"):
             "is a Swin Transformer: --flow and --compare-torch walk ViTs",
     }  # fmt: skip

@@ -55,6 +55,7 @@ from .preprocessing import (
     read_json_object,
     timm_data_config,
 )
+from .swin_export import swin_folder_options
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +344,9 @@ def _source_options(
         options["config"] = dict(hub)
     elif format == "timm" and folder == "timm":
         model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping):
+        if isinstance(model_args, Mapping) and _swin_arch(hub.get("architecture")):
+            options.update(swin_folder_options(model_args))  # swin_export.py
+        elif isinstance(model_args, Mapping):
             options.update(timm_folder_options(model_args))
         if hub.get("architecture") in list_models():
             options["arch"] = hub["architecture"]

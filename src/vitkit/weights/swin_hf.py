@@ -29,16 +29,13 @@ from torch import Tensor
 from ..model import SwinConfig
 from .checkpoint import CheckpointError, MissingOptionError
 from .hf import hf_config_dict, unknown_weights_error
-from .hf_families import from_hf_any
+from .hf_families import HF_ACTIVATIONS, from_hf_any
 from .swin import from_timm_swin
 
 log = logging.getLogger(__name__)
 
 _MODELS = "SwinModel / SwinForImageClassification / Swinv2Model / Swinv2ForImageClassification"
 _PREFIXES = ("swinv2.", "swin.")
-# HF's `hidden_act` -> vitkit's act_layer (the ones Swin configs use).
-_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-                "relu": "relu", "silu": "silu", "swish": "silu"}  # fmt: skip
 
 # (regex of a block module, timm's module) under `encoder.layers.N.blocks.M.`; q, k and v go
 # to `attn.q` / `attn.k` / `attn.v`, fused afterwards.
@@ -164,12 +161,16 @@ def from_hf_swin(
         size = hf.get("image_size", 224)
         options["img_size"] = size if isinstance(size, int) else tuple(size)
         options["window_size"] = hf.get("window_size", 7)
-        options["norm_eps"] = hf.get("layer_norm_eps", 1e-5)
+        if hf.get("layer_norm_eps", 1e-5) != 1e-5:  # HF's embedding / merging norms: 1e-5
+            raise CheckpointError(
+                f"layer_norm_eps {hf['layer_norm_eps']:g} holds in HF's blocks only (its "
+                "embedding and merging norms use 1e-5); vitkit's Swin has one norm_eps"
+            )
         act = hf.get("hidden_act", "gelu")
-        if act not in _ACTIVATIONS:
+        if act not in HF_ACTIVATIONS:
             raise CheckpointError(f"hidden_act {act!r} has no vitkit counterpart; expected one "
-                                  f"of {', '.join(_ACTIVATIONS)}")  # fmt: skip
-        options["act_layer"] = _ACTIVATIONS[act]
+                                  f"of {', '.join(HF_ACTIVATIONS)}")  # fmt: skip
+        options["act_layer"] = HF_ACTIVATIONS[act]
         if "pretrained_window_sizes" in hf:
             options["pretrained_window_sizes"] = tuple(hf["pretrained_window_sizes"])
     windows = coords_windows(sd)
