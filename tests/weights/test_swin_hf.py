@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import vitkit
 from _helpers import optional_import, requires_torchvision, requires_transformers
-from vitkit import CheckpointError, SwinTransformer, load_pretrained
+from vitkit import CheckpointError, SwinTransformer, cli, load_pretrained
 from vitkit.weights import inspect, load_any
+from vitkit.weights.swin_torchvision import from_torchvision_swin, torchvision_swin_builder
 
 transformers = optional_import("transformers")
 tv_swin = optional_import("torchvision.models.swin_transformer")
@@ -46,11 +48,11 @@ def _hf(version: int = 1, **options) -> torch.nn.Module:
     return _random(model_cls._from_config(config, attn_implementation="eager"))
 
 
-def _tv(version: int = 1, window: int = 2) -> torch.nn.Module:
+def _tv(version: int = 1, window: int = 2, patch: int = 4) -> torch.nn.Module:
     extra = {}
     if version == 2:
         extra = dict(block=tv_swin.SwinTransformerBlockV2, downsample_layer=tv_swin.PatchMergingV2)
-    model = tv_swin.SwinTransformer(patch_size=[4, 4], window_size=[window, window],
+    model = tv_swin.SwinTransformer(patch_size=[patch, patch], window_size=[window, window],
                                     num_classes=7, **SIZES, **extra)  # fmt: skip
     return _random(model)
 
@@ -134,7 +136,7 @@ def test_hf_absolute_position_embedding_is_refused():
 
 
 @requires_torchvision
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_torchvision_swin_state_dict_loads_with_torchvisions_logits(version):
     source = _tv(version)
     model = load_pretrained(source.state_dict(), img_size=64)
@@ -160,3 +162,67 @@ def test_torchvision_map_smaller_than_its_window_is_refused():
     message = r"^at img_size 64 stage 3 is a 2x2 map for a window of 4, which torchvision pads"
     with pytest.raises(CheckpointError, match=message):
         load_pretrained(_tv(1, window=4).state_dict(), img_size=64)
+
+
+@pytest.mark.slow
+@requires_transformers
+def test_hf_folder_processor_gives_the_data_config(tmp_path):
+    """A Hub folder's ViTImageProcessor (Swin's: resize both sides, ImageNet statistics)."""
+    source = _hf(1)
+    source.save_pretrained(tmp_path)
+    processor = transformers.ViTImageProcessor(
+        size={"height": 64, "width": 64}, resample=3, image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    )  # fmt: skip
+    processor.save_pretrained(tmp_path)
+    data = load_pretrained(tmp_path).data_config
+    assert (data.input_size, data.crop_mode, data.interpolation) == (
+        (3, 64, 64),
+        "squash",
+        "bicubic",
+    )
+    assert data.mean == (0.485, 0.456, 0.406)
+
+
+@requires_torchvision
+@pytest.mark.parametrize("builder", ["swin_t", "swin_v2_t"])
+def test_a_torchvision_builder_name_gives_its_image_size(builder):
+    """`arch='swin_t'` reads the builder's own weights at 224 (swin_v2_t: 256), checked
+    against the sizes the tensors show (on the meta device: no memory)."""
+    import torchvision
+
+    with torch.device("meta"):
+        weights = getattr(torchvision.models, builder)().state_dict()
+    _, config = from_torchvision_swin(weights, arch=builder)
+    assert config.img_size == (224 if builder == "swin_t" else 256)
+    assert torchvision_swin_builder(config) == builder
+    with pytest.raises(CheckpointError, match=r"^the weights are not 'swin_b': they have version"):
+        from_torchvision_swin(weights, arch="swin_b")
+
+
+@pytest.mark.slow
+@requires_torchvision
+def test_convert_from_torchvision_checks_parity_against_torchvision(tmp_path, capsys):
+    torch.save(_tv(2, window=4, patch=8).state_dict(), tmp_path / "tv.pth")
+    argv = ["convert", "--from", "torchvision", str(tmp_path / "tv.pth"),
+            str(tmp_path / "out.safetensors"), "--arch", "swinv2_tiny_window8_256"]  # fmt: skip
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3] == (
+        "converted 102 tensors: embed_dim 32, depths (1, 1, 2, 1), heads (1, 2, 4, 8), windows "
+        "(4, 4, 4, 4), patch 8, img_size 256, 7 classes, pool avg"
+    )
+    assert lines[-1].startswith("parity vs torchvision SwinTransformer: max |difference| ")
+    assert lines[-1].endswith("over the logits of a random batch of 2 (ok, tolerance 1e-04)")
+    assert vitkit.load(tmp_path / "out.safetensors").config.version == 2
+
+
+@pytest.mark.slow
+@requires_transformers
+def test_convert_from_a_hf_folder_checks_parity_against_transformers(tmp_path, capsys):
+    _hf(1).save_pretrained(tmp_path / "hf")
+    argv = ["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "out.safetensors")]
+    assert cli.main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("parity vs transformers SwinForImageClassification: max |difference|")
+    assert last.endswith("(ok, tolerance 1e-04)")

@@ -56,6 +56,7 @@ from .preprocessing import (
     timm_data_config,
 )
 from .swin_export import swin_folder_options
+from .swin_torchvision import TORCHVISION_SWIN
 
 log = logging.getLogger(__name__)
 
@@ -391,8 +392,9 @@ def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _swin_arch(arch: Any) -> bool:
-    """Whether `arch` names a Swin (its converters read the name themselves)."""
-    return isinstance(arch, str) and arch in list_models("swin*")
+    """Whether `arch` names a Swin, vitkit's or torchvision's builder (its converters read the
+    name themselves)."""
+    return isinstance(arch, str) and (arch in list_models("swin*") or arch in TORCHVISION_SWIN)
 
 
 @contextlib.contextmanager

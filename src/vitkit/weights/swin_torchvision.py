@@ -25,12 +25,23 @@ from typing import Any
 from torch import Tensor
 
 from ..model import SwinConfig
-from .checkpoint import CheckpointError
+from .checkpoint import ArchMismatchError, CheckpointError
 from .swin import from_timm_swin
 from .swin_hf import check_same_windows, coords_windows, require_img_size
 from .torchvision import from_torchvision
 
 _BLOCK_NAMES = {"mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2"}
+
+# torchvision's Swin builders: (version, embed_dim, depths, heads, window, the image size of
+# their weights' eval transform), `models/swin_transformer.py`.
+TORCHVISION_SWIN: dict[str, tuple[int, int, tuple[int, ...], tuple[int, ...], int, int]] = {
+    "swin_t": (1, 96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 224),
+    "swin_s": (1, 96, (2, 2, 18, 2), (3, 6, 12, 24), 7, 224),
+    "swin_b": (1, 128, (2, 2, 18, 2), (4, 8, 16, 32), 7, 224),
+    "swin_v2_t": (2, 96, (2, 2, 6, 2), (3, 6, 12, 24), 8, 256),
+    "swin_v2_s": (2, 96, (2, 2, 18, 2), (3, 6, 12, 24), 8, 256),
+    "swin_v2_b": (2, 128, (2, 2, 18, 2), (4, 8, 16, 32), 8, 256),
+}
 
 
 def is_torchvision_swin(keys: Mapping[str, Any] | list[str]) -> bool:
@@ -78,11 +89,16 @@ def from_torchvision_swin(
     state_dict: Mapping[str, Tensor], *, arch: str | None = None, **overrides: Any
 ) -> tuple[dict[str, Tensor], SwinConfig]:
     """A torchvision Swin state dict in timm's layout and its `SwinConfig`: the sizes and
-    windows the tensors show, the image size from `arch` (a `swin*` name) or the `overrides`
+    windows the tensors show, the image size from `arch` (a torchvision builder such as
+    'swin_t': its weights' eval size; or a vitkit `swin*` name) or the `overrides`
     (`SwinConfig` fields; `fit_img_size` is `load_pretrained`'s img_size)."""
     fit_img_size = overrides.pop("fit_img_size", None)
     overrides.pop("num_heads", None)  # read from the weights
     sd = torchvision_to_timm_swin(state_dict)
+    builder = None
+    if arch in TORCHVISION_SWIN:
+        builder, arch = arch, None
+        overrides.setdefault("img_size", TORCHVISION_SWIN[builder][5])
     windows = coords_windows(sd)
     if windows is None:
         windows = _index_windows(state_dict)
@@ -96,8 +112,42 @@ def from_torchvision_swin(
     sd, config = from_timm_swin(sd, arch=arch, **options)
     if windows is not None and config.version == 2:
         config = config.replace(window_size=windows, pretrained_window_sizes=0)
+    if builder is not None and torchvision_swin_builder(config) != builder:
+        raise ArchMismatchError(
+            builder,
+            f"version {config.version}, width {config.embed_dim}, depths {config.depths}, heads "
+            f"{config.num_heads}, windows {config.windows}",
+        )
     check_same_windows(config, "torchvision")
     return sd, config
+
+
+def torchvision_swin_builder(config: SwinConfig) -> str | None:
+    """The torchvision builder of `config`'s version, sizes and windows; None for others."""
+    sizes = (config.version, config.embed_dim, config.depths, config.num_heads)
+    for name, (*named, window, _) in TORCHVISION_SWIN.items():
+        if sizes == tuple(named) and set(config.windows) == {window} and config.patch_size == 4:
+            return name
+    return None
+
+
+def torchvision_swin_model(config: SwinConfig) -> Any:
+    """torchvision's `SwinTransformer` of the same architecture (the parity reference)."""
+    from torchvision.models import swin_transformer as tv
+
+    extra = {}
+    if config.version == 2:
+        extra = {"block": tv.SwinTransformerBlockV2, "downsample_layer": tv.PatchMergingV2}
+    windows = set(config.windows)
+    if len(windows) > 1:
+        raise ValueError("torchvision's SwinTransformer has one window for every stage")
+    window = windows.pop()
+    return tv.SwinTransformer(
+        patch_size=[config.patch_size] * 2, embed_dim=config.embed_dim,
+        depths=list(config.depths), num_heads=list(config.num_heads),
+        window_size=[window, window], mlp_ratio=config.mlp_ratio,
+        num_classes=config.num_classes, **extra,
+    )  # fmt: skip
 
 
 def _index_windows(state_dict: Mapping[str, Tensor]) -> tuple[int, ...] | None:
