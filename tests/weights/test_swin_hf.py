@@ -121,7 +121,7 @@ def test_hf_image_size_whose_maps_are_not_whole_windows_is_refused():
     config = {**_hf(1).config.to_dict(), "image_size": [56, 72]}
     with pytest.raises(
         CheckpointError,
-        match=r"^at img_size \(56, 72\) stage 1 is a 14x18 map for a window of 4, which Hugging "
+        match=r"^at img_size \(56, 72\) stage 2 is a 7x9 map for a window of 4, which Hugging "
         r"Face V1 pads or clamps unlike timm: no faithful copy; load at an img_size whose "
         r"stage maps are whole windows$",
     ):
@@ -154,6 +154,16 @@ def test_torchvision_swin_file_is_inspected_and_needs_an_image_size(tmp_path):
         "or img_size=(h, w)"
     )
     assert load_pretrained(tmp_path / "swin_v2.pth", img_size=128).config.version == 2
+
+
+@requires_torchvision
+def test_torchvision_map_padded_by_exactly_the_shift_gives_torchvisions_logits():
+    """At 72 the maps are 18, 9, 5, 3 for windows of 2: torchvision pads before the shift and
+    timm after, and a padding of one row equal to the shift puts the padding and the wrapped
+    row in regions of their own either way."""
+    source = _tv(1)
+    model = load_pretrained(source.state_dict(), img_size=72)
+    assert _rel(model, source, (72, 72)) < RTOL
 
 
 @requires_torchvision

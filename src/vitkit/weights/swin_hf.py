@@ -12,8 +12,9 @@ pre-training windows, `layer_norm_eps` and `hidden_act`.
 
 HF pads a feature map to whole windows before it shifts it, timm (and vitkit) shift, then pad;
 HF's V1 clamps a window to the smaller side of a map, timm each side to that side. Both agree
-wherever every stage's map is a whole number of windows (V2: or no larger than the window):
-`check_same_windows` refuses the other image sizes in one line.
+wherever a shifted stage's map is whole windows or padded by exactly the shift (and, for V1,
+no map is smaller than the window): `check_same_windows` refuses the other image sizes in one
+line.
 """
 
 from __future__ import annotations
@@ -195,23 +196,32 @@ def require_img_size(options: Mapping[str, Any], arch: str | None, library: str)
         )
 
 
-# Where a library's windows are timm's, per side of a stage map: HF V2 clamps and shifts per
-# side as timm; HF V1 (transformers 5) clamps to the smaller side but keeps the table of the
-# configured window (its own forward fails on a smaller map); torchvision never clamps.
-_SAME_WINDOWS = {
-    "Hugging Face V2": lambda sides, w: all(s <= w or s % w == 0 for s in sides),
-    "Hugging Face V1": lambda sides, w: sides == (w, w) or all(s > w and s % w == 0 for s in sides),
-    "torchvision": lambda sides, w: all(s % w == 0 for s in sides),
-}
+def _same_windows(library: str, sides: tuple[int, int], window: int, shifted: bool) -> bool:
+    """Whether `library`'s windows on a stage map of `sides` compute timm's: it pads a map
+    to whole windows before the shift (timm shifts, then pads), which is the same where the
+    padding is none or exactly the shift (the padding and the wrapped rows then fall in
+    regions of their own either way); torchvision pads a map smaller than its window where
+    timm clamps the window; transformers 5's V1 keeps the table of the configured window (its
+    own forward fails on a smaller map) and drops the shift on both sides when the smaller
+    side fits the window, where timm drops it per side. Measured against both libraries
+    (tests/weights/test_swin_hf.py); a map shifted on one side only and padded differs."""
+    if library == "torchvision" and min(sides) < window:
+        return False
+    if library == "Hugging Face V1" and min(sides) <= window:
+        if min(sides) < window or (shifted and sides[0] != sides[1]):
+            return False
+    if not shifted or all(side % window == 0 for side in sides):
+        return True
+    return all(side > window and -side % window in (0, window // 2) for side in sides)
 
 
 def check_same_windows(config: SwinConfig, library: str) -> None:
-    """Refuse an image size at which `library`'s (a key of `_SAME_WINDOWS`) windows differ
-    from timm's: a stage map it pads to whole windows (it pads, then shifts, and attends to
-    the padding; timm shifts, then pads), or one it clamps otherwise."""
+    """Refuse, in one line, an image size at which `library`'s ('torchvision', 'Hugging Face
+    V1' or 'Hugging Face V2') windows differ from timm's (`_same_windows`)."""
     for stage in range(config.num_stages):
         sides, window = config.stage_resolution(stage), config.windows[stage]
-        if not _SAME_WINDOWS[library](sides, window):
+        shifted = config.depths[stage] > 1 and max(sides) > window  # odd blocks shift
+        if not _same_windows(library, sides, window, shifted):
             raise CheckpointError(
                 f"at img_size {config.img_size} stage {stage} is a {sides[0]}x{sides[1]} map for "
                 f"a window of {window}, which {library} pads or clamps unlike timm: no faithful "
