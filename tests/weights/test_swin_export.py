@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from _parity import randomize_far
 
 import vitkit
 from _helpers import optional_import, requires_timm, requires_transformers
@@ -28,16 +29,7 @@ def _checkpoint(tmp_path, version: int, **options):
     model = vitkit.SwinTransformer(version=version, img_size=64, patch_size=2, embed_dim=32,
                                    depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=4,
                                    num_classes=3, **options)  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            if "logit_scale" in name:
-                param.copy_(torch.rand(param.shape, generator=gen) * 3)
-            elif "norm" in name and name.endswith("weight"):
-                param.copy_(1 + 0.3 * noise)
-            else:
-                param.copy_(noise * (0.2 if param.ndim > 1 else 0.5))
+    randomize_far(model)
     model.data_config = DataConfig(input_size=(3, 64, 64), mean=(0.4, 0.5, 0.6), std=0.25,
                                    interpolation="bilinear", crop_pct=0.8)  # fmt: skip
     vitkit.save(model, tmp_path / "swin.safetensors", meta={"class_names": NAMES})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _parity import randomize_far
 
 import vitkit
 from _helpers import optional_import, requires_torchvision, requires_transformers
@@ -21,21 +22,6 @@ RTOL = 1e-5
 SIZES = dict(embed_dim=32, depths=[1, 1, 2, 1], num_heads=[1, 2, 4, 8])
 
 
-def _random(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from the init: norms around 1 but not 1, logit scales up to e^3."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            if "logit_scale" in name:
-                param.copy_(torch.rand(param.shape, generator=gen) * 3)
-            elif "norm" in name and name.endswith("weight"):
-                param.copy_(1 + 0.3 * noise)
-            else:
-                param.copy_(noise * (0.2 if param.ndim > 1 else 0.5))
-    return model.eval()
-
-
 def _hf(version: int = 1, **options) -> torch.nn.Module:
     config_cls = transformers.SwinConfig if version == 1 else transformers.Swinv2Config
     model_cls = (
@@ -45,7 +31,7 @@ def _hf(version: int = 1, **options) -> torch.nn.Module:
     )
     config = config_cls(**{**SIZES, "image_size": 64, "patch_size": 2, "window_size": 4,
                             "num_labels": 7, **options})  # fmt: skip
-    return _random(model_cls._from_config(config, attn_implementation="eager"))
+    return randomize_far(model_cls._from_config(config, attn_implementation="eager"))
 
 
 def _tv(version: int = 1, window: int = 2, patch: int = 4) -> torch.nn.Module:
@@ -54,7 +40,7 @@ def _tv(version: int = 1, window: int = 2, patch: int = 4) -> torch.nn.Module:
         extra = dict(block=tv_swin.SwinTransformerBlockV2, downsample_layer=tv_swin.PatchMergingV2)
     model = tv_swin.SwinTransformer(patch_size=[patch, patch], window_size=[window, window],
                                     num_classes=7, **SIZES, **extra)  # fmt: skip
-    return _random(model)
+    return randomize_far(model)
 
 
 def _rel(ours: torch.nn.Module, theirs: torch.nn.Module, size=(64, 64)) -> float:

@@ -178,22 +178,31 @@ def from_hf_swin(
     if windows is not None and "window_size" not in options:
         options["window_size"] = windows
     options.update(overrides)
-    if fit_img_size is not None and arch is None:
-        options.setdefault("img_size", fit_img_size)
-    require_img_size(options, arch, "Hugging Face")
-    sd, swin = from_timm_swin(sd, arch=arch, **options)
+    sd, swin = read_renamed(
+        sd, options, arch=arch, fit_img_size=fit_img_size, library="Hugging Face"
+    )
     check_same_windows(swin, f"Hugging Face V{swin.version}")
     return sd, swin
 
 
-def require_img_size(options: Mapping[str, Any], arch: str | None, library: str) -> None:
-    """Refuse, in one line, weights whose image size nothing gives (their windows shown)."""
+def read_renamed(
+    sd: dict[str, Tensor],
+    options: dict[str, Any],
+    *,
+    arch: str | None,
+    fit_img_size: Any,
+    library: str,
+) -> tuple[dict[str, Tensor], SwinConfig]:
+    """`from_timm_swin` of weights renamed to timm's, with `options` (what the source states
+    and the caller gives); `fit_img_size` (`load_pretrained`'s img_size) where nothing else
+    gives the image size, and a one-line refusal where nothing does."""
+    if fit_img_size is not None and arch is None:
+        options.setdefault("img_size", fit_img_size)
     if arch is None and "img_size" not in options:
         raise MissingOptionError(
-            f"{library} Swin weights do not record the image size",
-            ("arch",),
-            ("img_size",),
+            f"{library} Swin weights do not record the image size", ("arch",), ("img_size",)
         )
+    return from_timm_swin(sd, arch=arch, **options)
 
 
 def _same_windows(library: str, sides: tuple[int, int], window: int, shifted: bool) -> bool:

@@ -26,8 +26,7 @@ from torch import Tensor
 
 from ..model import SwinConfig
 from .checkpoint import ArchMismatchError, CheckpointError
-from .swin import from_timm_swin
-from .swin_hf import check_same_windows, coords_windows, require_img_size
+from .swin_hf import check_same_windows, coords_windows, read_renamed
 from .torchvision import from_torchvision
 
 _BLOCK_NAMES = {"mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2"}
@@ -106,12 +105,9 @@ def from_torchvision_swin(
     if windows is not None:
         options["window_size"] = windows
     options.update(overrides)
-    if fit_img_size is not None and arch is None:
-        options.setdefault("img_size", fit_img_size)
-    require_img_size(options, arch, "torchvision")
-    sd, config = from_timm_swin(sd, arch=arch, **options)
-    if windows is not None and config.version == 2:
-        config = config.replace(window_size=windows, pretrained_window_sizes=0)
+    sd, config = read_renamed(
+        sd, options, arch=arch, fit_img_size=fit_img_size, library="torchvision"
+    )
     if builder is not None and torchvision_swin_builder(config) != builder:
         raise ArchMismatchError(
             builder,
