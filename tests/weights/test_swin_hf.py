@@ -142,6 +142,7 @@ def test_torchvision_swin_file_is_inspected_and_needs_an_image_size(tmp_path):
     assert load_pretrained(tmp_path / "swin_v2.pth", img_size=128).config.version == 2
 
 
+@pytest.mark.slow
 @requires_torchvision
 def test_torchvision_map_padded_by_exactly_the_shift_gives_torchvisions_logits():
     """At 72 the maps are 18, 9, 5, 3 for windows of 2: torchvision pads before the shift and
@@ -181,7 +182,7 @@ def test_hf_folder_processor_gives_the_data_config(tmp_path):
 
 
 @requires_torchvision
-@pytest.mark.parametrize("builder", ["swin_t", "swin_v2_t"])
+@pytest.mark.parametrize("builder", ["swin_t", pytest.param("swin_v2_t", marks=pytest.mark.slow)])
 def test_a_torchvision_builder_name_gives_its_image_size(builder):
     """`arch='swin_t'` reads the builder's own weights at 224 (swin_v2_t: 256), checked
     against the sizes the tensors show (on the meta device: no memory)."""
