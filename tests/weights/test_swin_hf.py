@@ -223,3 +223,19 @@ def test_convert_from_a_hf_folder_checks_parity_against_transformers(tmp_path, c
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("parity vs transformers SwinForImageClassification: max |difference|")
     assert last.endswith("(ok, tolerance 1e-04)")
+
+
+@pytest.mark.slow
+@pytest.mark.requires("timm", extra="interop")
+def test_convert_from_timm_checks_a_narrow_swin_against_timms_model_of_its_sizes(tmp_path, capsys):
+    import timm
+
+    name = "swin_tiny_patch4_window7_224"
+    source = timm.create_model(name, embed_dim=32, num_heads=(1, 2, 4, 8), depths=(1, 1, 2, 1))
+    torch.save(source.state_dict(), tmp_path / "swin.pth")
+    argv = ["convert", "--from", "timm", str(tmp_path / "swin.pth"),
+            str(tmp_path / "out.safetensors"), "--arch", name]  # fmt: skip
+    assert cli.main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"parity vs timm {name} (embed_dim=32, depths=(1, 1, 2, 1), ")
+    assert last.endswith("(ok, tolerance 1e-04)")

@@ -296,7 +296,8 @@ def _timm_sizes(config: ViTConfig | SwinConfig) -> dict[str, Any]:
     without another function: depth, classes, channels and resolution (a Swin's depths,
     heads and windows)."""
     if isinstance(config, SwinConfig):
-        return {"depths": config.depths, "num_heads": config.num_heads,
+        return {"embed_dim": config.embed_dim, "depths": config.depths,
+                "num_heads": config.num_heads,
                 "num_classes": config.num_classes, "in_chans": config.in_chans,
                 "img_size": config.img_size, "window_size": config.windows}  # fmt: skip
     return {"depth": config.depth, "num_classes": config.num_classes,
