@@ -12,7 +12,7 @@ from _parity import TOL, images, randomize
 import vitkit
 from _helpers import optional_import, requires_transformers
 from vitkit import CheckpointError, convert
-from vitkit.weights.hf_families import from_hf_any
+from vitkit.weights.swin_hf import from_hf_or_swin
 
 transformers = optional_import("transformers")
 pytestmark = requires_transformers  # every test here runs transformers
@@ -269,7 +269,7 @@ def test_detection_and_the_processor_data_config(tmp_path):
     the data config (CLIPImageProcessor: shortest edge 40, centre crop 32, CLIP statistics)."""
     assert convert.detect_format({"vision_model.embeddings.patch_embedding.weight": 0}) == "hf"
     assert convert.detect_format({"embeddings.patch_embedding.weight": 0}) == "hf"
-    assert convert.CONVERTERS["hf"] is from_hf_any  # one 'hf' format for every family
+    assert convert.CONVERTERS["hf"] is from_hf_or_swin  # one 'hf' format for every family
     config = transformers.CLIPVisionConfig(**SMALL, intermediate_size=128)
     transformers.CLIPVisionModel(config).save_pretrained(tmp_path)
     processor = transformers.CLIPImageProcessor(

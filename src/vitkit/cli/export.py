@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..files import check_output
-from ..model import SwinConfig, VisionTransformer
+from ..model import SwinConfig, SwinTransformer, VisionTransformer
 from ..weights import inspect, load_any
 from . import options
 from .commands import add_command
@@ -65,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     model = _exportable(args)
     if args.format in ("hf", "timm"):
         from ..weights.folders import save_hf_folder, save_timm_folder
+        from ..weights.swin_export import save_hf_swin_folder, save_timm_swin_folder
 
         save = save_hf_folder if args.format == "hf" else save_timm_folder
+        if isinstance(model, SwinTransformer):
+            save = save_hf_swin_folder if args.format == "hf" else save_timm_swin_folder
         save(model, args.output)
         loads = {
             "hf": "transformers' from_pretrained; its image processor (AutoImageProcessor: "
@@ -124,10 +127,10 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
             "export the CNN with timm or torch.onnx.export"
         )
-    if isinstance(info.config, SwinConfig):
+    if isinstance(info.config, SwinConfig) and args.format in ("onnx", "pt2"):
         raise UserError(
-            f"{args.checkpoint} holds a Swin Transformer, which vitkit does not export yet; "
-            "export it with torch.onnx.export"
+            f"{args.checkpoint} holds a Swin Transformer, which vitkit does not export to "
+            f"{args.format} yet; export it with torch.onnx.export, or --format hf / timm"
         )
     model = load_any(info, num_heads=args.num_heads, arch=args.arch)
     model.data_config = options.prepared(model.data_config, args)

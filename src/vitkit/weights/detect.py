@@ -21,10 +21,10 @@ from torch import Tensor
 
 from ..model import ViTConfig
 from .checkpoint import CheckpointError
-from .hf_families import from_hf_any
 from .jax import from_jax
 from .swin import from_timm_or_swin
-from .torchvision import from_torchvision
+from .swin_hf import from_hf_or_swin
+from .swin_torchvision import from_torchvision_or_swin
 
 FORMATS = ("vitkit", "timm", "hf", "torchvision", "jax")
 
@@ -35,8 +35,8 @@ WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], ViTConfig]]] = {
     "timm": from_timm_or_swin,  # a ViT's or a Swin's keys (swin.py)
     "vitkit": from_timm_or_swin,
-    "hf": from_hf_any,
-    "torchvision": from_torchvision,
+    "hf": from_hf_or_swin,  # a ViT family's or a Swin's keys (swin_hf.py)
+    "torchvision": from_torchvision_or_swin,  # a ViT's or a Swin's (swin_torchvision.py)
     "jax": from_jax,
 }
 
@@ -47,7 +47,8 @@ def detect_format(state_dict: Mapping[str, Any]) -> str:
     if any(k.endswith("embedding/kernel") for k in keys):
         return "jax"
     if any(
-        k in ("conv_proj.weight", "class_token") or k.startswith("encoder.layers.encoder_layer_")
+        k in ("conv_proj.weight", "class_token", "features.0.0.weight")
+        or k.startswith("encoder.layers.encoder_layer_")
         for k in keys
     ):
         return "torchvision"

@@ -55,6 +55,8 @@ from .preprocessing import (
     read_json_object,
     timm_data_config,
 )
+from .swin_export import swin_folder_options
+from .swin_torchvision import TORCHVISION_SWIN
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +345,9 @@ def _source_options(
         options["config"] = dict(hub)
     elif format == "timm" and folder == "timm":
         model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping):
+        if isinstance(model_args, Mapping) and _swin_arch(hub.get("architecture")):
+            options.update(swin_folder_options(model_args))  # swin_export.py
+        elif isinstance(model_args, Mapping):
             options.update(timm_folder_options(model_args))
             if "img_size" in model_args:  # read by timm's converter for a Swin only (swin.py)
                 options["folder_img_size"] = model_args["img_size"]
@@ -378,16 +382,23 @@ def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]
     converters, and for the others it gives the options the name states
     (`timm.arch_options`) under the given ones."""
     options = dict(options)
-    if format in ("hf", "torchvision") and "arch" in options:
+    if format in ("hf", "torchvision") and "arch" in options and not _swin_arch(options["arch"]):
         from .timm import arch_options
 
         options = {**arch_options(options.pop("arch")), **options}
     if format != "hf":
         options.pop("config", None)
+    if format == "jax":
+        options.pop("fit_img_size", None)  # read by the others' converters for a Swin
     if format not in ("timm", "vitkit"):
-        options.pop("fit_img_size", None)  # read by timm's converter for a Swin (swin.py)
-        options.pop("folder_img_size", None)
+        options.pop("folder_img_size", None)  # a timm folder's img_size (swin.py)
     return options
+
+
+def _swin_arch(arch: Any) -> bool:
+    """Whether `arch` names a Swin, vitkit's or torchvision's builder (its converters read the
+    name themselves)."""
+    return isinstance(arch, str) and (arch in list_models("swin*") or arch in TORCHVISION_SWIN)
 
 
 @contextlib.contextmanager

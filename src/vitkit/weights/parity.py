@@ -26,7 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..model import VisionTransformer, ViTConfig, get_config, list_models
+from ..model import (
+    SwinConfig,
+    SwinTransformer,
+    VisionTransformer,
+    ViTConfig,
+    get_config,
+    list_models,
+)
 from ..model.config import to_2tuple
 from ..model.torch_encoder import torch_to_native_state_dict
 from .checkpoint import load_state_dict
@@ -47,6 +54,7 @@ from .reference import (
     strict_load,
     timm_outputs,
 )
+from .swin_torchvision import torchvision_swin_builder, torchvision_swin_model
 from .torchvision import TORCHVISION_BUILDERS, torchvision_builder, torchvision_kwargs
 
 # The largest |difference| accepted between the two models' outputs (float32, random weights).
@@ -199,6 +207,8 @@ def _compare(model: VisionTransformer, outputs: Outputs, **fields: Any) -> Parit
     names = {"output": "logits" if cfg.num_classes else "pooled features",
              "features": "tokens", "pooled": "pooled features"}  # fmt: skip
     for key, value in theirs.items():
+        if value.ndim == 3 and ours[key].ndim == 4:  # a Swin's NHWC map, as HF's tokens
+            ours[key] = ours[key].flatten(1, 2)  # (B, H * W, C)
         if value.shape != ours[key].shape:
             raise ReferenceMismatch(
                 f"its {names[key]} have shape {tuple(value.shape)}, vitkit's "
@@ -281,9 +291,15 @@ def _timm_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) ->
     )
 
 
-def _timm_sizes(config: ViTConfig) -> dict[str, Any]:
+def _timm_sizes(config: ViTConfig | SwinConfig) -> dict[str, Any]:
     """The sizes of a timm model the weights show and that can differ from its name's
-    without another function: depth, classes, channels and resolution."""
+    without another function: depth, classes, channels and resolution (a Swin's depths,
+    heads and windows)."""
+    if isinstance(config, SwinConfig):
+        return {"embed_dim": config.embed_dim, "depths": config.depths,
+                "num_heads": config.num_heads,
+                "num_classes": config.num_classes, "in_chans": config.in_chans,
+                "img_size": config.img_size, "window_size": config.windows}  # fmt: skip
     return {"depth": config.depth, "num_classes": config.num_classes,
             "in_chans": config.in_chans, "img_size": config.img_size}  # fmt: skip
 
@@ -373,6 +389,8 @@ def _jax_sizes(config: ViTConfig, name: str) -> dict[str, Any]:
 
 def _tv_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) -> Parity:
     config = model.config
+    if isinstance(config, SwinConfig):
+        return _tv_swin_parity(model, path)
     arch = given.get("arch")
     builder = arch if arch in TORCHVISION_BUILDERS else torchvision_builder(config)
     fields: dict[str, Any] = {"assumed": ()}
@@ -408,6 +426,25 @@ def _tv_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) -> P
     return _run(model, outputs, reference=reference, scope="function", **fields)
 
 
+def _tv_swin_parity(model: SwinTransformer, path: Path) -> Parity:
+    """torchvision's SwinTransformer of the weights' sizes (the builder's name where they are
+    one's), loaded strictly, at the converted model's image size."""
+    builder = torchvision_swin_builder(model.config)
+    reference = f"torchvision {builder or 'SwinTransformer'}"
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return _not_installed("torchvision", reference)
+    weights = load_state_dict(weights_file(path))
+
+    def outputs() -> Outputs:
+        built = torchvision_swin_model(model.config).eval()
+        strict_load(built, weights)
+        return lambda x: {"output": built(x)}
+
+    return _run(model, outputs, reference=reference, scope="function")
+
+
 # -- Hugging Face -----------------------------------------------------------------------------
 
 
@@ -429,6 +466,8 @@ def _hf_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) -> P
         return _not_installed("transformers", None, **fields)
     weights = load_state_dict(info.weights_file)
     with quiet_transformers(transformers):
+        if stated is None and isinstance(config, SwinConfig):  # transformers' Swin: a config
+            return Parity(note="transformers' Swin is built from its config.json", **fields)
         if stated is None:
             inner = source_model("hf", config, weights).inner
             return _run(
