@@ -172,3 +172,18 @@ def test_freeze_and_linear_probe_follow_the_stage_numbering():
         "head.fc.weight",
         "head.fc.bias",
     ]
+
+
+def test_fused_window_attention_equals_the_written_out_path():
+    """Version 1's one SDPA call over the windows (bias + shift mask as its mask) against the
+    written-out softmax that version 2 keeps (and timm's explicit path, in test_swin.py)."""
+    torch.manual_seed(0)
+    model = perturb(create_model(V1, **NARROW, img_size=64))
+    x = torch.randn(2, 3, 64, 64)
+    assert all(b.attn.fused for s in model.layers for b in s.blocks)
+    with torch.no_grad():
+        fused = model(x)
+        for stage in model.layers:
+            for block in stage.blocks:
+                block.attn.fused = False
+        assert close(fused, model(x))
