@@ -22,6 +22,15 @@ from .window import log_spaced_offsets, relative_position_index
 LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # Swin V2's clamp: a temperature of at least 0.01
 
 
+def _exporting() -> bool:
+    """Under `torch.export` (pt2, ONNX): the written-out path, as torch 2.14's ONNX
+    decomposition of SDPA lays its output out otherwise than the traced strides say ("Cannot
+    view a tensor with shape ... as ..."); a torch without `torch.compiler.is_exporting`
+    takes the fused path there too."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
 class WindowAttention(nn.Module):
     """Version 1: scaled dot-product attention with a learned relative-position-bias table."""
 
@@ -95,9 +104,10 @@ class WindowAttention(nn.Module):
 
         Version 1 runs one `scaled_dot_product_attention` over all windows of the batch, the
         position bias plus the shift mask as its additive mask (timm's fused path, equal to
-        `attention` to float rounding); version 2 writes it out (`fused` False)."""
+        `attention` to float rounding); version 2 writes it out (`fused` False), and so does
+        `torch.export` (`_exporting`)."""
         q, k, v = self.queries_keys_values(x)
-        if self.fused:
+        if self.fused and not _exporting():
             bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
