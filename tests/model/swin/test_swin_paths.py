@@ -185,3 +185,36 @@ def test_fused_window_attention_equals_the_written_out_path():
             for block in stage.blocks:
                 block.attn.fused = False
         assert close(fused, model(x))
+
+
+@pytest.mark.parametrize("options", [dict(layer_decay=0.75, freeze=3), dict(linear_probe=True)])
+def test_a_training_step_on_a_swin_keeps_the_frozen_layers(options):
+    """The train loop's own state (`new_run_state`, `train_one_epoch`) on a Swin: frozen
+    parameters are out of the optimiser and unchanged, the others move, each group at its
+    layer's scale."""
+    from vitkit.train import TrainConfig
+    from vitkit.train.fit import new_run_state
+    from vitkit.train.loop import train_one_epoch
+
+    torch.manual_seed(0)
+    model = create_model(V1, **NARROW, img_size=64, window_size=4, num_classes=4, in_chans=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = TrainConfig(epochs=1, batch_size=4, lr=1e-2, warmup_epochs=0, mixup=0.0,
+                         cutmix=0.0, **options)  # fmt: skip
+    state = new_run_state(model, config, batches_per_epoch=1)
+    train_one_epoch(state, [(torch.randn(4, 1, 64, 64), torch.arange(4))])
+    trained = {id(p) for g in state.optimizer.param_groups for p in g["params"]}
+    for name, param in model.named_parameters():
+        moved = not torch.equal(param, before[name])
+        assert (id(param) in trained) == param.requires_grad == moved, name
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    if options.get("linear_probe"):
+        assert {n for n, _ in model.named_parameters()} - frozen == {
+            "head.fc.weight",
+            "head.fc.bias",
+        }
+    else:
+        assert "layers.1.blocks.0.attn.qkv.weight" in frozen
+        assert "layers.1.blocks.1.attn.qkv.weight" not in frozen
+        scales = sorted({g["lr_scale"] for g in state.optimizer.param_groups})
+        assert scales == [0.75**k for k in range(5, -1, -1)]  # layers 4 to 9 (the head) train
