@@ -48,8 +48,6 @@ def test_fine_tune_a_timm_swin_then_eval_and_predict(tmp_path, capsys):
     refusals = {
         ("explain", "--checkpoint", str(run), str(image), "--output", str(tmp_path / "e.png")):
             "holds a Swin Transformer; explain draws a ViT's attention",
-        ("export", "--checkpoint", str(run), str(tmp_path / "m.onnx")):
-            "holds a Swin Transformer, which vitkit does not export yet",
         ("summary", "swin_tiny_patch4_window7_224", "--flow"):
             "is a Swin Transformer: --flow and --compare-torch walk ViTs",
     }  # fmt: skip
