@@ -4,6 +4,7 @@ from . import convert
 from .export import export_onnx
 from .files import DiskFullError
 from .model import (
+    SwinBackbone,
     SwinConfig,
     SwinTransformer,
     VisionTransformer,
@@ -21,6 +22,7 @@ __all__ = [
     "DiskFullError",
     "SwinConfig",
     "SwinTransformer",
+    "SwinBackbone",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

@@ -1,4 +1,4 @@
-"""Serve a ViT or a ViTBackbone without vitkit: ONNX, `torch.export`, TorchScript.
+"""Serve a ViT, a Swin or their backbones without vitkit: ONNX, `torch.export`, TorchScript.
 
 Both exports go through `torch.export` (ONNX with PyTorch's torch.export-based exporter, which
 needs `onnxscript`). What is dynamic in the exported graph:
@@ -13,6 +13,11 @@ needs `onnxscript`). What is dynamic in the exported graph:
 - fixed: the channels, the dtype, and the outputs: logits (or pooled features when
   `num_classes=0`) for a model, the chosen blocks' maps for a `ViTBackbone`; attention maps
   are not exported.
+
+A Swin exports at a fixed image size (dynamic batch as above): its window clamping, padding
+and shift masks follow the input size, which `torch.export` does not trace in useful time
+(over 10 minutes, unfinished, for a 2-block-per-stage Swin); export one file per size
+(`model.set_input_size(img_size=...)` first), and `dynamic_img_size=True` is refused.
 
 The ONNX graph does not validate its input the way `PatchEmbed.check_input` does: feed it
 sizes that are multiples of the patch size (any size to a `dynamic_img_pad` model). The
@@ -37,7 +42,7 @@ from torch import Tensor
 from torch.export import Dim, ExportedProgram
 
 from .files import atomic_write, check_output
-from .model import VisionTransformer, ViTBackbone
+from .model import SwinBackbone, SwinTransformer, VisionTransformer, ViTBackbone
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +52,25 @@ DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data 
 CLASS_NAMES_PROP = "vitkit_class_names"  # metadata_props key: the class names (JSON list)
 ONNX_PRECISIONS = ("fp32", "int8")
 
-Exportable = VisionTransformer | ViTBackbone
+Exportable = VisionTransformer | SwinTransformer | ViTBackbone
 
 
-def _vit(module: Exportable) -> VisionTransformer:
+def _vit(module: Exportable) -> VisionTransformer | SwinTransformer:
     return module.model if isinstance(module, ViTBackbone) else module
+
+
+def exports_dynamic_img_size(module: Exportable, asked: bool | None) -> bool:
+    """Whether an export of `module` takes other image sizes: `asked`, or (None) the model's
+    own setting; a Swin's export always has a fixed size (see above), True is refused."""
+    if not isinstance(_vit(module), SwinTransformer):
+        return _vit(module).patch_embed.dynamic_img_size if asked is None else asked
+    if asked:
+        raise ValueError(
+            "a Swin exports at a fixed image size (its windows, padding and shift masks follow "
+            "the input size, which torch.export does not trace); export one file per size "
+            "after model.set_input_size(img_size=...), without dynamic_img_size"
+        )
+    return False
 
 
 def example_input(
@@ -74,7 +93,8 @@ def _weight_bytes(module: Exportable) -> int:
 
 def _output_names(module: Exportable) -> list[str]:
     if isinstance(module, ViTBackbone):
-        return [f"block{i}" for i in module.out_indices]
+        unit = "stage" if isinstance(module, SwinBackbone) else "block"
+        return [f"{unit}{i}" for i in module.out_indices]
     return ["logits" if module.num_classes else "features"]
 
 
@@ -137,8 +157,7 @@ def _prepared(
 ) -> Iterator[tuple[Exportable, Tensor, tuple[dict[int, object]]]]:
     """The module to export (eval mode, a dynamic-size copy if asked), a sample input, and
     the dynamic shapes; restores the training flag afterwards."""
-    if dynamic_img_size is None:
-        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    dynamic_img_size = exports_dynamic_img_size(module, dynamic_img_size)
     if dynamic_img_size and _vit(module).config.conv_stem:
         raise ValueError(
             "a model with a conv_stem exports at its fixed img_size (the stem rounds odd sizes "
@@ -196,8 +215,7 @@ def export_onnx(
             quantiser (`quantize_onnx`).
     """
     _check_onnx_options(opset, precision)
-    if dynamic_img_size is None:
-        dynamic_img_size = _vit(module).patch_embed.dynamic_img_size
+    dynamic_img_size = exports_dynamic_img_size(module, dynamic_img_size)
     path = Path(path)
     with _staging(path) as folder:
         staged = folder / path.name

@@ -170,8 +170,8 @@ def test_config_errors_say_what_to_do():
         SwinConfig(num_heads=(3, 5, 12, 24))
     with pytest.raises(ValueError, match=r"window_size \(7, 7\) has 2 entries for 4 stages"):
         SwinConfig(window_size=(7, 7))
-    with pytest.raises(ValueError, match="features_only=True is not available for the Swin"):
-        create_model("swin_tiny_patch4_window7_224", features_only=True)
+    with pytest.raises(ValueError, match="feature_cls='hook' is not available for a Swin"):
+        create_model("swin_tiny_patch4_window7_224", features_only=True, feature_cls="hook")
 
 
 def test_v2_blocks_start_as_the_identity_and_v1_tables_are_initialised():

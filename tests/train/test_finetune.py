@@ -12,7 +12,7 @@ from vitkit import cli, create_model, load, save
 from vitkit.train import LAST_FILE, RECIPES, StopFlag, TrainConfig, fit, param_groups
 from vitkit.train.fit import new_run_state
 from vitkit.train.loop import train_one_epoch
-from vitkit.train.optim import freeze_layers, layer_id
+from vitkit.train.optim import freeze_layers, layer_ids
 
 try:  # the parity tests with timm are marked requires_timm
     import timm
@@ -89,9 +89,10 @@ def test_layer_decay_of_a_distilled_model_equals_timms_deit():
 def test_layer_ids_of_the_torch_encoder_follow_the_native_blocks():
     native = tiny_model(depth=3, drop_path_rate=0.0)
     torch_encoder = tiny_model(depth=3, drop_path_rate=0.0, encoder="torch")
-    ids = sorted(layer_id(n, 3) for n, _ in native.named_parameters())
-    assert sorted(layer_id(n, 3) for n, _ in torch_encoder.named_parameters()) == ids
-    assert layer_id("blocks.layers.2.linear1.weight", 3) == 3 == layer_id("norm.bias", 3)
+    ids = sorted(layer_ids(native).values())
+    got = layer_ids(torch_encoder)
+    assert sorted(got.values()) == ids
+    assert got["blocks.layers.2.linear1.weight"] == 3 == got["norm.bias"]
 
 
 def test_each_step_sets_each_groups_rate_to_the_schedule_times_its_scale(digits):

@@ -51,8 +51,6 @@ def test_fine_tune_a_timm_swin_then_eval_and_predict(tmp_path, capsys):
     assert capsys.readouterr().out.endswith(f"Grad-CAM in {explained}\n") and explained.is_file()
     # what does not cover a Swin yet says so in one line
     refusals = {
-        ("export", "--checkpoint", str(run), str(tmp_path / "m.onnx")):
-            "holds a Swin Transformer, which vitkit does not export to onnx yet",
         ("summary", "swin_tiny_patch4_window7_224", "--compare-torch"):
             "is a Swin Transformer: --compare-torch compares ViT encoders",
     }  # fmt: skip

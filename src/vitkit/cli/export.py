@@ -78,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
         }[args.format]
         print(f"wrote {args.output}/ ({args.format} folder, with its preprocessing; {loads})")
         return ExitCode.OK
+    from ..export import exports_dynamic_img_size
+
     check_output(args.output)  # a FIFO or a folder is refused before the export
     carried = _write_file(model, args)
     dynamic_batch = not args.static_batch
-    dynamic = model.patch_embed.dynamic_img_size or args.dynamic_img_size
+    dynamic = exports_dynamic_img_size(model, True if args.dynamic_img_size else None)
     size = "dynamic" if dynamic else "x".join(map(str, model.patch_embed.img_size))
     carries = " and ".join(carried) if carried else "no class names or data config"
     print(
@@ -127,10 +129,10 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
             "export the CNN with timm or torch.onnx.export"
         )
-    if isinstance(info.config, SwinConfig) and args.format in ("onnx", "pt2"):
+    if isinstance(info.config, SwinConfig) and args.dynamic_img_size:
         raise UserError(
-            f"{args.checkpoint} holds a Swin Transformer, which vitkit does not export to "
-            f"{args.format} yet; export it with torch.onnx.export, or --format hf / timm"
+            "--dynamic-img-size: a Swin exports at a fixed image size (its windows, padding "
+            "and shift masks follow the input size, which torch.export does not trace); drop it"
         )
     model = load_any(info, num_heads=args.num_heads, arch=args.arch)
     model.data_config = options.prepared(model.data_config, args)

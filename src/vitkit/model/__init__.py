@@ -6,7 +6,7 @@ Imports nothing from the rest of vitkit; everything else builds on it.
 
 from .config import ViTConfig, patch_grid, to_2tuple
 from .detection import SimpleFeaturePyramid
-from .features import ViTBackbone
+from .features import SwinBackbone, ViTBackbone
 from .registry import create_model, get_config, list_models
 from .swin import SwinConfig, SwinCrConfig, SwinTransformer, SwinTransformerV2Cr, build_swin
 from .vit import VisionTransformer
@@ -18,6 +18,7 @@ __all__ = [
     "SwinTransformer",
     "SwinTransformerV2Cr",
     "build_swin",
+    "SwinBackbone",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",

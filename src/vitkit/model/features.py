@@ -1,9 +1,11 @@
-"""A ViT as a dense-prediction backbone: feature maps from chosen blocks.
+"""A ViT or a Swin as a dense-prediction backbone: feature maps from chosen blocks or stages.
 
 A plain ViT has one scale (stride = patch size); detection and segmentation necks take maps from
 several of its blocks. ViTDet (Li et al., "Exploring Plain Vision Transformer Backbones for
 Object Detection", 2022) reads the last block; DPT (Ranftl et al., "Vision Transformers for
-Dense Prediction", 2021) reads four blocks spread over the depth, the default here.
+Dense Prediction", 2021) reads four blocks spread over the depth, the default here. A Swin is
+hierarchical: its four stages give maps at strides 4, 8, 16 and 32 (an FPN's input), all four
+by default, as timm's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from .intermediates import take_indices
+from .swin import SwinTransformer
 from .vit import VisionTransformer
 
 
@@ -89,9 +92,11 @@ class ViTBackbone(nn.Module):
         prune: drop what the maps do not need (`model.prune_intermediate_layers`).
     """
 
+    OUTPUT_FMTS = ("NCHW", "NLC")
+
     def __init__(
         self,
-        model: VisionTransformer,
+        model: VisionTransformer | SwinTransformer,
         out_indices: int | Sequence[int] | None = None,
         *,
         norm: bool = False,
@@ -99,11 +104,12 @@ class ViTBackbone(nn.Module):
         prune: bool = False,
     ) -> None:
         super().__init__()
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        depth = model.config.depth
+        if output_fmt not in self.OUTPUT_FMTS:
+            choices = " or ".join(repr(f) for f in self.OUTPUT_FMTS)
+            raise ValueError(f"output_fmt must be {choices}, got {output_fmt!r}")
+        depth = len(model.feature_info)
         if out_indices is None:
-            out_indices = default_out_indices(depth)
+            out_indices = self.default_out_indices(depth)
         if prune:
             self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm)
         else:
@@ -114,6 +120,10 @@ class ViTBackbone(nn.Module):
         self.feature_info = FeatureInfo(model.feature_info, self.out_indices)
         self.channels: list[int] = self.feature_info.channels()
         self.reductions: list[int | tuple[int, int]] = self.feature_info.reduction()
+
+    @staticmethod
+    def default_out_indices(depth: int) -> list[int]:
+        return default_out_indices(depth)
 
     @property
     def pretrained_cfg(self) -> dict[str, Any]:
@@ -133,3 +143,16 @@ class ViTBackbone(nn.Module):
 
     def extra_repr(self) -> str:
         return f"out_indices={self.out_indices}, norm={self.norm}, output_fmt={self.output_fmt}"
+
+
+class SwinBackbone(ViTBackbone):
+    """`features_only` wrapper of a `SwinTransformer`: images -> the maps of stages
+    `out_indices` (default: all, as timm), (B, C_i, H/r_i, W/r_i) for 'NCHW' or timm's own
+    `features_only` layout (B, H/r_i, W/r_i, C_i) for 'NHWC'; `norm` applies the final norm to
+    the last stage's map (the only one it is sized for). Other arguments as `ViTBackbone`."""
+
+    OUTPUT_FMTS = ("NCHW", "NHWC")
+
+    @staticmethod
+    def default_out_indices(depth: int) -> list[int]:
+        return list(range(depth))

@@ -75,12 +75,15 @@ def set_precision(model: nn.Module, precision: str) -> str:
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """Dynamic int8 quantisation of every `nn.Linear` in `model`'s encoder blocks and head
-    (not the patch embedding, whose input is pixels), in place; returns `model`."""
+    """Dynamic int8 quantisation of every `nn.Linear` in `model`'s encoder blocks (a Swin's
+    stages, patch merging included) and head (not the patch embedding, whose input is
+    pixels), in place; returns `model`."""
     model.float()
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
-    spec = {name: qconfig for name in ("blocks", "attn_pool", "head") if hasattr(model, name)}
+    spec = {
+        name: qconfig for name in ("blocks", "layers", "attn_pool", "head") if hasattr(model, name)
+    }
     mapping = (
         torch.ao.quantization.quantization_mappings.get_default_dynamic_quant_module_mappings()
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ViTConfig
-from .features import ViTBackbone
+from .features import SwinBackbone, ViTBackbone
 from .swin import SwinConfig, SwinTransformer, build_swin
 from .swin.presets import swin_presets
 from .vit import VisionTransformer
@@ -444,40 +444,41 @@ def create_model(
     name: str,
     *,
     features_only: bool = False,
-    out_indices: int | Sequence[int] = 3,
+    out_indices: int | Sequence[int] | None = None,
     feature_cls: str = "getter",
     output_fmt: str = "NCHW",
     **overrides: Any,
 ) -> VisionTransformer | ViTBackbone | SwinTransformer:
     """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`;
-    a Swin name builds a `SwinTransformer` (no `features_only` yet).
+    a Swin name builds a `SwinTransformer`.
 
     With `features_only=True`, as timm: a pruned `ViTBackbone` whose forward returns the maps
-    of blocks `out_indices` (an int n: the last n, timm's default 3), 'NCHW' or 'NLC' by
-    `output_fmt`, described by `feature_info`. `feature_cls` is timm's name of the wrapper;
-    a ViT has only 'getter' (features read through `forward_intermediates`).
+    of blocks `out_indices` (an int n: the last n; timm's default 3), 'NCHW' or 'NLC' by
+    `output_fmt`, described by `feature_info`; for a Swin a `SwinBackbone` of stage maps
+    (default: every stage, as timm), 'NCHW' or timm's 'NHWC'. `feature_cls` is timm's name
+    of the wrapper; vitkit has only 'getter' (features read through `forward_intermediates`).
     """
     if overrides.get("global_pool") == "":
         overrides["global_pool"] = "none"  # timm's spelling
     config = get_config(name)
-    if isinstance(config, SwinConfig):
-        if features_only:
-            raise ValueError(
-                f"features_only=True is not available for the Swin model {name} yet; use "
-                "model.forward_intermediates(x) for its stage maps"
-            )
-        return build_swin(config.replace(**overrides))  # V2-cr: a SwinTransformerV2Cr
     if not features_only:
-        if out_indices != 3 or feature_cls != "getter" or output_fmt != "NCHW":
+        if out_indices is not None or feature_cls != "getter" or output_fmt != "NCHW":
             raise ValueError(
                 "out_indices, feature_cls and output_fmt describe a feature extractor; pass "
                 "features_only=True with them"
             )
+        if isinstance(config, SwinConfig):
+            return build_swin(config.replace(**overrides))  # V2-cr: a SwinTransformerV2Cr
         return VisionTransformer(config.replace(**overrides))
+    kind = "Swin" if isinstance(config, SwinConfig) else "ViT"
     if feature_cls != "getter":
         raise ValueError(
-            f"feature_cls={feature_cls!r} is not available for a ViT, whose maps are read "
+            f"feature_cls={feature_cls!r} is not available for a {kind}, whose maps are read "
             "through forward_intermediates; pass feature_cls='getter' (the default)"
         )
+    if isinstance(config, SwinConfig):
+        swin = build_swin(config.replace(**overrides))
+        return SwinBackbone(swin, out_indices, output_fmt=output_fmt, prune=True)
     model = VisionTransformer(config.replace(**overrides))
-    return ViTBackbone(model, out_indices, output_fmt=output_fmt, prune=True)
+    return ViTBackbone(model, 3 if out_indices is None else out_indices, output_fmt=output_fmt,
+                       prune=True)  # fmt: skip

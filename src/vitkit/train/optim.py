@@ -21,36 +21,55 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..model import VisionTransformer
-
 log = logging.getLogger(__name__)
 
 BETAS = (0.9, 0.999)
 HEADS = ("head.", "head_dist.")  # what a linear probe trains
-_BLOCK = re.compile(r"blocks\.(?:layers\.)?(\d+)\.")  # native or nn.TransformerEncoder blocks
+_MATCH_PREVIOUS = 99999.0  # timm's MATCH_PREV_GROUP: the ordinal that joins the group before
 
 
-def layer_id(name: str, depth: int) -> int:
-    """The layer of a ViT parameter, as timm's `VisionTransformer.group_matcher` numbers it:
-    0 the embedding (patch projection, class / distillation / register tokens, positions),
-    i + 1 block i, `depth` the final norm (timm's matcher joins it to the last block; MAE's and
-    BEiT's own code put it with the head), `depth + 1` the rest (fc_norm, heads)."""
-    if name.startswith(("cls_token", "dist_token", "reg_token", "pos_embed", "patch_embed")):
-        return 0
-    block = _BLOCK.match(name)
-    if block:
-        return int(block.group(1)) + 1
-    return depth if name.startswith("norm.") else depth + 1
+def _ordinal(name: str, matcher: list[tuple[re.Pattern, float, Any]]) -> tuple[float, ...]:
+    """timm's sort key of a parameter: (group, the pattern's numbers..., its suffix), or
+    (inf,) for what no pattern matches (heads)."""
+    for pattern, group, suffix in matcher:
+        found = pattern.match(name)
+        if found:
+            numbers = tuple(float(n) for n in found.groups() if n is not None)
+            return (group, *numbers, *(float(s) for s in suffix or ()))
+    return (math.inf,)
 
 
-def vit_depth(model: nn.Module, option: str) -> int:
-    """The block count of a vitkit ViT; other models (timm CNNs) are refused for `option`."""
-    if not isinstance(model, VisionTransformer):
+def layer_ids(model: nn.Module, option: str = "layer_decay") -> dict[str, int]:
+    """The layer of every parameter, as timm's `group_parameters(model,
+    model.group_matcher(), reverse=True)` numbers them: the ordinals the model's patterns give
+    (a ViT: 0 the embedding, i + 1 block i, the final norm joined to the last block; a Swin:
+    0 the patch embedding, then each block of each stage in order, a stage's patch merging
+    with its first block), sorted, each new ordinal a new layer but for timm's 'join the
+    previous' suffix; what no pattern matches (heads, fc_norm) last."""
+    return _layer_table(model, option)[0]
+
+
+def _layer_table(model: nn.Module, option: str) -> tuple[dict[str, int], int]:
+    """`layer_ids`, and the blocks `freeze` counts: the last layer a pattern matches;
+    a model without timm's `group_matcher` is refused for `option`."""
+    if not hasattr(model, "group_matcher"):
         raise ValueError(
-            f"{option} needs a vitkit ViT (its blocks are numbered); {type(model).__name__} is "
-            f"not one: train it without {option}"
+            f"{option} needs a vitkit ViT or Swin (their blocks are numbered); "
+            f"{type(model).__name__} is not one: train it without {option}"
         )
-    return model.config.depth
+    matcher = []
+    for group, spec in enumerate(model.group_matcher(coarse=False).values()):
+        specs = spec if isinstance(spec, list | tuple) else [(spec, None)]
+        matcher += [(re.compile(pattern), float(group), suffix) for pattern, suffix in specs]
+    ordinals = {name: _ordinal(name, matcher) for name, _ in model.named_parameters()}
+    layers: dict[tuple[float, ...], int] = {}
+    layer = -1
+    for key in sorted(set(ordinals.values())):
+        if layer < 0 or key[-1] != _MATCH_PREVIOUS:
+            layer += 1
+        layers[key] = layer
+    blocks = max((n for key, n in layers.items() if key[0] != math.inf), default=0)
+    return {name: layers[key] for name, key in ordinals.items()}, blocks
 
 
 def param_groups(
@@ -60,10 +79,12 @@ def param_groups(
     ndim <= 1 (biases, norms, LayerScale) and the names in `model.no_weight_decay()`.
 
     Without `layer_decay`: two groups, decayed and not. With it: one pair per layer
-    (`layer_id`), each with `lr_scale = layer_decay ** (depth + 1 - layer)`, the head's 1;
-    `set_lr` multiplies the scheduled rate by it. Frozen parameters are in no group."""
+    (`layer_ids`, L layers), each with `lr_scale = layer_decay ** (L - 1 - layer)`, the head's
+    1, as timm's `param_groups_layer_decay`; `set_lr` multiplies the scheduled rate by it.
+    Frozen parameters are in no group."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    depth = vit_depth(model, "layer_decay") if layer_decay is not None else 0
+    layers = layer_ids(model) if layer_decay is not None else {}
+    top = max(layers.values(), default=0)
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     if layer_decay is None:  # the two groups always exist, in this order
         for decayed in (True, False):
@@ -72,12 +93,12 @@ def param_groups(
         if not param.requires_grad:
             continue
         decayed = not (param.ndim <= 1 or name in skip)
-        layer = layer_id(name, depth) if layer_decay is not None else 0
+        layer = layers.get(name, 0)
         if (layer, decayed) not in groups:
             groups[layer, decayed] = {
                 "params": [],
                 "weight_decay": weight_decay if decayed else 0.0,
-                "lr_scale": layer_decay ** (depth + 1 - layer),
+                "lr_scale": layer_decay ** (top - layer),
             }
         groups[layer, decayed]["params"].append(param)
     return list(groups.values())
@@ -87,10 +108,10 @@ def freeze_layers(
     model: nn.Module, *, blocks: int | None = None, linear_probe: bool = False
 ) -> int:
     """Stop training (requires_grad False, in place) the embedding and the first `blocks`
-    blocks, i.e. layers 0 to `blocks` of `layer_id`, or with `linear_probe` everything but the
-    head(s). Returns how many parameter tensors were frozen."""
-    option = "linear_probe" if linear_probe else "freeze"
-    depth = vit_depth(model, option)
+    blocks, i.e. layers 0 to `blocks` of `layer_ids` (a Swin's blocks counted across its
+    stages, a stage's patch merging with its first block), or with `linear_probe` everything
+    but the head(s). Returns how many parameter tensors were frozen."""
+    layers, depth = _layer_table(model, "linear_probe" if linear_probe else "freeze")
     if blocks is not None and blocks > depth:
         raise ValueError(
             f"freeze {blocks} is more than the model's {depth} blocks; choose 0 to {depth}, or "
@@ -101,7 +122,7 @@ def freeze_layers(
         if linear_probe:
             stop = not name.startswith(HEADS)
         else:
-            stop = blocks is not None and layer_id(name, depth) <= blocks
+            stop = blocks is not None and layers[name] <= blocks
         if stop:
             param.requires_grad_(False)
             frozen += 1

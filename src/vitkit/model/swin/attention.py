@@ -22,8 +22,19 @@ from .window import log_spaced_offsets, relative_position_index
 LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # Swin V2's clamp: a temperature of at least 0.01
 
 
+def _exporting() -> bool:
+    """Under `torch.export` (pt2, ONNX): the written-out path, as torch 2.14's ONNX
+    decomposition of SDPA lays its output out otherwise than the traced strides say ("Cannot
+    view a tensor with shape ... as ..."); a torch without `torch.compiler.is_exporting`
+    takes the fused path there too."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
 class WindowAttention(nn.Module):
     """Version 1: scaled dot-product attention with a learned relative-position-bias table."""
+
+    fused = True  # one SDPA call over the windows (see `forward`)
 
     def __init__(
         self,
@@ -66,20 +77,44 @@ class WindowAttention(nn.Module):
         """Q K^T / sqrt(d), (B * nW, heads, N, N)."""
         return (q * self.scale) @ k.transpose(-2, -1)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Windows (B * nW, N, C) -> (B * nW, N, C); `mask` (nW, N, N) of the shifted windows.
+    def attention_bias(self, mask: Tensor | None, windows: int) -> Tensor:
+        """The position bias plus the shift mask `mask` (nW, N, N) of `windows` windows:
+        (1, heads, N, N) without a mask, else (B * nW, heads, N, N)."""
+        bias = self.position_bias()  # (1, heads, N, N)
+        if mask is None:
+            return bias
+        num_windows, tokens = mask.shape[0], mask.shape[-1]
+        bias = bias.unsqueeze(1) + mask.unsqueeze(1).unsqueeze(0)  # (1, nW, heads, N, N)
+        bias = bias.expand(windows // num_windows, -1, -1, -1, -1)  # (B, nW, heads, N, N)
+        return bias.reshape(-1, self.num_heads, tokens, tokens)  # (B * nW, heads, N, N)
 
-        Written out in timm's order of operations (not fused), so that outputs match timm's to
-        float rounding."""
-        q, k, v = self.queries_keys_values(x)
+    def attention(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+        """softmax(logits + bias + mask), (B * nW, heads, N, N), written out in timm's order of
+        operations, so that outputs match timm's to float rounding."""
         attn = self.logits(q, k) + self.position_bias()  # (B * nW, heads, N, N)
         if mask is not None:
             num_windows, tokens = mask.shape[0], mask.shape[-1]
             attn = attn.view(-1, num_windows, self.num_heads, tokens, tokens)  # (B, nW, h, N, N)
             attn = attn + mask.unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, self.num_heads, tokens, tokens)  # (B * nW, heads, N, N)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        out = (attn @ v).transpose(1, 2).reshape(x.shape)  # (B * nW, N, C)
+        return attn.softmax(dim=-1)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Windows (B * nW, N, C) -> (B * nW, N, C); `mask` (nW, N, N) of the shifted windows.
+
+        Version 1 runs one `scaled_dot_product_attention` over all windows of the batch, the
+        position bias plus the shift mask as its additive mask (timm's fused path, equal to
+        `attention` to float rounding); version 2 writes it out (`fused` False), and so does
+        `torch.export` (`_exporting`)."""
+        q, k, v = self.queries_keys_values(x)
+        if self.fused and not _exporting():
+            bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
+            drop = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
+                                                 scale=self.scale)  # fmt: skip
+        else:
+            out = self.attn_drop(self.attention(q, k, mask)) @ v  # (B * nW, heads, N, d)
+        out = out.transpose(1, 2).reshape(x.shape)  # (B * nW, N, C)
         return self.proj_drop(self.proj(out))
 
 
@@ -87,6 +122,11 @@ class CosineWindowAttention(WindowAttention):
     """Version 2: cosine attention with a clamped logit scale, and a continuous position bias
     from an MLP (2 -> 512 -> heads) over log-spaced offsets; `pretrained_window` is the window
     the offsets are scaled by (Swin V2's transfer across window sizes)."""
+
+    # Written out, as timm's V2 (which has no fused path): SDPA takes one scale, and folding
+    # the per-head scale (up to 100) into q changes the rounding of the logits enough for
+    # outputs to differ from timm's by ~2e-5 relative.
+    fused = False
 
     def __init__(
         self,

@@ -31,6 +31,13 @@ from .attention import CosineWindowAttention, WindowAttention
 from .config import SwinConfig
 from .flow import describe_swin
 from .stage import PatchMerging, SwinBlock, SwinStage
+from .window import (
+    clamp_window,
+    log_spaced_offsets,
+    relative_position_index,
+    resize_rel_pos_bias_table,
+    shift_mask,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -169,6 +176,104 @@ class SwinTransformer(nn.Module):
         keys = ("relative_position_bias_table", "cpb_mlp", "logit_scale")
         return {name for name, _ in self.named_parameters() if any(k in name for k in keys)}
 
+    def prune_intermediate_layers(
+        self,
+        indices: int | list[int] | tuple[int, ...] = 1,
+        prune_norm: bool = False,
+        prune_head: bool = True,
+    ) -> list[int]:
+        """Drop the stages after the last of `indices` for a backbone that only reads stage
+        maps, as timm's: the final norm goes with them (it is sized for the last stage) or
+        when `prune_norm`, the head when `prune_head` or with them; returns the kept stage
+        indices. `config` keeps the stages left (depths, heads, windows)."""
+        take = take_indices(len(self.layers), indices)
+        kept = max(take) + 1
+        cut = kept < len(self.layers)
+        self.layers = self.layers[:kept]
+        if prune_norm or cut:
+            self.norm = nn.Identity()  # type: ignore[assignment]
+        if cut:
+            self.num_features = self.head_hidden_size = self.feature_info[kept - 1]["num_chs"]
+            per_stage = {}
+            for name in ("window_size", "pretrained_window_sizes"):
+                value = getattr(self.config, name)
+                if isinstance(value, tuple) and len(value) > 1:
+                    per_stage[name] = value[:kept]
+            self.config = self.config.replace(depths=self.config.depths[:kept],
+                                              num_heads=self.config.num_heads[:kept],
+                                              **per_stage)  # fmt: skip
+        if prune_head or cut:
+            self.reset_classifier(0, "none")
+        return take
+
+    def set_input_size(
+        self,
+        img_size: int | tuple[int, int] | None = None,
+        window_size: int | tuple[int, ...] | None = None,
+        always_partition: bool | None = None,
+    ) -> None:
+        """Take another image size and / or window size from now on, as timm's: without
+        `window_size` each stage's window scales with the patch grid (keeping its window to
+        map ratio; the same size is a no-op); windows no smaller than a map are clamped and
+        not shifted as at construction; V1 bias tables are resized (`resize_rel_pos_bias_table`),
+        V2's coordinate tables recomputed, the shift masks rebuilt. `window_size` is one side
+        for every stage or one per stage; vitkit's windows are square, so a scaled window that
+        is not (another aspect ratio) is refused: pass `window_size`."""
+        config = self.config
+        size = config.img_size if img_size is None else img_size
+        new = config.replace(img_size=size, always_partition=config.always_partition
+                             if always_partition is None else always_partition)  # fmt: skip
+        windows = self._scaled_windows(new.grid_size, window_size)
+        new = new.replace(window_size=windows[0] if len(set(windows)) == 1 else windows)
+        if window_size is not None or not hasattr(self, "_window_reference"):
+            reference = (config.windows, config.grid_size) if window_size is None else None
+            self._window_reference = reference or (windows, new.grid_size)
+        old = self.patch_embed
+        self.patch_embed = PatchEmbed(img_size=size, patch_size=config.patch_size,
+                                      in_chans=config.in_chans, embed_dim=config.embed_dim,
+                                      norm=True, norm_eps=config.norm_eps,
+                                      dynamic_img_size=config.dynamic_img_size)  # fmt: skip
+        self.patch_embed.load_state_dict(old.state_dict())
+        self.patch_embed.to(old.proj.weight.device).train(old.training)
+        for index, stage in enumerate(self.layers):
+            for position, block in enumerate(stage.blocks):
+                _resize_block(block, new.stage_resolution(index), new.windows[index],
+                              shift=position % 2 == 1, always=new.always_partition)  # fmt: skip
+        self.config = new
+
+    def _scaled_windows(
+        self, grid: tuple[int, int], window_size: int | tuple[int, ...] | None
+    ) -> tuple[int, ...]:
+        """The window side of each stage for a new patch grid: `window_size` as given (timm
+        reads a pair as (h, w) for every stage), else the reference windows scaled by
+        the grid, as timm's `calc_stage_window_sizes`."""
+        stages = self.config.num_stages
+        if window_size is not None:
+            if isinstance(window_size, int):
+                return (window_size,) * stages
+            if len(window_size) == 2 and stages != 2 or len(window_size) == 1:
+                window_size = (window_size[0],) * stages if len(set(window_size)) == 1 else ()
+            if len(window_size) != stages:
+                raise ValueError(
+                    f"window_size {window_size!r}: give one side for every stage or one per "
+                    f"stage ({stages}); vitkit's windows are square"
+                )
+            return tuple(window_size)
+        windows, ref_grid = getattr(
+            self, "_window_reference", (self.config.windows, self.config.grid_size)
+        )
+        scaled = []
+        for window in windows:
+            sides = {max(1, window * g // r) for g, r in zip(grid, ref_grid)}
+            if len(sides) > 1:
+                raise ValueError(
+                    f"an image of {grid[0]}x{grid[1]} patches scales the {window}-wide windows "
+                    f"to {sorted(sides)} per side, and vitkit's windows are square; pass "
+                    "window_size=N"
+                )
+            scaled.append(sides.pop())
+        return tuple(scaled)
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block in the backward pass: less activation memory, same gradients."""
         for stage in self.layers:
@@ -185,7 +290,7 @@ class SwinTransformer(nn.Module):
         pool = self.global_pool if global_pool is None else global_pool
         self.config = self.config.replace(num_classes=num_classes, global_pool=pool)
         self.num_classes, self.global_pool = num_classes, pool
-        device = self.norm.weight.device
+        device = self.patch_embed.proj.weight.device
         head = SwinHead(self.num_features, num_classes, global_pool=pool,
                         drop=self.config.drop_rate)  # fmt: skip
         if isinstance(head.fc, nn.Linear):
@@ -284,3 +389,34 @@ def _build_stage(config: SwinConfig, index: int) -> SwinStage:
         for depth in range(config.depths[index])
     ]
     return SwinStage(downsample, blocks)
+
+
+@torch.no_grad()
+def _resize_block(
+    block: SwinBlock, resolution: tuple[int, int], window: int, *, shift: bool, always: bool
+) -> None:
+    """A block for another map and window, as timm's `set_input_size`: the window clamped to
+    the map, the V1 bias table resized (V2's coordinates recomputed for the pre-training
+    window), the index and the shift mask rebuilt."""
+    half = (window // 2, window // 2) if shift else (0, 0)
+    used, shifts = clamp_window(resolution, (window, window), half, always)
+    block.input_resolution = resolution
+    block.shift_size = shifts
+    attn = block.attn
+    if used != block.window_size:
+        device = attn.proj.weight.device
+        if isinstance(attn, CosineWindowAttention):
+            table = log_spaced_offsets(used, attn.pretrained_window_size)
+            attn.relative_coords_table = table.to(device)
+        else:
+            old = attn.relative_position_bias_table
+            attn.relative_position_bias_table = nn.Parameter(
+                resize_rel_pos_bias_table(old.detach(), used), requires_grad=old.requires_grad
+            )
+        attn.relative_position_index = relative_position_index(used, device=device)
+        attn.window_size = block.window_size = used
+    mask = None
+    if any(shifts) and not block.dynamic_mask:
+        padded = [-(-side // w) * w for side, w in zip(resolution, used)]
+        mask = shift_mask(*padded, used, shifts, device=block.norm1.weight.device)
+    block.attn_mask = mask
