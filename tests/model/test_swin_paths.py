@@ -178,12 +178,12 @@ def test_fused_window_attention_equals_the_written_out_path():
     torch.manual_seed(0)
     model = perturb(create_model(V1, **NARROW, img_size=64))
     x = torch.randn(2, 3, 64, 64)
-    assert all(b.attn.fused for s in model.layers for b in s.blocks)
+    assert all(b.attn.fused_attn for s in model.layers for b in s.blocks)
     with torch.no_grad():
         fused = model(x)
         for stage in model.layers:
             for block in stage.blocks:
-                block.attn.fused = False
+                block.attn.fused_attn = False
         assert close(fused, model(x))
 
 

@@ -34,7 +34,7 @@ def _exporting() -> bool:
 class WindowAttention(nn.Module):
     """Version 1: scaled dot-product attention with a learned relative-position-bias table."""
 
-    fused = True  # one SDPA call over the windows (see `forward`)
+    fused_attn = True  # one SDPA call over the windows (see `forward`)
 
     def __init__(
         self,
@@ -104,10 +104,11 @@ class WindowAttention(nn.Module):
 
         Version 1 runs one `scaled_dot_product_attention` over all windows of the batch, the
         position bias plus the shift mask as its additive mask (timm's fused path, equal to
-        `attention` to float rounding); version 2 writes it out (`fused` False), and so does
-        `torch.export` (`_exporting`)."""
+        `attention` to float rounding); version 2 writes it out (`fused_attn` False, timm's
+        name; `summary --flow` turns it off to show each step), and so does `torch.export`
+        (`_exporting`)."""
         q, k, v = self.queries_keys_values(x)
-        if self.fused and not _exporting():
+        if self.fused_attn and not _exporting():
             bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
@@ -126,7 +127,7 @@ class CosineWindowAttention(WindowAttention):
     # Written out, as timm's V2 (which has no fused path): SDPA takes one scale, and folding
     # the per-head scale (up to 100) into q changes the rounding of the logits enough for
     # outputs to differ from timm's by ~2e-5 relative.
-    fused = False
+    fused_attn = False
 
     def __init__(
         self,

@@ -69,6 +69,8 @@ class CrWindowAttention(WindowAttention):
     """Cosine attention in windows with a per-head logit scale (clamped at log 100) and the
     meta network's position bias; q, k and v come from one biased projection (the ViT's)."""
 
+    fused_attn = False  # written out, as version 2 (`CosineWindowAttention`): a per-head scale
+
     def __init__(
         self,
         dim: int,
