@@ -1,0 +1,189 @@
+"""Sharded training (--fsdp) and several processes on CPU with gloo: the loss trajectory of
+FSDP and DDP against one process, sharded states resumed on another process count, the
+refused combinations, and `vitkit pretrain --fsdp` under torchrun.
+
+The tolerance of the trajectories, relative 1e-4: the runs see the same images in the same
+order with the same augmentations (seeded per image), so they differ only in the order of
+fp32 sums (a gradient reduced over 2 ranks instead of summed in one batch); that moves a loss
+by ~1e-7 per step here, and 1e-4 still catches a wrong gradient scale (a factor 2 moves the
+second epoch's loss by ~1e-2) or a missing reduction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import cli
+from vitkit.train import TrainConfig, run_training, training_setup
+from vitkit.train.distributed import distributed
+from vitkit.train.fit import new_run_state
+from vitkit.train.run_folder import read_run_config
+from vitkit.train.sharded import full_state, is_sharded
+from vitkit.train.state import load_state, restore
+from vitkit.train.tasks import ClassificationTask
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+BASE = dict(
+    model="vit_digits", model_opts={"embed_dim": 32, "depth": 2, "num_heads": 2},
+    train_limit=256, epochs=2, batch_size=32, lr=1e-3, warmup_epochs=0.0, weight_decay=0.05,
+    aa="none", reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.1, hflip=0.5, threads=1,
+    clip_grad=1.0,
+)  # fmt: skip
+
+
+def losses(out: Path) -> list[float]:
+    """Each epoch's train and val loss, in a row."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row[key] for row in rows for key in ("train_loss", "val_loss")]
+
+
+def test_fsdp_in_one_process_trains_as_without_it(tmp_path):
+    """Alone (no torchrun) --fsdp joins a group of one: the same trajectory as a plain run, a
+    sharded state (a DCP folder named by state.pt), and an ordinary model file."""
+    small = {**BASE, "train_limit": 64, "val_fraction": 0.05, "test_fraction": 0.05}
+    plain = run_training(TrainConfig(**small), tmp_path / "plain")
+    sharded = run_training(TrainConfig(**small, fsdp=True), tmp_path / "fsdp")
+    assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)
+    assert sharded.test["acc1"] == pytest.approx(plain.test["acc1"], abs=1e-9)
+    saved = load_state(tmp_path / "fsdp" / "state.pt")
+    assert saved["sharded"] == "state-2-0.dcp" and "model" not in saved
+    assert [p.name for p in (tmp_path / "fsdp").glob("state-*.dcp")] == ["state-2-0.dcp"]
+    model = vitkit.load(tmp_path / "fsdp" / "model.safetensors")
+    reference = vitkit.load(tmp_path / "plain" / "model.safetensors")
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [({"compile": True}, "compile"), ({"ema": 0.99}, "ema"), ({"model": "timm:resnet18"}, "CNN")],
+)
+def test_fsdp_refuses_what_it_cannot_shard(options, what):
+    with pytest.raises(ValueError, match=f"fsdp cannot be combined with .*{what}") as err:
+        TrainConfig(**{**BASE, **options, "fsdp": True})
+    assert "\n" not in str(err.value)
+
+
+def test_fsdp_may_not_change_on_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--epochs", "1", "--train-limit", "64", "--no-progress",
+            "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
+            "--model-opt", "num_heads=2"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert cli.main(["train", "--out", str(out), "--resume", "--epochs", "2", "--fsdp"]) == 2
+    assert "cannot change fsdp (saved false, given true)" in capsys.readouterr().err
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+
+
+def _torchrun(args: list[str], cwd: Path, *, nproc: int = 2, timeout: int = 240):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+    ]
+    return subprocess.run(
+        cmd + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch.distributed as dist
+    from vitkit.train import TrainConfig, run_training
+    from vitkit.train.run_folder import read_run_config
+
+    base, out = json.loads(sys.argv[1]), Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    if sys.argv[3] == "train":
+        for name, extra in [("fsdp", {"fsdp": True}), ("ddp", {}), ("part", {"fsdp": True,
+                                                                              "epochs": 1})]:
+            run_training(TrainConfig(**{**base, **extra}), out / name)
+    else:  # resume the sharded state on these processes
+        config = read_run_config(out / "part").replace(epochs=2)
+        run_training(config, out / "part", resume=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_fsdp_and_ddp_follow_one_process_and_a_sharded_state_resumes_on_1_and_2(tmp_path):
+    """2 processes of 32 images take the steps of 1 process of 64; the state a 2-process FSDP
+    run saved after epoch 1 resumes on 2 processes (the uninterrupted run's epoch 2) and on 1
+    (its whole weights and optimiser, resharded)."""
+    script = tmp_path / "runs.py"
+    script.write_text(SCRIPT)
+    base = json.dumps(BASE)
+    proc = _torchrun([str(script), base, str(tmp_path), "train"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_training(TrainConfig(**{**BASE, "batch_size": 64}), tmp_path / "one")
+    one = losses(tmp_path / "one")
+    assert losses(tmp_path / "fsdp") == pytest.approx(one, rel=1e-4)
+    assert losses(tmp_path / "ddp") == pytest.approx(one, rel=1e-4)
+    assert one[2] < one[0]  # it learns
+
+    shutil.copytree(tmp_path / "part", tmp_path / "alone")
+    saved_weights = vitkit.load(tmp_path / "part" / "last.safetensors").state_dict()
+    proc = _torchrun([str(script), base, str(tmp_path), "resume"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "fsdp"), rel=1e-4)
+
+    # on 1 process: the weights and optimiser of the 2 shards, whole
+    config = read_run_config(tmp_path / "alone")
+    with distributed("cpu", alone=True):
+        setup = training_setup(config)
+        task = ClassificationTask(setup.model, config, meta={})
+        state = new_run_state(task, config, batches_per_epoch=8, out=tmp_path / "alone")
+        restore(state, load_state(tmp_path / "alone" / "state.pt"))
+        assert is_sharded(state.model) and state.epoch == 1 and state.step == 4
+        whole = full_state(state.model)
+        assert whole.keys() == saved_weights.keys()
+        assert all(torch.equal(whole[k], saved_weights[k]) for k in whole)
+        steps = {int(v["step"]) for v in state.optimizer.state_dict()["state"].values()}
+        assert steps == {4}
+    argv = ["train", "--out", str(tmp_path / "alone"), "--resume", "--epochs", "2", "--no-progress"]
+    assert cli.main(argv) == 0
+    assert len(losses(tmp_path / "alone")) == 4
+
+
+@pytest.mark.slow
+def test_pretrain_with_fsdp_under_torchrun_writes_once(tmp_path):
+    """`torchrun ... vitkit pretrain --fsdp`: one report, rank 0 writes the run (one metrics
+    row per epoch), each log line names its rank, and the encoder file is whole."""
+    out = tmp_path / "mae"
+    proc = _torchrun(
+        ["-m", "vitkit", "pretrain", "--fsdp", "--out", str(out), "--epochs", "2",
+         "--train-limit", "128", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
+         "--model-opt", "num_heads=2", "--decoder-dim", "16", "--decoder-depth", "1",
+         "--decoder-heads", "2", "--no-progress"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum("encoder in" in line for line in proc.stdout.splitlines()) == 1
+    assert "[rank 0/2] FSDP: 1 blocks and the root sharded over 2 process(es), fp32" in proc.stderr
+    assert [json.loads(r)["epoch"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+    ]
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    encoder = vitkit.load(out / "encoder.safetensors")
+    assert encoder.config.embed_dim == 32 and len(encoder.blocks) == 1
+    assert (out / "reconstructions.png").is_file()
