@@ -34,9 +34,12 @@ from vitkit.train.tasks import ClassificationTask
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
+# No random draw in the loss (no mixing, no dropout) and a constant learning rate (min_lr = lr),
+# so a run of 1 epoch resumed to 2 takes the steps of a run of 2.
 BASE = dict(
     model="vit_digits", model_opts={"embed_dim": 32, "depth": 2, "num_heads": 2},
-    train_limit=256, epochs=2, batch_size=32, lr=1e-3, warmup_epochs=0.0, weight_decay=0.05,
+    train_limit=128, val_fraction=0.05, test_fraction=0.05, epochs=2, batch_size=32, lr=1e-3,
+    min_lr=1e-3, warmup_epochs=0.0, weight_decay=0.05,
     aa="none", reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.1, hflip=0.5, threads=1,
     clip_grad=1.0,
 )  # fmt: skip
@@ -49,11 +52,12 @@ def losses(out: Path) -> list[float]:
 
 
 def test_fsdp_in_one_process_trains_as_without_it(tmp_path):
-    """Alone (no torchrun) --fsdp joins a group of one: the same trajectory as a plain run, a
-    sharded state (a DCP folder named by state.pt), and an ordinary model file."""
-    small = {**BASE, "train_limit": 64, "val_fraction": 0.05, "test_fraction": 0.05}
+    """Alone (no torchrun) --fsdp joins a group of one: the same trajectory as a plain run
+    (with activation checkpointing composed: the same gradients), a sharded state (a DCP
+    folder named by state.pt), and an ordinary model file."""
+    small = {**BASE, "train_limit": 64}
     plain = run_training(TrainConfig(**small), tmp_path / "plain")
-    sharded = run_training(TrainConfig(**small, fsdp=True), tmp_path / "fsdp")
+    sharded = run_training(TrainConfig(**small, fsdp=True, grad_ckpt=True), tmp_path / "fsdp")
     assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)
     assert sharded.test["acc1"] == pytest.approx(plain.test["acc1"], abs=1e-9)
     saved = load_state(tmp_path / "fsdp" / "state.pt")
@@ -153,12 +157,12 @@ def test_fsdp_and_ddp_follow_one_process_and_a_sharded_state_resumes_on_1_and_2(
         task = ClassificationTask(setup.model, config, meta={})
         state = new_run_state(task, config, batches_per_epoch=8, out=tmp_path / "alone")
         restore(state, load_state(tmp_path / "alone" / "state.pt"))
-        assert is_sharded(state.model) and state.epoch == 1 and state.step == 4
+        assert is_sharded(state.model) and state.epoch == 1 and state.step == 2
         whole = full_state(state.model)
         assert whole.keys() == saved_weights.keys()
         assert all(torch.equal(whole[k], saved_weights[k]) for k in whole)
         steps = {int(v["step"]) for v in state.optimizer.state_dict()["state"].values()}
-        assert steps == {4}
+        assert steps == {2}
     argv = ["train", "--out", str(tmp_path / "alone"), "--resume", "--epochs", "2", "--no-progress"]
     assert cli.main(argv) == 0
     assert len(losses(tmp_path / "alone")) == 4
@@ -173,12 +177,13 @@ def test_pretrain_with_fsdp_under_torchrun_writes_once(tmp_path):
         ["-m", "vitkit", "pretrain", "--fsdp", "--out", str(out), "--epochs", "2",
          "--train-limit", "128", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
          "--model-opt", "num_heads=2", "--decoder-dim", "16", "--decoder-depth", "1",
-         "--decoder-heads", "2", "--no-progress"],
+         "--decoder-heads", "2", "--grad-ckpt", "--no-progress"],
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum("encoder in" in line for line in proc.stdout.splitlines()) == 1
-    assert "[rank 0/2] FSDP: 1 blocks and the root sharded over 2 process(es), fp32" in proc.stderr
+    # the encoder's block and the decoder's
+    assert "[rank 0/2] FSDP: 2 blocks and the root sharded over 2 process(es), fp32" in proc.stderr
     assert [json.loads(r)["epoch"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [
         1,
         2,
@@ -187,3 +192,73 @@ def test_pretrain_with_fsdp_under_torchrun_writes_once(tmp_path):
     encoder = vitkit.load(out / "encoder.safetensors")
     assert encoder.config.embed_dim == 32 and len(encoder.blocks) == 1
     assert (out / "reconstructions.png").is_file()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_one_run_and_its_model_predicts(tmp_path, capsys):
+    """Two torchrun launches (--nnodes 2, one process each, static rendezvous on 127.0.0.1)
+    share one run folder: global rank 0 alone takes the lock and writes, both end well, one
+    report is printed, and the model it wrote predicts."""
+    from PIL import Image
+
+    port = _free_port()
+    out = tmp_path / "run"
+    launches = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={node}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "vitkit",
+                "train",
+                "--out",
+                str(out),
+                "--epochs",
+                "1",
+                "--train-limit",
+                "128",
+                "--model-opt",
+                "embed_dim=32",
+                "--model-opt",
+                "depth=1",
+                "--model-opt",
+                "num_heads=2",
+                "--no-progress",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    ended = [launch.communicate(timeout=240) for launch in launches]
+    for launch, (_, err) in zip(launches, ended, strict=True):
+        assert launch.returncode == 0, err[-3000:]
+    reports = [line for stdout, _ in ended for line in stdout.splitlines()]
+    assert sum(line.startswith("test accuracy: ") for line in reports) == 1
+    assert "[rank 0/2 node 0] training vit_digits on digits" in ended[0][1]
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+    image = tmp_path / "digit.png"
+    Image.fromarray((torch.rand(8, 8) * 255).to(torch.uint8).numpy(), mode="L").save(image)
+    capsys.readouterr()
+    assert cli.main(["predict", "--checkpoint", str(out / "model.safetensors"), str(image)]) == 0
+    printed = capsys.readouterr().out
+    assert "digit.png" in printed and printed.count("\n") >= 2

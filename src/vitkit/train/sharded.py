@@ -106,14 +106,10 @@ def shard(model: nn.Module, *, amp: str, device: torch.device) -> nn.Module:
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are on the meta device (nothing is
-    allocated): the module tree, its config and data config."""
-    memo: dict[int, Any] = {}
-    for tensor in (*model.parameters(), *model.buffers()):
-        meta = tensor.detach().to("meta")
-        memo[id(tensor)] = (
-            nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-        )
+    """A copy of `model` whose parameters are on the meta device (nothing is allocated): the
+    module tree, its config and data config. Buffers are copied (small; a non-persistent one,
+    a position table, is in no state dict to be loaded back)."""
+    memo = {id(p): nn.Parameter(p.detach().to("meta"), p.requires_grad) for p in model.parameters()}
     return copy.deepcopy(model, memo)
 
 
