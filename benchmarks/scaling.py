@@ -9,8 +9,9 @@ For each size, process count and mode, the script launches itself under torchrun
 machine, gloo on CPU, NCCL on GPU), trains the model on random images for `--steps` steps
 (AdamW, the training engine's `shard` for FSDP) and records per process the median step time
 after `--warmup` steps and the peak memory: on CPU the process's peak resident set
-(`ru_maxrss`: weights, gradients, optimiser state, activations, the communication buffers),
-on a GPU `torch.cuda.max_memory_allocated`.
+(`ru_maxrss`: weights, gradients, optimiser state, activations, the communication buffers)
+less its resident set before the model was built (Python, torch's libraries: ~0.6 GiB), on a
+GPU `torch.cuda.max_memory_allocated`.
 
 Sizes: `b16` is ViT-B/16 at 224 (86 M parameters); `g14` the ViT-g/14 shape (embed 1536,
 24 heads, MLP 6144; 40 blocks, ~1.1 B parameters) with its depth cut by `--g14-depth`
@@ -69,6 +70,7 @@ def worker(args: argparse.Namespace) -> None:
     from vitkit.train.distributed import init_distributed
     from vitkit.train.sharded import shard
 
+    start_rss = _resident_bytes()
     device = init_distributed(args.device, alone=args.mode == "fsdp")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     torch.manual_seed(0)
@@ -103,13 +105,22 @@ def worker(args: argparse.Namespace) -> None:
     if device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start_rss  # KiB
     row = {"rank": rank, "world": world, "params": params, "peak_bytes": peak,
            "step_s": statistics.median(times[args.warmup:])}  # fmt: skip
     with open(f"{args.result}.{rank}", "w") as f:
         json.dump(row, f)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _resident_bytes() -> int:
+    """This process's resident set now (Linux; 0 elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def launch(args: argparse.Namespace, size: str, procs: int, mode: str, batch: int) -> dict:
@@ -134,7 +145,7 @@ def launch(args: argparse.Namespace, size: str, procs: int, mode: str, batch: in
         "size": size, "mode": mode, "procs": procs, "batch_per_proc": batch,
         "params": rows[0]["params"], "step_s": max(r["step_s"] for r in rows),
         "peak_gib": max(r["peak_bytes"] for r in rows) / 2**30,
-        "comm_gib_per_step": (procs - 1) / procs * rows[0]["params"] * per_param / 2**30,
+        "comm_mib_per_step": (procs - 1) / procs * rows[0]["params"] * per_param / 2**20,
     }  # fmt: skip
 
 
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", default="ddp,fsdp")
     p.add_argument("--batch", type=int, default=8, help="images per process (weak scaling)")
     p.add_argument("--steps", type=int, default=5, help="timed steps")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--g14-depth", type=int, default=40, help="blocks of the ViT-g/14 shape")
     p.add_argument("--device", default="cpu")
     p.add_argument("--amp", default="none", choices=("none", "bf16"))
@@ -187,14 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {machine(args.device)}, torch {torch.__version__}, {args.amp}, g14 depth "
           f"{args.g14_depth}, {args.batch} images per process")  # fmt: skip
     print(
-        "| model | mode | procs | params | step (s) | peak / process (GiB) | comm / step (GiB) "
-        "| weak | strong |"
+        "| model | mode | procs | params | step (s) | peak / process, above start (GiB) "
+        "| comm / step (MiB) | weak | strong |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         strong = f"{r['strong_scaling']:.2f}" if "strong_scaling" in r else "-"
         print(f"| {r['size']} | {r['mode']} | {r['procs']} | {r['params'] / 1e6:.1f} M "
-              f"| {r['step_s']:.3f} | {r['peak_gib']:.2f} | {r['comm_gib_per_step']:.2f} "
+              f"| {r['step_s']:.3f} | {r['peak_gib']:.2f} | {r['comm_mib_per_step']:.1f} "
               f"| {r['weak_scaling']:.2f} | {strong} |")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
