@@ -79,6 +79,22 @@ def test_fsdp_refuses_what_it_cannot_shard(options, what):
     assert "\n" not in str(err.value)
 
 
+def test_a_torch_without_fsdp2_is_told_in_one_line_and_trains_without_it(monkeypatch):
+    """Where torch lacks `fully_shard`, --fsdp is refused when the settings are read, and a
+    run without it never asks for FSDP (`is_sharded` is False)."""
+    from torch.distributed import fsdp
+
+    monkeypatch.delattr(fsdp, "fully_shard")
+    message = (
+        r"^fsdp needs torch.distributed.fsdp.fully_shard, which torch .* lacks; upgrade torch "
+        r"\(>= 2.6\) or train without fsdp$"
+    )
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**BASE, fsdp=True)
+    assert not is_sharded(torch.nn.Linear(2, 2))
+    assert TrainConfig(**BASE).fsdp is False
+
+
 def test_fsdp_may_not_change_on_resume(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "--out", str(out), "--epochs", "1", "--train-limit", "64", "--no-progress",

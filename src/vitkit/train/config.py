@@ -248,7 +248,11 @@ class JobConfig(Options):
             self._check_fsdp()
 
     def _check_fsdp(self) -> None:
-        """The options sharded training cannot honour, each refused in one line."""
+        """The options sharded training cannot honour, each refused in one line; a torch
+        without FSDP2 too."""
+        from .sharded import require_fsdp
+
+        require_fsdp()
         refused = {
             "compile": self.compile,
             "amp fp16": self.amp == "fp16",  # bf16 needs no loss scaler

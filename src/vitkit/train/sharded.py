@@ -38,24 +38,33 @@ log = logging.getLogger(__name__)
 _twins: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 
 
-def _fsdp() -> Any:
-    """`torch.distributed.fsdp` with FSDP2's `fully_shard` (public since torch 2.6), or one
-    error that says what to do."""
+def _fsdp_module() -> Any:
+    """`torch.distributed.fsdp` when it has FSDP2's `fully_shard` (public since torch 2.6),
+    else None."""
     try:
         from torch.distributed import fsdp
 
         fsdp.fully_shard, fsdp.MixedPrecisionPolicy, fsdp.FSDPModule  # noqa: B018
     except (ImportError, AttributeError):
-        raise RuntimeError(
-            f"--fsdp needs torch.distributed.fsdp.fully_shard, which torch {torch.__version__} "
-            "lacks; upgrade torch (>= 2.6) or train without --fsdp"
-        ) from None
+        return None
+    return fsdp
+
+
+def require_fsdp() -> Any:
+    """`torch.distributed.fsdp` with `fully_shard`, or one error that says what to do."""
+    fsdp = _fsdp_module()
+    if fsdp is None:
+        raise ValueError(
+            f"fsdp needs torch.distributed.fsdp.fully_shard, which torch {torch.__version__} "
+            "lacks; upgrade torch (>= 2.6) or train without fsdp"
+        )
     return fsdp
 
 
 def is_sharded(module: nn.Module) -> bool:
-    """Whether `fully_shard` was applied to `module` (its parameters are DTensor shards)."""
-    fsdp = _fsdp() if dist.is_available() else None
+    """Whether `fully_shard` was applied to `module` (its parameters are DTensor shards);
+    False where torch has no FSDP2."""
+    fsdp = _fsdp_module()
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
@@ -64,7 +73,7 @@ def precision_policy(amp: str) -> Any:
     with gradients reduced in fp32 for 'bf16' (the default on a GPU); fp32 throughout for
     'none' (the default on the CPU, where few processors compute bf16 natively and gloo gains
     nothing from halving a message on one machine)."""
-    fsdp = _fsdp()
+    fsdp = require_fsdp()
     if amp == "bf16":
         return fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return fsdp.MixedPrecisionPolicy()
@@ -75,7 +84,7 @@ def shard(model: nn.Module, *, amp: str, device: torch.device) -> nn.Module:
     decoder's), then `model` itself (embeddings, norms, head); in place, returns `model`.
     Call it after freezing and gradient checkpointing are set and before the optimiser takes
     the parameters (they become DTensor shards)."""
-    fsdp = _fsdp()
+    fsdp = require_fsdp()
     if not dist.is_initialized():
         raise RuntimeError(
             "fsdp shards over a process group: run it through run_training / run_pretraining "
