@@ -35,7 +35,7 @@ from vitkit.train.tasks import ClassificationTask
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # No random draw in the loss (no mixing, no dropout) and a constant learning rate (min_lr = lr),
-# so a run of 1 epoch resumed to 2 takes the steps of a run of 2.
+# so a run of 2 epochs resumed to 3 takes the steps of a run of 3.
 BASE = dict(
     model="vit_digits", model_opts={"embed_dim": 32, "depth": 2, "num_heads": 2},
     train_limit=128, val_fraction=0.05, test_fraction=0.05, epochs=2, batch_size=32, lr=1e-3,
@@ -133,12 +133,11 @@ SCRIPT = textwrap.dedent(
     base, out = json.loads(sys.argv[1]), Path(sys.argv[2])
     dist.init_process_group("gloo")
     if sys.argv[3] == "train":
-        for name, extra in [("fsdp", {"fsdp": True}), ("ddp", {}), ("part", {"fsdp": True,
-                                                                              "epochs": 1})]:
+        for name, extra in [("fsdp", {"fsdp": True}), ("ddp", {})]:
             run_training(TrainConfig(**{**base, **extra}), out / name)
-    else:  # resume the sharded state on these processes
-        config = read_run_config(out / "part").replace(epochs=2)
-        run_training(config, out / "part", resume=True)
+    else:  # resume the sharded state on these processes, for a third epoch
+        config = read_run_config(out / "fsdp").replace(epochs=3)
+        run_training(config, out / "fsdp", resume=True)
     dist.destroy_process_group()
     """
 )
@@ -147,41 +146,41 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_fsdp_and_ddp_follow_one_process_and_a_sharded_state_resumes_on_1_and_2(tmp_path):
     """2 processes of 32 images take the steps of 1 process of 64; the state a 2-process FSDP
-    run saved after epoch 1 resumes on 2 processes (the uninterrupted run's epoch 2) and on 1
+    run saved after epoch 2 resumes on 2 processes (the uninterrupted run's epoch 3) and on 1
     (its whole weights and optimiser, resharded)."""
     script = tmp_path / "runs.py"
     script.write_text(SCRIPT)
     base = json.dumps(BASE)
     proc = _torchrun([str(script), base, str(tmp_path), "train"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_training(TrainConfig(**{**BASE, "batch_size": 64}), tmp_path / "one")
+    run_training(TrainConfig(**{**BASE, "batch_size": 64, "epochs": 3}), tmp_path / "one")
     one = losses(tmp_path / "one")
-    assert losses(tmp_path / "fsdp") == pytest.approx(one, rel=1e-4)
-    assert losses(tmp_path / "ddp") == pytest.approx(one, rel=1e-4)
-    assert one[2] < one[0]  # it learns
+    assert losses(tmp_path / "fsdp") == pytest.approx(one[:4], rel=1e-4)
+    assert losses(tmp_path / "ddp") == pytest.approx(one[:4], rel=1e-4)
+    assert one[4] < one[2] < one[0]  # it learns
 
-    shutil.copytree(tmp_path / "part", tmp_path / "alone")
-    saved_weights = vitkit.load(tmp_path / "part" / "last.safetensors").state_dict()
+    shutil.copytree(tmp_path / "fsdp", tmp_path / "alone")
+    saved_weights = vitkit.load(tmp_path / "fsdp" / "last.safetensors").state_dict()
     proc = _torchrun([str(script), base, str(tmp_path), "resume"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert losses(tmp_path / "part") == pytest.approx(losses(tmp_path / "fsdp"), rel=1e-4)
+    assert losses(tmp_path / "fsdp") == pytest.approx(one, rel=1e-4)
 
     # on 1 process: the weights and optimiser of the 2 shards, whole
     config = read_run_config(tmp_path / "alone")
     with distributed("cpu", alone=True):
         setup = training_setup(config)
         task = ClassificationTask(setup.model, config, meta={})
-        state = new_run_state(task, config, batches_per_epoch=8, out=tmp_path / "alone")
+        state = new_run_state(task, config, batches_per_epoch=4, out=tmp_path / "alone")
         restore(state, load_state(tmp_path / "alone" / "state.pt"))
-        assert is_sharded(state.model) and state.epoch == 1 and state.step == 2
+        assert is_sharded(state.model) and state.epoch == 2 and state.step == 4
         whole = full_state(state.model)
         assert whole.keys() == saved_weights.keys()
         assert all(torch.equal(whole[k], saved_weights[k]) for k in whole)
         steps = {int(v["step"]) for v in state.optimizer.state_dict()["state"].values()}
-        assert steps == {2}
-    argv = ["train", "--out", str(tmp_path / "alone"), "--resume", "--epochs", "2", "--no-progress"]
+        assert steps == {4}
+    argv = ["train", "--out", str(tmp_path / "alone"), "--resume", "--epochs", "3", "--no-progress"]
     assert cli.main(argv) == 0
-    assert len(losses(tmp_path / "alone")) == 4
+    assert len(losses(tmp_path / "alone")) == 6
 
 
 @pytest.mark.slow
@@ -278,3 +277,25 @@ def test_two_nodes_on_loopback_train_one_run_and_its_model_predicts(tmp_path, ca
     assert cli.main(["predict", "--checkpoint", str(out / "model.safetensors"), str(image)]) == 0
     printed = capsys.readouterr().out
     assert "digit.png" in printed and printed.count("\n") >= 2
+
+
+def test_each_log_line_names_its_rank_and_node(monkeypatch):
+    """Under torchrun the root logger's lines start with the global rank (and the node when
+    there are several), once however often the group is joined."""
+    import logging
+
+    from vitkit.train.distributed import name_rank_in_logs
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    name_rank_in_logs(3, 4)
+    name_rank_in_logs(3, 4)
+    record = logging.LogRecord("vitkit", logging.WARNING, __file__, 1, "stopping", None, None)
+    assert handler.format(record) == "[rank 3/4 node 1] WARNING stopping"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")  # one machine: no node
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    name_rank_in_logs(0, 2)
+    assert handler.format(record) == "[rank 0/2] stopping"
