@@ -299,3 +299,54 @@ def test_each_log_line_names_its_rank_and_node(monkeypatch):
     handler.setFormatter(logging.Formatter("%(message)s"))
     name_rank_in_logs(0, 2)
     assert handler.format(record) == "[rank 0/2] stopping"
+
+
+@pytest.mark.slow
+def test_a_sharded_run_stopped_after_a_save_every_save_resumes_as_if_uninterrupted(
+    tmp_path, monkeypatch
+):
+    """A stop right after a `save_every` save keeps that DCP folder (it is not written
+    again), and the run resumed from the middle of its epoch ends as the uninterrupted one."""
+    from vitkit.train import fit
+    from vitkit.train import sharded as sharded_module
+    from vitkit.train import state as state_module
+    from vitkit.train.signals import StopFlag
+
+    config = TrainConfig(**{**BASE, "train_limit": 96, "epochs": 1, "fsdp": True, "save_every": 1})
+    setup = training_setup(config)
+    whole = fit(setup.model, setup.train_set, setup.val_set, config.replace(fsdp=False))
+
+    written = []
+    real_save = sharded_module.save_sharded
+
+    def save_sharded(model, optimizer, out, name):
+        written.append(name)
+        return real_save(model, optimizer, out, name)
+
+    monkeypatch.setattr(state_module, "save_sharded", save_sharded)
+    stop = StopFlag()
+
+    def progress(iterable, total, description):
+        class Bar:
+            def __iter__(self):
+                yield from iterable
+
+            def set_postfix(self, **values):
+                stop.set("test")  # after the first step, which save_every=1 has saved
+
+        return Bar()
+
+    out = tmp_path / "run"
+    with distributed("cpu", alone=True):
+        cut = fit(training_setup(config).model, setup.train_set, setup.val_set, config,
+                  out_dir=out, stop=stop, progress=progress)  # fmt: skip
+        assert cut.interrupted
+        assert written == ["state-0-0.dcp", "state-0-1.dcp"]  # the stop's save kept the step's
+        assert load_state(out / "state.pt")["sharded"] == "state-0-1.dcp"
+        resumed = fit(training_setup(config).model, setup.train_set, setup.val_set, config,
+                      out_dir=out, resume=True)  # fmt: skip
+    assert [p.name for p in out.glob("state-*.dcp")] == ["state-1-0.dcp"]
+    assert resumed.history[0]["train_loss"] == pytest.approx(
+        whole.history[0]["train_loss"], rel=1e-5
+    )
+    assert resumed.history[0]["val_loss"] == pytest.approx(whole.history[0]["val_loss"], rel=1e-5)

@@ -84,7 +84,8 @@ def save_state(state: RunState) -> None:
         return
     point = (state.epoch, state.running.batches if state.running else 0)
     folder = f"state-{point[0]}-{point[1]}.dcp" if is_sharded(state.model) else None
-    if folder is not None:
+    stepped = bool(state.optimizer.state)
+    if folder is not None and not _holds(state, point, folder):
         stepped = save_sharded(state.model, state.optimizer, state.out, folder)
     if world()[0] != 0:
         state.saved_at = point
@@ -113,6 +114,12 @@ def save_state(state: RunState) -> None:
     if folder is not None:
         prune_sharded(state.out, keep=folder)
     state.saved_at = point
+
+
+def _holds(state: RunState, point: tuple[int, int], folder: str) -> bool:
+    """Whether `state.pt` already names a complete DCP folder of this very point (a stop
+    right after a `save_every` save): it is kept, not removed and written again."""
+    return state.saved_at == point and (state.out / folder / ".metadata").is_file()
 
 
 def torch_save(payload: Any, file: Any) -> None:
