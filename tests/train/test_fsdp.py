@@ -300,6 +300,18 @@ def test_each_log_line_names_its_rank_and_node(monkeypatch):
     name_rank_in_logs(0, 2)
     assert handler.format(record) == "[rank 0/2] stopping"
 
+    # the group a run joined, and its names, are left at its end
+    join = torch.distributed.init_process_group
+    monkeypatch.setattr(
+        torch.distributed, "init_process_group",
+        lambda backend: join(backend, store=torch.distributed.HashStore(), rank=0, world_size=1),
+    )  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    with distributed("cpu"):
+        assert handler.format(record) == "[rank 0/1] stopping"
+    assert handler.format(record) == "stopping"
+
 
 @pytest.mark.slow
 def test_a_sharded_run_stopped_after_a_save_every_save_resumes_as_if_uninterrupted(

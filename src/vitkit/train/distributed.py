@@ -158,12 +158,15 @@ def distributed(device: str, *, alone: bool = False) -> Iterator[str]:
     it ends, when this block joined it; yields this process's device. `alone`: a group of one
     outside torchrun too (FSDP shards over a group, even of one process)."""
     joins = not (dist.is_available() and dist.is_initialized())
+    formats = [(handler, handler.formatter) for handler in logging.getLogger().handlers]
     device = init_distributed(device, alone=alone)
     try:
         yield device
     finally:
         if joins and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+            for handler, formatter in formats:  # the rank's name leaves the log lines too
+                handler.setFormatter(formatter)
 
 
 def init_distributed(device: str, *, alone: bool = False) -> str:
