@@ -171,6 +171,12 @@ class JobConfig(Options):
         group="run",
     )  # fmt: skip
     compile: bool = option(False, "torch.compile the model", group="run")
+    fsdp: bool = option(
+        False,
+        "shard parameters, gradients and optimiser state across processes (FSDP2: each block, "
+        "then the model); the state is saved sharded and resumes on any number of processes",
+        group="run",
+    )
     grad_ckpt: bool = option(
         False,
         "gradient checkpointing: recompute each block in the backward pass (the same "
@@ -238,6 +244,28 @@ class JobConfig(Options):
                 f"{self.data!r} is not one: pass the path as data instead"
             )
         self.amp_on(self.resolved_device())  # fp16 without CUDA fails here
+        if self.fsdp:
+            self._check_fsdp()
+
+    def _check_fsdp(self) -> None:
+        """The options sharded training cannot honour, each refused in one line; a torch
+        without FSDP2 too."""
+        from .sharded import require_fsdp
+
+        require_fsdp()
+        refused = {
+            "compile": self.compile,
+            "amp fp16": self.amp == "fp16",  # bf16 needs no loss scaler
+            "a timm CNN model": is_timm_name(self.model),
+            "ema": getattr(self, "ema", None),
+            "a teacher": getattr(self, "teacher", None),
+        }
+        for what, given in refused.items():
+            if given:
+                raise ValueError(
+                    f"fsdp cannot be combined with {what} (it shards each ViT block and trains "
+                    "in fp32 or bf16 without torch.compile); drop one of them"
+                )
 
     # -- derived values
 

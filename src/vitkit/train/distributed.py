@@ -20,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -152,30 +153,66 @@ def set_epoch(loader: DataLoader, epoch: int, *, start: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def distributed(device: str) -> Iterator[str]:
+def distributed(device: str, *, alone: bool = False) -> Iterator[str]:
     """Joined to the torchrun group for the block (`init_distributed`), left at its end, however
-    it ends, when this block joined it; yields this process's device."""
+    it ends, when this block joined it; yields this process's device. `alone`: a group of one
+    outside torchrun too (FSDP shards over a group, even of one process)."""
     joins = not (dist.is_available() and dist.is_initialized())
-    device = init_distributed(device)
+    formats = [(handler, handler.formatter) for handler in logging.getLogger().handlers]
+    device = init_distributed(device, alone=alone)
     try:
         yield device
     finally:
         if joins and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+            for handler, formatter in formats:  # the rank's name leaves the log lines too
+                handler.setFormatter(formatter)
 
 
-def init_distributed(device: str) -> str:
-    """Join the torchrun group when launched by it; returns this process's device."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+def init_distributed(device: str, *, alone: bool = False) -> str:
+    """Join the torchrun group when launched by it (with `alone`, a group of this process
+    alone otherwise); returns this process's device. Under torchrun every log line then
+    starts with the rank that wrote it, and ranks but 0 log warnings only."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if dist.is_initialized() or not (launched or alone):
         return device
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if not launched:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return device
+    dist.init_process_group(backend=backend)
+    name_rank_in_logs(dist.get_rank(), dist.get_world_size())
     if dist.get_rank() != 0:
         logging.getLogger().setLevel(logging.WARNING)
     return device
+
+
+def name_rank_in_logs(rank: int, world_size: int) -> None:
+    """Start each line of the root logger's handlers with `[rank R/N]` (R the global rank;
+    with several machines, node K too)."""
+    node = os.environ.get("GROUP_RANK")
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    where = f" node {node}" if node is not None and nodes > 1 else ""
+    for handler in logging.getLogger().handlers:
+        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"
+        if not fmt.startswith("[rank "):
+            handler.setFormatter(logging.Formatter(f"[rank {rank}/{world_size}{where}] {fmt}"))
+
+
+def agreed_stop(stop: Any, device: torch.device) -> bool:
+    """Whether any rank was told to stop (a signal reaches each process at its own moment);
+    every rank then sets its `stop`, so all stop at the same step and save together."""
+    if world()[1] == 1 or not (dist.is_available() and dist.is_initialized()):
+        return bool(stop)
+    if all_reduce([float(bool(stop))], device)[0] > 0:
+        if not stop:
+            stop.set("a stop on another rank")
+        return True
+    return False
 
 
 def barrier() -> None:

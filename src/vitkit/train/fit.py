@@ -25,11 +25,12 @@ from ..data import corrupt_count
 from ..files import DiskFullError
 from ..model.precision import model_device
 from ..plots import plot_curves
-from .distributed import all_reduce, make_loader, set_epoch, world
+from .distributed import agreed_stop, all_reduce, make_loader, set_epoch, world
 from .logs import EpochLog, check_loggers, log_epoch
 from .loop import NonFiniteLossError, steps_per_epoch, train_one_epoch
 from .optim import Schedule
 from .run_folder import CURVES_FILE, STATE_FILE, kept_files
+from .sharded import is_sharded, shard, whole_model
 from .signals import StopFlag, stop_on_signals
 from .state import EpochState, RunState, load_state, restore, save_state
 from .tasks import ClassificationTask, Task
@@ -101,7 +102,7 @@ def fit(
         _explained_failures(state),
         _epoch_log(out, writes, loggers) as rows,
     ):
-        if writes and not resume:
+        if out is not None and not resume:
             save_state(state)  # a stop during the first epoch can still resume
         while state.epoch < config.epochs:
             row = run_epoch(state, train_loader, val_loader, progress)
@@ -112,11 +113,12 @@ def fit(
                 row["skipped_images"] = skipped
             if writes:
                 rows.write(state.history)
-                save_state(state)
+            if out is not None:
+                save_state(state)  # every rank: a sharded state is written by all
             log_epoch(row, config.epochs, task.log_keys)
             if on_epoch_end is not None:
                 on_epoch_end(row)
-            if state.stop:
+            if agreed_stop(state.stop, state.device):
                 _stopped_between_epochs(state)
                 break
         if writes and state.history:
@@ -199,14 +201,16 @@ def new_run_state(
     out: Path | None = None,
     stop: StopFlag | None = None,
 ) -> RunState:
-    """A run at its start: the task prepared (freezing, checkpointing), its optimiser, the
-    schedule and the AMP scaler."""
+    """A run at its start: the task prepared (freezing, checkpointing), its model sharded
+    with `fsdp`, its optimiser, the schedule and the AMP scaler."""
     task = as_task(task, config)
     device = torch.device(config.device) if config.device else model_device(task.model)
     amp = config.amp_on(device)
     lr = config.peak_lr(world()[1])
     steps = steps_per_epoch(batches_per_epoch, config.accum_steps)
     task.prepare(config)
+    if getattr(config, "fsdp", False):
+        shard(task.model, amp=amp, device=device)
     return RunState(
         config=config,
         task=task,
@@ -272,15 +276,18 @@ def finish_epoch(state: RunState, val_loader: Any, *, seconds: float) -> dict[st
     )
     if improved:
         state.best, state.best_epoch = value, state.epoch
-    if state.out is not None and world()[0] == 0:
-        task.save_files(state.out, row, improved)
+    if state.out is not None:
+        with whole_model(task):  # every rank gathers a sharded model's weights
+            if world()[0] == 0:
+                task.save_files(state.out, row, improved)
     return row
 
 
 def _wrapped(state: RunState) -> nn.Module:
-    """What the loop calls: the task's module, in DDP and torch.compile as configured."""
+    """What the loop calls: the task's module, in DDP (unless sharded) and torch.compile as
+    configured."""
     trained = state.task.trained_module()
-    if world()[1] > 1:
+    if world()[1] > 1 and not is_sharded(trained):
         device = state.device
         trained = nn.parallel.DistributedDataParallel(
             trained,

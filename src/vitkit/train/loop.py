@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .distributed import all_reduce, all_reduce_tensor, world
+from .distributed import agreed_stop, all_reduce, all_reduce_tensor, world
 from .optim import set_lr
+from .sharded import is_sharded, lockstep
 from .state import EpochState, RunState
 
 
@@ -77,7 +78,7 @@ def train_one_epoch(
                 on_save(state)
         if on_step is not None:
             on_step(sums, seen / max(time.perf_counter() - start, 1e-9))
-        if state.stop and pending == 0:
+        if pending == 0 and agreed_stop(state.stop, state.device):
             break
     if pending:  # a last, partial accumulation
         _optimizer_step(state)
@@ -110,6 +111,8 @@ def _backward(state: RunState, images: Tensor, labels: Tensor, *, sync: bool) ->
     inputs, targets = state.task.batch(images, labels)
     no_sync = getattr(state.trained, "no_sync", None)
     context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+    if is_sharded(state.trained):  # FSDP reduce-scatters the last of an accumulation only
+        state.trained.set_requires_gradient_sync(sync)
     with context:
         with autocast(state.amp, device):
             loss, correct = state.task.loss(state.trained, inputs, targets)
@@ -168,12 +171,14 @@ def evaluate(
     model.eval()
     loss_sum = correct1 = correct5 = count = 0.0
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long) if num_classes else None
-    for images, labels in loader:
+    for (images, labels), counted in lockstep(loader, model):
         if len(labels) == 0:
             continue
         images, labels = images.to(device), labels.to(device)
         with autocast(amp, device):
             logits = model(images)
+        if not counted:  # a sharded model's pass to keep step with the other ranks
+            continue
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         k = min(5, logits.shape[-1])

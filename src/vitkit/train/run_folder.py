@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..options import read_settings
 from .config import PretrainConfig, TrainConfig
 from .distributed import barrier, distributed, world
 from .lock import run_lock
+from .sharded import sharded_folders
 
 if TYPE_CHECKING:
     from .fit import FitResult
@@ -187,6 +189,8 @@ def clear_out(out: Path, *, overwrite: bool) -> None:
     if overwrite:
         for path in vitkit_files(out):
             path.unlink(missing_ok=True)
+        for folder in sharded_folders(out):  # an --fsdp run's training state
+            shutil.rmtree(folder)
     remove_stale_temp_files(out)
 
 
@@ -198,7 +202,7 @@ def open_run(
     of the block), checks the folder (`prepare_out`), on `resume` the saved settings
     (`resumed_config`), then holds the run lock and clears the previous run's `files`
     (`clear_out`); yields the config with this process's device."""
-    with distributed(config.resolved_device()) as device:
+    with distributed(config.resolved_device(), alone=getattr(config, "fsdp", False)) as device:
         config = config.replace(device=device)
         prepare_out(out, resume=resume, overwrite=overwrite, files=files)
         if resume:

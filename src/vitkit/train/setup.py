@@ -33,6 +33,7 @@ from .fit import Progress, fit
 from .logs import check_loggers
 from .loop import evaluate
 from .run_folder import BEST_FILE, RUN_FILES, TEST_FILE, RunOutcome, open_run, write_record
+from .sharded import load_full
 from .tasks import ClassificationTask
 from .teacher import load_teacher
 
@@ -300,7 +301,7 @@ def _train_and_test(
         return RunOutcome(result=result, test=None, out=out, rank=rank, task=task.name)
     barrier()
     if (out / BEST_FILE).is_file():
-        model.load_state_dict(load_state_dict(out / BEST_FILE))
+        load_full(model, load_state_dict(out / BEST_FILE))
     loader = make_loader(setup.test_set, config.batch_size, train=False)
     test = evaluate(model, loader, device=device, amp=config.amp_on(device))
     if rank == 0:

@@ -24,6 +24,7 @@ from ..weights.checkpoint import CheckpointError, load_into
 from .distributed import world
 from .optim import Schedule
 from .run_folder import STATE_FILE
+from .sharded import is_sharded, load_sharded, prune_sharded, save_sharded
 from .signals import StopFlag
 
 if TYPE_CHECKING:
@@ -76,12 +77,27 @@ class RunState:
 
 def save_state(state: RunState) -> None:
     """Write `state.pt` atomically on rank 0 (plain tensors, dicts and numbers, so that
-    `torch.load(weights_only=True)` reads it back)."""
-    if state.out is None or world()[0] != 0:
+    `torch.load(weights_only=True)` reads it back). A sharded model's weights and optimiser
+    go into a DCP folder that every rank writes its part of (call it on every rank) and that
+    `state.pt` names; the previous one is removed once it does."""
+    if state.out is None:
         return
-    payload: dict[str, Any] = {
-        "model": {k: v.detach().cpu() for k, v in state.model.state_dict().items()},
-        "optimizer": state.optimizer.state_dict(),
+    point = (state.epoch, state.running.batches if state.running else 0)
+    folder = f"state-{point[0]}-{point[1]}.dcp" if is_sharded(state.model) else None
+    stepped = bool(state.optimizer.state)
+    if folder is not None and not _holds(state, point, folder):
+        stepped = save_sharded(state.model, state.optimizer, state.out, folder)
+    if world()[0] != 0:
+        state.saved_at = point
+        return
+    if folder is not None:
+        payload: dict[str, Any] = {"sharded": folder, "sharded_optimizer": stepped}
+    else:
+        payload = {
+            "model": {k: v.detach().cpu() for k, v in state.model.state_dict().items()},
+            "optimizer": state.optimizer.state_dict(),
+        }
+    payload |= {
         "epoch": state.epoch,
         "step": state.step,
         "epoch_state": dataclasses.asdict(state.running) if state.running else None,
@@ -95,7 +111,15 @@ def save_state(state: RunState) -> None:
         payload["scaler"] = state.scaler.state_dict()
     payload.update(state.task.extra_state())
     atomic_write(state.out / STATE_FILE, lambda f: torch_save(payload, f))
-    state.saved_at = (state.epoch, state.running.batches if state.running else 0)
+    if folder is not None:
+        prune_sharded(state.out, keep=folder)
+    state.saved_at = point
+
+
+def _holds(state: RunState, point: tuple[int, int], folder: str) -> bool:
+    """Whether `state.pt` already names a complete DCP folder of this very point (a stop
+    right after a `save_every` save): it is kept, not removed and written again."""
+    return state.saved_at == point and (state.out / folder / ".metadata").is_file()
 
 
 def torch_save(payload: Any, file: Any) -> None:
@@ -139,8 +163,19 @@ def load_state(path: Path) -> dict[str, Any]:
 def restore(state: RunState, saved: dict[str, Any]) -> None:
     """Put a `state.pt`'s contents back into a fresh `state` (before the model is wrapped)."""
     source = str(state.out / STATE_FILE) if state.out else STATE_FILE
-    load_into(state.model, saved["model"], source=source)
-    state.optimizer.load_state_dict(saved["optimizer"])
+    sharded = is_sharded(state.model)
+    if ("sharded" in saved) != sharded:
+        raise CheckpointError(
+            f"{source} holds a {'sharded' if 'sharded' in saved else 'whole'} training state "
+            f"and this run is {'sharded (fsdp)' if sharded else 'not sharded'}; resume with the "
+            "run's own fsdp setting"
+        )
+    if sharded:
+        folder = state.out / saved["sharded"]
+        load_sharded(state.model, state.optimizer, folder, stepped=saved["sharded_optimizer"])
+    else:
+        load_into(state.model, saved["model"], source=source)
+        state.optimizer.load_state_dict(saved["optimizer"])
     if state.scaler is not None and "scaler" in saved:
         state.scaler.load_state_dict(saved["scaler"])
     state.task.load_extra_state(saved, state.device)

@@ -21,6 +21,7 @@ from ..distributed import all_reduce
 from ..loop import autocast
 from ..optim import param_groups
 from ..run_folder import ENCODER_FILE, PICTURE_FILE
+from ..sharded import lockstep
 from .base import Task
 
 BETAS = (0.9, 0.95)  # MAE's pretraining optimiser
@@ -75,12 +76,14 @@ class MaeTask(Task):
         mae.eval()
         masks = torch.Generator(device=device).manual_seed(0)
         loss_sum = count = 0.0
-        for images, _ in loader:
+        for (images, _), counted in lockstep(loader, mae):
             if len(images) == 0:
                 continue
             images = images.to(device)
             with autocast(amp, device):
                 loss, _, _ = mae(images, generator=masks)
+            if not counted:  # a sharded model's pass to keep step with the other ranks
+                continue
             loss_sum += loss.float().item() * len(images)
             count += len(images)
         loss_sum, count = all_reduce([loss_sum, count], device)
