@@ -58,3 +58,10 @@ def test_fine_tune_a_timm_swin_then_eval_and_predict(tmp_path, capsys):
         assert cli.main(list(argv)) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+    # the run's model (a vitkit checkpoint of a Swin) starts another fine-tuning run
+    again = tmp_path / "again"
+    argv = ["train", "--pretrained", str(run / "model.safetensors"), "--data", "digits",
+            "--epochs", "1", "--train-limit", "32", "--out", str(again),
+            "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert vitkit.load(again / "model.safetensors").config == model.config

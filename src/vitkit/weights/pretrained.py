@@ -190,7 +190,7 @@ def read_source(
         stated, data_config, names = info.source_options, info.data_config, info.class_names
         if found == "vitkit":
             config = info.require_config()
-            if config.encoder == "torch":  # a vitkit file of an encoder='torch' model
+            if getattr(config, "encoder", None) == "torch":  # a ViT saved with encoder="torch"
                 state_dict = torch_to_native_state_dict(state_dict)
             return SourceWeights(state_dict, config, "vitkit", data_config, name, names)
         log.info("reading %s as %s", info.path, info.kind)
