@@ -33,12 +33,15 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..model import ViTConfig
-from ..model.config import to_2tuple
+from ..model.config import hybrid_strides, to_2tuple
 from ..model.torch_encoder import torch_to_native_state_dict
 from .checkpoint import CheckpointError, MissingOptionError, expected_shapes, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+# The stem convolution of timm's hybrid ResNetV2, whole or stem-only (layers/resnetv2.py).
+_HYBRID_STEMS = ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")
 
 # Placeholder LayerScale init for converted models: the loaded gammas replace it.
 _LAYER_SCALE_INIT = 1e-5
@@ -85,6 +88,7 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
     sd = state_dict
     _check_supported(sd, overrides)
     cfg = _patch_options(sd["patch_embed.proj.weight"], overrides)
+    cfg.update(_hybrid_options(sd))
     cfg.update(_block_options(sd, cfg["embed_dim"]))
     cfg.update(_token_options(sd))
     num_heads = overrides.pop("num_heads", None)
@@ -156,6 +160,21 @@ def _patch_options(proj: Tensor, overrides: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
+def _hybrid_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """timm's hybrid ResNetV2 (`patch_embed.backbone.stem.conv` and `stages.S.blocks.B`, or
+    its stem alone, `patch_embed.backbone.conv`): the blocks per stage and the input channels."""
+    stem = next((k for k in _HYBRID_STEMS if k in sd), None)
+    if stem is None:
+        return {}
+    blocks: dict[int, int] = {}
+    for key in sd:
+        if match := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key):
+            stage, block = int(match[1]), int(match[2])
+            blocks[stage] = max(blocks.get(stage, 0), block + 1)
+    layers = tuple(blocks.get(stage, 0) for stage in range(len(blocks)))
+    return {"hybrid": "resnetv2", "hybrid_layers": layers, "in_chans": sd[stem].shape[1]}
+
+
 def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
     """depth, the MLP, biases, norms and LayerScale of the encoder blocks."""
     block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
@@ -211,7 +230,9 @@ def _grid_from_pos_embed(sd: Mapping[str, Tensor], cfg: dict[str, Any], img_give
     """Set `img_size` (the resolution whose patch grid the position embedding covers, square
     unless given) and `no_embed_class` (whether the prefix tokens have positions) in `cfg`."""
     patch = cfg["patch_size"]
+    stride = 2 ** hybrid_strides(cfg.get("hybrid", "none"), cfg.get("hybrid_layers", ()))
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    ph, pw = ph * stride, pw * stride  # image pixels per token
     if "pos_embed" not in sd:
         if not img_given:
             cfg["img_size"] = _int_if_square((224 // ph * ph, 224 // pw * pw))

@@ -186,6 +186,11 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         kwargs["mlp_layer"] = partial(timm_layers.GluMlp, gate_last=False)
     if config.res_post_norm:
         kwargs["block_fn"] = timm_vit.ResPostBlock
+    if config.hybrid != "none":  # timm's HybridEmbed over its ResNetV2, as its hybrids build it
+        from timm.models.vision_transformer_hybrid import _resnetv2
+
+        backbone = _resnetv2(layers=config.hybrid_layers, in_chans=config.in_chans)
+        kwargs["embed_layer"] = partial(timm_layers.HybridEmbed, backbone=backbone)
     return kwargs
 
 
@@ -193,5 +198,5 @@ def _check_no_conv_stem(config: ViTConfig) -> None:
     if config.conv_stem:
         raise ValueError(
             "timm's VisionTransformer has no conv stem like vitkit's conv_stem (its hybrids use "
-            "ResNet backbones); only models with conv_stem=() convert to timm"
+            "ResNetV2, vitkit's hybrid='resnetv2'); only models with conv_stem=() convert to timm"
         )
