@@ -109,6 +109,13 @@ def check_blocks(config: ViTConfig) -> None:
         raise ValueError("dynamic_img_pad=True pads raw images; it cannot follow a hybrid stem")
     if config.block == "parallel_things" and config.attn_layer != "attn":
         raise ValueError("block='parallel_things' has plain attention only (as timm)")
+    scaling_lacks = (config.scale_attn_norm, config.scale_mlp_norm, config.mlp_layer != "mlp",
+                     config.qk_scale is not None)  # fmt: skip
+    if config.block == "parallel_scaling" and any(scaling_lacks):
+        raise ValueError(
+            "block='parallel_scaling' fuses a plain MLP into its input projection: it takes no "
+            "scale_attn_norm, scale_mlp_norm, qk_scale or mlp_layer other than 'mlp' (as timm)"
+        )
     custom = config.block != "plain" or config.attn_layer != "attn"
     if custom and (config.res_post_norm or config.window_size or config.use_rel_pos):
         raise ValueError(

@@ -21,6 +21,7 @@ from typing import Any
 from .config import ViTConfig
 from .family import SIZES, Family
 from .features import ViTBackbone
+from .presets_blocks import BLOCK_FAMILIES
 from .presets_hybrid import HYBRID_FAMILIES
 from .swin import SwinConfig, SwinTransformer
 from .swin.presets import swin_presets
@@ -273,6 +274,18 @@ FAMILIES: tuple[Family, ...] = (
         dict(_MAP, **_TANH),
         classes=0,
     ),
+    Family(  # 384 is no multiple of 14: a 27 x 27 grid, the last 6 pixels dropped (as timm)
+        "vit_{size}_patch{patch}_siglip_{res}",
+        "so400m/14/384",
+        dict(_MAP, floor_grid=True),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_siglip_gap_{res}",
+        "so400m/14/384",
+        dict(_GAP, floor_grid=True),
+        classes=0,
+    ),
     Family(
         "vit_{size}_patch{patch}_siglip_gap_{res}",
         "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
@@ -312,7 +325,7 @@ FAMILIES: tuple[Family, ...] = (
 
 _FAMILY_CONFIGS: dict[str, ViTConfig] = {
     name: config
-    for family in FAMILIES + HYBRID_FAMILIES
+    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
     for name, config in family.configs().items()
 }
 
@@ -325,14 +338,6 @@ _RESNET_D = (
     "not the paper's ResNetV2 (vitkit's hybrids: vit_*_r50_*, vit_*_r26_*)"
 )
 UNSUPPORTED_NAMES = {
-    "vit_dlittle_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
-    "vit_dwee_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
-    **{
-        f"vit_so400m_patch14_siglip{pool}_384": "an input of 384 pixels, not a multiple of its "
-        "14-pixel patches (the convolution drops the last 6); vitkit's "
-        f"vit_so400m_patch14_siglip{pool}_378 has the same weights"
-        for pool in ("", "_gap")
-    },
     **{
         name: _RESNET_D
         for name in (

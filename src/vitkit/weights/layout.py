@@ -43,13 +43,18 @@ STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 # The stem convolution of timm's hybrid ResNetV2, whole or stem-only (layers/resnetv2.py).
 _HYBRID_STEMS = ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")
 
+# The first norm of the first block: `Block`'s, the parallel blocks' (layers/parallel.py).
+_FIRST_NORMS = ("blocks.0.norm1", "blocks.0.in_norm", "blocks.0.attns.0.norm")
+# timm's ParallelThingsBlock's first branches, renamed to `Block`'s keys for the inference.
+_PARALLEL_THINGS = {"attns.0.norm.": "norm1.", "attns.0.attn.": "attn.", "attns.0.ls.": "ls1.",
+                    "ffns.0.norm.": "norm2.", "ffns.0.mlp.": "mlp."}  # fmt: skip
+
 # Placeholder LayerScale init for converted models: the loaded gammas replace it.
 _LAYER_SCALE_INIT = 1e-5
 
 # timm layers vitkit does not have, named in the error message.
 _UNSUPPORTED = {
     "blocks.0.attn.gate.weight": "gated attention (attn.gate)",
-    "blocks.0.attn.lambda_q1": "differential attention (attn.lambda_q1)",
     "attn_pool.pos_embed": "an attention pool with its own position embedding",
     "attn_pool.q_norm.weight": "an attention pool with q/k norms",
 }
@@ -119,7 +124,8 @@ def _check_supported(sd: Mapping[str, Tensor], overrides: dict[str, Any]) -> Non
             f"the weights have {', '.join(unsupported)}, which vitkit's ViT does not support"
         )
     markers = set(sd)
-    if "blocks.0.norm1.weight" in sd and "blocks.0.norm1.bias" not in sd:
+    norm = next((k for k in _FIRST_NORMS if k + ".weight" in sd), _FIRST_NORMS[0])
+    if norm + ".weight" in sd and norm + ".bias" not in sd:
         markers.add("rmsnorm")
         overrides.setdefault("norm_layer", "rmsnorm")
     for marker, family, options in _NEEDS_OPTIONS:
@@ -180,17 +186,46 @@ def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
     block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
     if not block_ids:
         raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
+    kind = {"depth": max(block_ids) + 1, "patch_bias": "patch_embed.proj.bias" in sd}
+    if "blocks.0.in_proj.weight" in sd:
+        return {**kind, **_parallel_scaling_options(sd, embed_dim)}
+    if "blocks.0.attns.0.attn.qkv.weight" in sd:
+        kind["block"] = "parallel_things"
+        sd = {_renamed(k, _PARALLEL_THINGS): v for k, v in sd.items() if k.startswith("blocks.0.")}
     return {
-        "depth": max(block_ids) + 1,
+        **kind,
+        "attn_layer": "diff" if "blocks.0.attn.lambda_q1" in sd else "attn",
         **_mlp_options(sd, embed_dim),
         "qkv_bias": "blocks.0.attn.qkv.bias" in sd,
         "proj_bias": "blocks.0.attn.proj.bias" in sd,
-        "patch_bias": "patch_embed.proj.bias" in sd,
         "qk_norm": "blocks.0.attn.q_norm.weight" in sd,
         "scale_attn_norm": "blocks.0.attn.norm.weight" in sd,
         "scale_mlp_norm": "blocks.0.mlp.norm.weight" in sd,
         "init_values": _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None,
     }
+
+
+def _parallel_scaling_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
+    """timm's ParallelScalingBlock (differential: with lambdas): one `in_proj` for the MLP's
+    hidden layer, q, k and v."""
+    hidden = sd["blocks.0.in_proj.weight"].shape[0] - 3 * embed_dim
+    return {
+        "block": "parallel_scaling",
+        "attn_layer": "diff" if "blocks.0.lambda_q1" in sd else "attn",
+        "mlp_ratio": hidden / embed_dim,
+        "qkv_bias": "blocks.0.in_proj.bias" in sd,
+        "proj_bias": "blocks.0.attn_out_proj.bias" in sd or "blocks.0.out_proj.bias" in sd,
+        "qk_norm": "blocks.0.q_norm.weight" in sd,
+        "init_values": _LAYER_SCALE_INIT if "blocks.0.ls.gamma" in sd else None,
+    }
+
+
+def _renamed(key: str, names: Mapping[str, str]) -> str:
+    """`key` of the first block with its first matching prefix in `names` replaced."""
+    for theirs, ours in names.items():
+        if key.startswith("blocks.0." + theirs):
+            return "blocks.0." + ours + key[len("blocks.0." + theirs) :]
+    return key
 
 
 def _token_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:

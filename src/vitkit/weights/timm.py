@@ -105,9 +105,22 @@ def from_timm(
         )
     if num_heads is not None:
         options["num_heads"] = num_heads
+    if arch is not None and "img_size" not in overrides:
+        options.update(_floor_grid_size(sd, get_config(arch)))
     config = infer_config(sd, **{**options, **overrides})
     check_state_dict(sd, config, "timm")
     return sd, config
+
+
+def _floor_grid_size(sd: Mapping[str, Tensor], named: ViTConfig) -> dict[str, Any]:
+    """The size of a named model whose grid drops pixels (`floor_grid`: 384 in patches of 14)
+    when the weights have its grid, which alone would give 378; else nothing."""
+    if not named.floor_grid or "pos_embed" not in sd:
+        return {}
+    patches = named.grid_size[0] * named.grid_size[1]
+    if sd["pos_embed"].shape[1] not in (patches, patches + named.num_prefix_tokens):
+        return {}
+    return {"floor_grid": True, "img_size": named.img_size}
 
 
 def to_timm(
