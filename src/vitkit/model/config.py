@@ -133,6 +133,14 @@ class ViTConfig(Options):
         metavar="CHANNELS",
         group="shape",
     )
+    conv_stem_strides: tuple[int, ...] = option(
+        (),
+        "stride of each conv_stem layer, 1 or 2 (Xiao et al.'s larger stems have stride-1 "
+        "layers: 2 2 1 2 1 2); none: 2 for every layer",
+        range=Range(1, 2),
+        metavar="STRIDE",
+        group="shape",
+    )
     num_classes: int = option(
         1000, "head outputs; 0: pooled features only, 1: a regression head",
         range=Range(0, 10_000_000), group="shape",
@@ -397,7 +405,14 @@ class ViTConfig(Options):
     @property
     def stem_strides(self) -> int:
         """Stride-2 steps before the patch projection (conv stem or hybrid backbone)."""
-        return len(self.conv_stem) or hybrid_strides(self.hybrid, self.hybrid_layers)
+        if self.conv_stem:
+            return sum(stride == 2 for stride in self.conv_stem_layer_strides)
+        return hybrid_strides(self.hybrid, self.hybrid_layers)
+
+    @property
+    def conv_stem_layer_strides(self) -> tuple[int, ...]:
+        """The stride of each conv_stem layer (2 unless `conv_stem_strides` says)."""
+        return self.conv_stem_strides or (2,) * len(self.conv_stem)
 
     @property
     def rel_pos_grid(self) -> tuple[int, int]:

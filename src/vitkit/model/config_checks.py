@@ -101,6 +101,11 @@ def check_windows(config: ViTConfig) -> None:
 
 
 def check_blocks(config: ViTConfig) -> None:
+    if config.conv_stem_strides and len(config.conv_stem_strides) != len(config.conv_stem):
+        raise ValueError(
+            f"conv_stem_strides has {len(config.conv_stem_strides)} strides for "
+            f"{len(config.conv_stem)} conv_stem layers; give one per layer"
+        )
     if config.hybrid_layers and config.hybrid == "none":
         raise ValueError("hybrid_layers needs hybrid='resnetv2'")
     if config.hybrid != "none" and config.conv_stem:

@@ -109,6 +109,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
             dynamic_img_size=config.dynamic_img_size,
             dynamic_img_pad=config.dynamic_img_pad,
             conv_stem=config.conv_stem,
+            conv_stem_strides=config.conv_stem_strides,
             hybrid=config.hybrid,
             hybrid_layers=config.hybrid_layers,
             floor_grid=config.floor_grid,

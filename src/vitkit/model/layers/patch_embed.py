@@ -32,15 +32,18 @@ def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, 
 
 
 class ConvStem(nn.Sequential):
-    """3x3 stride-2 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the
-    paper's hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers
-    See Better" (2021). Each layer halves the image (rounding up)."""
+    """3x3 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the paper's
+    hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers See Better"
+    (2021). Each layer of stride 2 (all, unless `strides` says) halves the image (rounding up);
+    a stride-1 layer keeps its size."""
 
-    def __init__(self, in_chans: int, channels: tuple[int, ...]) -> None:
+    def __init__(
+        self, in_chans: int, channels: tuple[int, ...], strides: tuple[int, ...] = ()
+    ) -> None:
         layers: list[nn.Module] = []
-        for out in channels:
+        for out, stride in zip(channels, strides or (2,) * len(channels)):
             layers += [
-                nn.Conv2d(in_chans, out, kernel_size=3, stride=2, padding=1, bias=False),
+                nn.Conv2d(in_chans, out, kernel_size=3, stride=stride, padding=1, bias=False),
                 nn.BatchNorm2d(out),
                 nn.ReLU(inplace=True),
             ]
@@ -86,6 +89,7 @@ class PatchEmbed(nn.Module):
         dynamic_img_size: bool = False,
         dynamic_img_pad: bool = False,
         conv_stem: tuple[int, ...] = (),
+        conv_stem_strides: tuple[int, ...] = (),
         hybrid: str = "none",
         hybrid_layers: tuple[int, ...] = (),
         floor_grid: bool = False,
@@ -98,9 +102,10 @@ class PatchEmbed(nn.Module):
         self.dynamic_img_pad = dynamic_img_pad
         self.floor_grid = floor_grid
         self.backbone: nn.Module | None = None
-        self.stem_layers = len(conv_stem)
+        strides = tuple(conv_stem_strides) or (2,) * len(conv_stem)
+        self.stem_layers = sum(stride == 2 for stride in strides)  # stride-2 layers
         if conv_stem:
-            self.backbone = ConvStem(in_chans, tuple(conv_stem))
+            self.backbone = ConvStem(in_chans, tuple(conv_stem), strides)
         elif hybrid != "none":
             self.backbone = build_hybrid_backbone(hybrid, in_chans, tuple(hybrid_layers))
             self.stem_layers = self.backbone.num_strides
