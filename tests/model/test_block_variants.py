@@ -8,6 +8,7 @@ import torch
 
 import vitkit
 from _helpers import optional_import, randomize, requires_timm
+from vitkit import convert
 from vitkit.model.layers.diff_attention import DiffAttention
 from vitkit.model.layers.parallel import ParallelScalingBlock, ParallelThingsBlock
 
@@ -24,6 +25,8 @@ BLOCK_NAMES = {
     "vit_dpwee_patch16_reg1_gap_256": "DiffParallelScalingBlock",
     "vit_dwee_patch16_reg1_gap_256": "Block",  # with DiffAttention
     "vit_dlittle_patch16_reg1_gap_256": "Block",
+    "deit_tiny_distilled_patch16_224": "Block",  # VisionTransformerDistilled
+    "deit_base_distilled_patch16_384": "Block",
     "test_vit": "Block",
     "test_vit2": "Block",
     "test_vit3": "Block",
@@ -90,6 +93,9 @@ def test_each_family_loads_timms_weights_with_timms_outputs(name, from_weights):
             assert _relative_error(model(x), expected) < 1e-6, (name, options)
             logits, maps = model(x, return_attention=True)  # the explicit path: the same
             assert _relative_error(logits, expected) < 1e-5
+            rebuilt = convert.source_model("timm", model.config, convert.to_timm(model))
+            assert type(rebuilt.blocks[0]) is type(source.blocks[0])
+            assert _relative_error(rebuilt(x), expected) < 1e-6
             tokens = 16 + model.num_prefix_tokens
             assert len(maps) == 2 and maps[0].shape == (2, 4, tokens, tokens)
 

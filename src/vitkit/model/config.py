@@ -125,10 +125,10 @@ class ViTConfig(Options):
     in_chans: int = option(3, "input channels", range=Range(1, 4096), group="shape")
     conv_stem: tuple[int, ...] = option(
         (),
-        "the paper's hybrid (Section 3.1): output channels of 3x3 stride-2 convolutions (each "
-        "with BatchNorm and ReLU) run on the image before the patch projection, which then cuts "
-        "patches of their feature map (1: every feature-map pixel is a token); none: patches of "
-        "the raw image",
+        "the paper's hybrid (Section 3.1): output channels of 3x3 convolutions (stride 2 unless "
+        "conv_stem_strides; each with BatchNorm and ReLU) run on the image before the patch "
+        "projection, which then cuts patches of their feature map (1: every feature-map pixel "
+        "is a token); none: patches of the raw image",
         range=Range(1, 65536, note="(channels per layer)"),
         metavar="CHANNELS",
         group="shape",

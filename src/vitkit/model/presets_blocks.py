@@ -1,7 +1,8 @@
-"""timm's ViTs with other blocks, and its test models: parallel blocks (ViT-22B's
+"""timm's ViTs with other blocks or heads, and its test models: parallel blocks (ViT-22B's
 `ParallelScalingBlock`; Touvron et al.'s `ParallelThingsBlock`, two branches: the `_18x2_`
 names), differential attention (Ye et al., "Differential Transformer", 2024) in plain or
-parallel blocks, and timm's tiny `test_vit*` models. The names are timm's, parameter for
+parallel blocks, DeiT's distilled models (timm's `VisionTransformerDistilled`: a distillation
+token and head) and timm's tiny `test_vit*` models. The names are timm's, parameter for
 parameter; the layers are in layers/parallel.py and layers/diff_attention.py.
 """
 
@@ -40,6 +41,11 @@ BLOCK_FAMILIES: tuple[Family, ...] = (
         "dwee/16/256 dlittle/16/256",
         dict(_REG1_GAP, attn_layer="diff"),
         {"dwee": (256, 14, 4, 5.0), "dlittle": (320, 14, 5, 5.6)},
+    ),
+    Family(
+        "deit_{size}_distilled_patch{patch}_{res}",
+        "tiny/16/224 small/16/224 base/16/224 base/16/384",
+        dict(distilled=True),
     ),
     # timm's test models: `test_vit`, `test_vit2` ... at 160 pixels.
     Family("test_vit{size}", "/16/160", dict(dynamic_img_size=True), {"": (64, 6, 2, 3.0)}),

@@ -199,6 +199,15 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         kwargs["mlp_layer"] = partial(timm_layers.GluMlp, gate_last=False)
     if config.res_post_norm:
         kwargs["block_fn"] = timm_vit.ResPostBlock
+    if config.block == "parallel_things":
+        kwargs["block_fn"] = timm_vit.ParallelThingsBlock
+    elif config.block == "parallel_scaling":
+        diff = config.attn_layer == "diff"
+        kwargs["block_fn"] = (
+            timm_vit.DiffParallelScalingBlock if diff else timm_vit.ParallelScalingBlock
+        )
+    elif config.attn_layer == "diff":
+        kwargs["attn_layer"] = "diff"
     if config.hybrid != "none":  # timm's HybridEmbed over its ResNetV2, as its hybrids build it
         from timm.models.vision_transformer_hybrid import _resnetv2
 
