@@ -6,10 +6,14 @@ import torch
 from _helpers import randomize, requires_timm
 from vitkit import create_model, get_config, list_models
 from vitkit.model.config import to_2tuple
+from vitkit.model.presets_blocks import BLOCK_FAMILIES
+from vitkit.model.presets_hybrid import HYBRID_FAMILIES
 from vitkit.model.registry import _STANDARD_NAMES, FAMILIES, SIZES
 
-# The paper's presets and vitkit's own; timm's other families are tested in test_families.py.
-_FAMILY_NAMES = {name for family in FAMILIES for name in family.configs()}
+# The paper's presets and vitkit's own; timm's other families are tested in test_families.py,
+# the hybrids in test_hybrid.py, the other blocks in test_block_variants.py.
+_FAMILIES = FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
+_FAMILY_NAMES = {name for family in _FAMILIES for name in family.configs()}
 # The ViT names; the Swin presets are tested in test_swin_registry.py.
 _VIT_NAMES = [n for n in list_models() if not n.startswith("swin")]
 _PRESETS = [n for n in _VIT_NAMES if n not in _FAMILY_NAMES or n in _STANDARD_NAMES]
@@ -119,7 +123,7 @@ def _script_and_trace(name: str) -> None:
     plain path)."""
     config = get_config(name)
     ph, pw = to_2tuple(config.patch_size, "patch_size")
-    stem = 2 ** len(config.conv_stem)
+    stem = 2**config.stem_strides
     small = dict(depth=2, embed_dim=config.num_heads * 8, img_size=(2 * ph * stem, 3 * pw * stem))
     torch.manual_seed(0)
     model = create_model(name, **small).eval()

@@ -18,6 +18,7 @@ from ..options import (
     option,
     option_names,
 )
+from .config_checks import check_config
 from .pos_embed import POS_EMBED_KINDS
 
 PATCH_EMBED_KINDS = ("conv", "unfold")
@@ -28,6 +29,9 @@ ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 NORM_LAYERS = ("layernorm", "rmsnorm")
 MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
 ENCODERS = ("native", "torch")
+HYBRIDS = ("none", "resnetv2")
+BLOCKS = ("plain", "parallel_scaling", "parallel_things")
+ATTN_LAYERS = ("attn", "diff")
 TOKEN_INITS = ("trunc_normal", "zeros")
 
 
@@ -40,6 +44,12 @@ def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int,
     if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
         raise ValueError(f"{name} must be a positive int or an (h, w) pair of them, got {value!r}")
     return pair  # type: ignore[return-value]
+
+
+def hybrid_strides(hybrid: str, layers: tuple[int, ...]) -> int:
+    """Stride-2 steps of a hybrid backbone: the ResNet stem's two, one per stage after the
+    first (layers/resnetv2.py)."""
+    return 0 if hybrid == "none" else 2 + max(len(layers) - 1, 0)
 
 
 def stem_output_size(size: int, layers: int) -> int:
@@ -55,14 +65,16 @@ def patch_grid(
     patch_size: tuple[int, int],
     stem_layers: int = 0,
     what: str = "input",
+    floor: bool = False,
 ) -> tuple[int, int]:
     """The patch grid (rows, columns) of a height x width image cut into `patch_size` patches,
     after `stem_layers` stride-2 stem convolutions; a ValueError with the fix when the image
-    (or the stem's feature map) does not split into whole patches."""
+    (or the stem's feature map) does not split into whole patches, unless `floor` (the last
+    partial patch dropped)."""
     grid = []
     for side, size, patch in zip(("height", "width"), (height, width), patch_size):
         feature = stem_output_size(size, stem_layers)
-        if feature % patch:
+        if feature % patch and not floor:
             if stem_layers:
                 raise ValueError(
                     f"{what} {side} {size} gives a {feature}-pixel conv-stem feature map, "
@@ -86,12 +98,7 @@ def patch_grid(
 # (ViT-22B: width 6144, depth 48), so that a typo or a doctored file is refused at once instead
 # of allocating for hours; products of sizes have their own bounds.
 _SIDE = Range(1, 65536)
-MAX_MLP_WIDTH = 1 << 20
 MAX_PATCHES = 1 << 20
-
-# Block options that nn.TransformerEncoderLayer cannot express (encoder='torch').
-_NATIVE_ONLY = ("qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "act_layer",
-                "norm_layer", "mlp_layer", "res_post_norm")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,12 +125,20 @@ class ViTConfig(Options):
     in_chans: int = option(3, "input channels", range=Range(1, 4096), group="shape")
     conv_stem: tuple[int, ...] = option(
         (),
-        "the paper's hybrid (Section 3.1): output channels of 3x3 stride-2 convolutions (each "
-        "with BatchNorm and ReLU) run on the image before the patch projection, which then cuts "
-        "patches of their feature map (1: every feature-map pixel is a token); none: patches of "
-        "the raw image",
+        "the paper's hybrid (Section 3.1): output channels of 3x3 convolutions (stride 2 unless "
+        "conv_stem_strides; each with BatchNorm and ReLU) run on the image before the patch "
+        "projection, which then cuts patches of their feature map (1: every feature-map pixel "
+        "is a token); none: patches of the raw image",
         range=Range(1, 65536, note="(channels per layer)"),
         metavar="CHANNELS",
+        group="shape",
+    )
+    conv_stem_strides: tuple[int, ...] = option(
+        (),
+        "stride of each conv_stem layer, 1 or 2 (Xiao et al.'s larger stems have stride-1 "
+        "layers: 2 2 1 2 1 2); none: 2 for every layer",
+        range=Range(1, 2),
+        metavar="STRIDE",
         group="shape",
     )
     num_classes: int = option(
@@ -320,39 +335,58 @@ class ViTConfig(Options):
         family=True,
     )
 
+    hybrid: str = option(
+        "none",
+        "the paper's hybrid (Section 3.1) with timm's CNN: 'resnetv2' (BiT's ResNet: "
+        "weight-standardised convolutions, GroupNorm, 'SAME' padding; timm's vit_*_r50_*, "
+        "vit_*_r26_*) runs on the image and the patches are cut from its feature map",
+        choices=HYBRIDS,
+        group="architecture",
+        family=True,
+    )
+    hybrid_layers: tuple[int, ...] = option(
+        (),
+        "with hybrid='resnetv2', bottleneck blocks per stage (R50: 3 4 9, R26: 2 2 2 2); none: "
+        "the ResNet stem alone",
+        range=Range(1, 64),
+        metavar="BLOCKS",
+        group="architecture",
+        family=True,
+    )
+    block: str = option(
+        "plain",
+        "'plain' blocks, 'parallel_scaling' (attention and MLP side by side from one norm and "
+        "one fused input projection, ViT-22B; timm's ParallelScalingBlock) or "
+        "'parallel_things' (two attention, then two MLP branches summed, Touvron et al. 2022; "
+        "timm's ParallelThingsBlock)",
+        choices=BLOCKS,
+        group="architecture",
+        family=True,
+    )
+    attn_layer: str = option(
+        "attn",
+        "'attn' or 'diff': differential attention (Ye et al., \"Differential Transformer\", "
+        "2024; timm's DiffAttention), the difference of two softmax maps",
+        choices=ATTN_LAYERS,
+        group="architecture",
+        family=True,
+    )
+    floor_grid: bool = option(
+        False,
+        "cut floor(img_size / patch_size) patches per side, the convolution dropping the "
+        "remaining pixels (timm at a fixed size: vit_so400m_patch14_siglip_384); off: refuse "
+        "sizes that are not multiples",
+        group="shape",
+        family=True,
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices
-        self._check_widths()
         self._check_patch_count()
-        self._check_tokens()
-        self._check_encoder()
-        self._check_windows()
-
-    def _check_widths(self) -> None:
-        width = self.embed_dim * self.mlp_ratio
-        if int(width) < 1:
-            raise ValueError(
-                f"mlp_ratio {self.mlp_ratio} gives an MLP of width 0 for embed_dim "
-                f"{self.embed_dim}; choose mlp_ratio >= {1 / self.embed_dim:.3g}"
-            )
-        if width > MAX_MLP_WIDTH:
-            raise ValueError(
-                f"mlp_ratio {self.mlp_ratio} gives an MLP of width {width:,.0f} for embed_dim "
-                f"{self.embed_dim}; the most is {MAX_MLP_WIDTH:,}"
-            )
-        if self.mlp_layer == "swiglu_packed" and int(width) % 2:
-            raise ValueError(
-                f"mlp_layer='swiglu_packed' splits fc1 in halves, but embed_dim "
-                f"{self.embed_dim} * mlp_ratio {self.mlp_ratio} is odd; choose an even width"
-            )
-        if self.embed_dim % self.num_heads:
-            raise ValueError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
-                f"choose num_heads among the divisors of {self.embed_dim}"
-            )
+        check_config(self)  # config_checks.py
 
     def _check_patch_count(self) -> None:
-        stem = len(self.conv_stem)
+        stem = self.stem_strides
         height, width = to_2tuple(self.img_size, "img_size")
         patch_h, patch_w = to_2tuple(self.patch_size, "patch_size")
         patches = (stem_output_size(height, stem) // patch_h) * (
@@ -368,49 +402,17 @@ class ViTConfig(Options):
         if self.dynamic_img_pad and self.conv_stem:
             raise ValueError("dynamic_img_pad=True pads raw images; it cannot follow a conv_stem")
 
-    def _check_tokens(self) -> None:
-        if self.pool_include_prefix and self.global_pool == "token":
-            raise ValueError("pool_include_prefix=True needs a global_pool other than 'token'")
-        if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
-        if self.distilled and self.global_pool != "token":
-            raise ValueError("distilled=True needs global_pool='token' and class_token=True")
-        if self.distilled and self.reg_tokens:
-            raise ValueError("distilled=True takes no reg_tokens; use one or the other")
+    @property
+    def stem_strides(self) -> int:
+        """Stride-2 steps before the patch projection (conv stem or hybrid backbone)."""
+        if self.conv_stem:
+            return sum(stride == 2 for stride in self.conv_stem_layer_strides)
+        return hybrid_strides(self.hybrid, self.hybrid_layers)
 
-    def _check_encoder(self) -> None:
-        if self.encoder != "torch":
-            return
-        changed = [f"{name}={getattr(self, name)!r}" for name in _NATIVE_ONLY
-                   if getattr(self, name) != default_of(ViTConfig, name)]  # fmt: skip
-        if changed:
-            raise ValueError(
-                f"encoder='torch' (nn.TransformerEncoderLayer) cannot express "
-                f"{', '.join(changed)}; use encoder='native'"
-            )
-
-    def _check_windows(self) -> None:
-        spatial = self.window_size > 0 or self.use_rel_pos
-        if self.global_blocks and not self.window_size:
-            raise ValueError("global_blocks needs window_size > 0; pass --window-size too")
-        wrong = [i for i in self.global_blocks if i >= self.depth]
-        if wrong:
-            raise ValueError(
-                f"global_blocks {wrong} out of range for depth {self.depth}; use 0 to "
-                f"{self.depth - 1}"
-            )
-        if not spatial:
-            if self.rel_pos_img_size is not None:
-                raise ValueError("rel_pos_img_size needs use_rel_pos=True")
-            return
-        what = "window attention" if self.window_size else "relative positions"
-        if self.num_prefix_tokens:
-            raise ValueError(
-                f"{what} works on the patch grid, which prefix tokens are not on (ViTDet has no "
-                "class token); pass class_token=False, global_pool='avg', reg_tokens=0"
-            )
-        if self.encoder != "native" or self.res_post_norm:
-            raise ValueError(f"{what} needs encoder='native' and res_post_norm=False")
+    @property
+    def conv_stem_layer_strides(self) -> tuple[int, ...]:
+        """The stride of each conv_stem layer (2 unless `conv_stem_strides` says)."""
+        return self.conv_stem_strides or (2,) * len(self.conv_stem)
 
     @property
     def rel_pos_grid(self) -> tuple[int, int]:
@@ -419,8 +421,9 @@ class ViTConfig(Options):
         return patch_grid(
             *to_2tuple(size, "rel_pos_img_size"),
             to_2tuple(self.patch_size, "patch_size"),
-            len(self.conv_stem),
+            self.stem_strides,
             "rel_pos_img_size",
+            self.floor_grid,
         )
 
     @property
@@ -429,8 +432,9 @@ class ViTConfig(Options):
         return patch_grid(
             *to_2tuple(self.img_size, "img_size"),
             to_2tuple(self.patch_size, "patch_size"),
-            len(self.conv_stem),
+            self.stem_strides,
             "img_size",
+            self.floor_grid,
         )
 
     @property

@@ -16,23 +16,16 @@ import difflib
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ViTConfig
+from .family import SIZES, Family
 from .features import SwinBackbone, ViTBackbone
+from .presets_blocks import BLOCK_FAMILIES
+from .presets_hybrid import HYBRID_FAMILIES
 from .swin import SwinConfig, SwinTransformer, build_swin
 from .swin.presets import swin_presets
 from .vit import VisionTransformer
-
-# size name -> (embed_dim, depth, num_heads); MLP ratio 4 throughout (paper Table 1).
-SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (192, 12, 3),
-    "small": (384, 12, 6),
-    "base": (768, 12, 12),
-    "large": (1024, 24, 16),
-    "huge": (1280, 32, 16),
-}
 
 _STANDARD_NAMES = (
     "vit_tiny_patch16_224",
@@ -90,67 +83,6 @@ _SPECIAL: dict[str, ViTConfig] = {
         mlp_ratio=2.0,
     ),
 }
-
-# timm's widths beyond the paper's: name -> (embed_dim, depth, num_heads, mlp_ratio).
-TIMM_SIZES: dict[str, tuple[int, int, int, float]] = {
-    **{name: (*row, 4.0) for name, row in SIZES.items()},
-    "xsmall": (256, 10, 4, 4.0),
-    "medium": (512, 12, 8, 4.0),
-    "mediumd": (512, 20, 8, 4.0),
-    "betwixt": (640, 12, 10, 4.0),
-    "little": (320, 14, 5, 5.6),
-    "wee": (256, 14, 4, 5.0),
-    "giant": (1408, 40, 16, 48 / 11),
-    "gigantic": (1664, 48, 16, 64 / 13),
-    "giantopt": (1536, 40, 16, 4.0),
-    "so150m": (896, 18, 14, 2.572),
-    "so150m2": (832, 21, 13, 2.6153846153846154),
-    "so400m": (1152, 27, 16, 3.7362),
-    "intern300m": (1024, 24, 16, 4.0),
-}
-
-
-@dataclass(frozen=True)
-class Family:
-    """timm names `template.format(size=, patch=, res=)`, one per variant.
-
-    Args:
-        template: the name pattern.
-        variants: space-separated 'size/patch/res', with ':classes' when timm's head differs
-            from `classes`.
-        options: `ViTConfig` fields on top of the size row.
-        sizes: this family's own size rows, over `TIMM_SIZES`.
-        classes: the head size of timm's model.
-    """
-
-    template: str
-    variants: str
-    options: dict[str, Any] = field(default_factory=dict)
-    sizes: dict[str, tuple[int, int, int, float]] = field(default_factory=dict)
-    classes: int = 1000
-
-    def configs(self) -> dict[str, ViTConfig]:
-        """Name -> config of every variant."""
-        out = {}
-        for variant in self.variants.split():
-            spec, _, classes = variant.partition(":")
-            size, patch, res = spec.split("/")
-            dim, depth, heads, ratio = {**TIMM_SIZES, **self.sizes}[size]
-            name = self.template.format(size=size, patch=patch, res=res)
-            out[name] = ViTConfig(
-                **{
-                    "img_size": int(res),
-                    "patch_size": int(patch),
-                    "embed_dim": dim,
-                    "depth": depth,
-                    "num_heads": heads,
-                    "mlp_ratio": ratio,
-                    "num_classes": int(classes) if classes else self.classes,
-                    **self.options,
-                }
-            )
-        return out
-
 
 _CLIP = dict(pre_norm=True, patch_bias=False, norm_eps=1e-5)
 _GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
@@ -342,6 +274,18 @@ FAMILIES: tuple[Family, ...] = (
         dict(_MAP, **_TANH),
         classes=0,
     ),
+    Family(  # 384 is no multiple of 14: a 27 x 27 grid, the last 6 pixels dropped (as timm)
+        "vit_{size}_patch{patch}_siglip_{res}",
+        "so400m/14/384",
+        dict(_MAP, floor_grid=True),
+        classes=0,
+    ),
+    Family(
+        "vit_{size}_patch{patch}_siglip_gap_{res}",
+        "so400m/14/384",
+        dict(_GAP, floor_grid=True),
+        classes=0,
+    ),
     Family(
         "vit_{size}_patch{patch}_siglip_gap_{res}",
         "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
@@ -380,22 +324,31 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 _FAMILY_CONFIGS: dict[str, ViTConfig] = {
-    name: config for family in FAMILIES for name, config in family.configs().items()
+    name: config
+    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
+    for name, config in family.configs().items()
 }
 
 # The Swin Transformer (V1, S3, V2): a second architecture, its presets in swin/presets.py.
 _SWIN_CONFIGS: dict[str, SwinConfig] = swin_presets()
 
 # timm names whose architecture vitkit does not implement, with the reason.
+_RESNET_D = (
+    "a ResNet-D backbone (timm's resnet.py: BatchNorm, a deep stem, average-pool shortcuts), "
+    "not the paper's ResNetV2 (vitkit's hybrids: vit_*_r50_*, vit_*_r26_*)"
+)
 UNSUPPORTED_NAMES = {
-    "vit_dlittle_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
-    "vit_dwee_patch16_reg1_gap_256": "differential attention (attn_layer='diff')",
     **{
-        f"vit_so400m_patch14_siglip{pool}_384": "an input of 384 pixels, not a multiple of its "
-        "14-pixel patches (the convolution drops the last 6); vitkit's "
-        f"vit_so400m_patch14_siglip{pool}_378 has the same weights"
-        for pool in ("", "_gap")
+        name: _RESNET_D
+        for name in (
+            "vit_small_resnet26d_224",
+            "vit_small_resnet50d_s16_224",
+            "vit_base_resnet26d_224",
+            "vit_base_resnet50d_224",
+        )  # fmt: skip
     },
+    "vit_base_mci_224": "MobileCLIP's stem (4x4 / 2x2 convolutions with BatchNorm and GELU, no "
+    "patch projection), untrained in timm",
 }
 
 _NAME = re.compile(r"vit_(?P<size>[a-z]+)_patch(?P<patch>\d+)_(?P<res>\d+)")

@@ -33,6 +33,7 @@ from . import onednn
 from .config import ViTConfig
 from .intermediates import IntermediateFeatures, take_indices
 from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, WindowBlock, make_norm
+from .layers.parallel import build_block_variant
 from .pos_embed import fixed_pos_embed, resample_pos_embed
 from .stages import FlowSpec
 from .timm_api import TimmModelApi, block_feature_info
@@ -108,6 +109,10 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
             dynamic_img_size=config.dynamic_img_size,
             dynamic_img_pad=config.dynamic_img_pad,
             conv_stem=config.conv_stem,
+            conv_stem_strides=config.conv_stem_strides,
+            hybrid=config.hybrid,
+            hybrid_layers=config.hybrid_layers,
+            floor_grid=config.floor_grid,
             bias=config.patch_bias,
         )
 
@@ -434,6 +439,8 @@ def _build_block(config: ViTConfig, drop_path: float, index: int) -> nn.Module:
     this torch can run them, else the plain `Block` and `nn.Linear`; ViTDet's `WindowBlock`
     (global attention in `global_blocks`) with window attention or relative positions."""
     block_class, linear_layer = onednn.layer_classes()
+    if config.block != "plain" or config.attn_layer != "attn":  # layers/parallel.py
+        return build_block_variant(config, drop_path, index, linear_layer)
     spatial: dict[str, Any] = {}
     if config.res_post_norm:
         block_class = ResPostBlock

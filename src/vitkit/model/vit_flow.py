@@ -86,7 +86,10 @@ def patch_embed_stages(root: nn.Module, path: str) -> list[Stage]:
         for name, child in embed.backbone.named_children():
             detail = _kind(child)
             if isinstance(child, nn.Conv2d):
-                detail = f"Conv2d {child.in_channels}->{child.out_channels}, 3x3, stride 2"
+                (kh, kw), (stride, _) = child.kernel_size, child.stride
+                detail = (
+                    f"Conv2d {child.in_channels}->{child.out_channels}, {kh}x{kw}, stride {stride}"
+                )
             stem = f"{path}.backbone.{name}"
             stages.append(module_stage(root, stem, "conv stem", detail, "(B, C', H', W')"))
     proj, cut = embed.proj, f"nn.Unfold cuts {ph}x{pw} patches, each flattened"

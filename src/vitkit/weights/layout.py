@@ -33,12 +33,21 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..model import ViTConfig
-from ..model.config import to_2tuple
+from ..model.config import hybrid_strides, to_2tuple
 from ..model.torch_encoder import torch_to_native_state_dict
 from .checkpoint import CheckpointError, MissingOptionError, expected_shapes, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+# The stem convolution of timm's hybrid ResNetV2, whole or stem-only (layers/resnetv2.py).
+_HYBRID_STEMS = ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")
+
+# The first norm of the first block: `Block`'s, the parallel blocks' (layers/parallel.py).
+_FIRST_NORMS = ("blocks.0.norm1", "blocks.0.in_norm", "blocks.0.attns.0.norm")
+# timm's ParallelThingsBlock's first branches, renamed to `Block`'s keys for the inference.
+_PARALLEL_THINGS = {"attns.0.norm.": "norm1.", "attns.0.attn.": "attn.", "attns.0.ls.": "ls1.",
+                    "ffns.0.norm.": "norm2.", "ffns.0.mlp.": "mlp."}  # fmt: skip
 
 # Placeholder LayerScale init for converted models: the loaded gammas replace it.
 _LAYER_SCALE_INIT = 1e-5
@@ -46,7 +55,6 @@ _LAYER_SCALE_INIT = 1e-5
 # timm layers vitkit does not have, named in the error message.
 _UNSUPPORTED = {
     "blocks.0.attn.gate.weight": "gated attention (attn.gate)",
-    "blocks.0.attn.lambda_q1": "differential attention (attn.lambda_q1)",
     "attn_pool.pos_embed": "an attention pool with its own position embedding",
     "attn_pool.q_norm.weight": "an attention pool with q/k norms",
 }
@@ -85,6 +93,7 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
     sd = state_dict
     _check_supported(sd, overrides)
     cfg = _patch_options(sd["patch_embed.proj.weight"], overrides)
+    cfg.update(_hybrid_options(sd))
     cfg.update(_block_options(sd, cfg["embed_dim"]))
     cfg.update(_token_options(sd))
     num_heads = overrides.pop("num_heads", None)
@@ -115,7 +124,8 @@ def _check_supported(sd: Mapping[str, Tensor], overrides: dict[str, Any]) -> Non
             f"the weights have {', '.join(unsupported)}, which vitkit's ViT does not support"
         )
     markers = set(sd)
-    if "blocks.0.norm1.weight" in sd and "blocks.0.norm1.bias" not in sd:
+    norm = next((k for k in _FIRST_NORMS if k + ".weight" in sd), _FIRST_NORMS[0])
+    if norm + ".weight" in sd and norm + ".bias" not in sd:
         markers.add("rmsnorm")
         overrides.setdefault("norm_layer", "rmsnorm")
     for marker, family, options in _NEEDS_OPTIONS:
@@ -156,22 +166,66 @@ def _patch_options(proj: Tensor, overrides: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
+def _hybrid_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """timm's hybrid ResNetV2 (`patch_embed.backbone.stem.conv` and `stages.S.blocks.B`, or
+    its stem alone, `patch_embed.backbone.conv`): the blocks per stage and the input channels."""
+    stem = next((k for k in _HYBRID_STEMS if k in sd), None)
+    if stem is None:
+        return {}
+    blocks: dict[int, int] = {}
+    for key in sd:
+        if match := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key):
+            stage, block = int(match[1]), int(match[2])
+            blocks[stage] = max(blocks.get(stage, 0), block + 1)
+    layers = tuple(blocks.get(stage, 0) for stage in range(len(blocks)))
+    return {"hybrid": "resnetv2", "hybrid_layers": layers, "in_chans": sd[stem].shape[1]}
+
+
 def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
     """depth, the MLP, biases, norms and LayerScale of the encoder blocks."""
     block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
     if not block_ids:
         raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
+    kind = {"depth": max(block_ids) + 1, "patch_bias": "patch_embed.proj.bias" in sd}
+    if "blocks.0.in_proj.weight" in sd:
+        return {**kind, **_parallel_scaling_options(sd, embed_dim)}
+    if "blocks.0.attns.0.attn.qkv.weight" in sd:
+        kind["block"] = "parallel_things"
+        sd = {_renamed(k, _PARALLEL_THINGS): v for k, v in sd.items() if k.startswith("blocks.0.")}
     return {
-        "depth": max(block_ids) + 1,
+        **kind,
+        "attn_layer": "diff" if "blocks.0.attn.lambda_q1" in sd else "attn",
         **_mlp_options(sd, embed_dim),
         "qkv_bias": "blocks.0.attn.qkv.bias" in sd,
         "proj_bias": "blocks.0.attn.proj.bias" in sd,
-        "patch_bias": "patch_embed.proj.bias" in sd,
         "qk_norm": "blocks.0.attn.q_norm.weight" in sd,
         "scale_attn_norm": "blocks.0.attn.norm.weight" in sd,
         "scale_mlp_norm": "blocks.0.mlp.norm.weight" in sd,
         "init_values": _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None,
     }
+
+
+def _parallel_scaling_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
+    """timm's ParallelScalingBlock (differential: with lambdas): one `in_proj` for the MLP's
+    hidden layer, q, k and v."""
+    hidden = sd["blocks.0.in_proj.weight"].shape[0] - 3 * embed_dim
+    return {
+        "block": "parallel_scaling",
+        "attn_layer": "diff" if "blocks.0.lambda_q1" in sd else "attn",
+        "mlp_ratio": hidden / embed_dim,
+        "qkv_bias": "blocks.0.in_proj.bias" in sd,
+        "proj_bias": "blocks.0.attn_out_proj.bias" in sd or "blocks.0.out_proj.bias" in sd,
+        "qk_norm": "blocks.0.q_norm.weight" in sd,
+        "init_values": _LAYER_SCALE_INIT if "blocks.0.ls.gamma" in sd else None,
+    }
+
+
+def _renamed(key: str, names: Mapping[str, str]) -> str:
+    """`key` of the first block with its first matching prefix in `names` replaced."""
+    for theirs, ours in names.items():
+        if key.startswith("blocks.0." + theirs):
+            return "blocks.0." + ours + key[len("blocks.0." + theirs) :]
+    return key
 
 
 def _token_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
@@ -211,7 +265,9 @@ def _grid_from_pos_embed(sd: Mapping[str, Tensor], cfg: dict[str, Any], img_give
     """Set `img_size` (the resolution whose patch grid the position embedding covers, square
     unless given) and `no_embed_class` (whether the prefix tokens have positions) in `cfg`."""
     patch = cfg["patch_size"]
+    stride = 2 ** hybrid_strides(cfg.get("hybrid", "none"), cfg.get("hybrid_layers", ()))
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    ph, pw = ph * stride, pw * stride  # image pixels per token
     if "pos_embed" not in sd:
         if not img_given:
             cfg["img_size"] = _int_if_square((224 // ph * ph, 224 // pw * pw))

@@ -105,9 +105,22 @@ def from_timm(
         )
     if num_heads is not None:
         options["num_heads"] = num_heads
+    if arch is not None and "img_size" not in overrides:
+        options.update(_floor_grid_size(sd, get_config(arch)))
     config = infer_config(sd, **{**options, **overrides})
     check_state_dict(sd, config, "timm")
     return sd, config
+
+
+def _floor_grid_size(sd: Mapping[str, Tensor], named: ViTConfig) -> dict[str, Any]:
+    """The size of a named model whose grid drops pixels (`floor_grid`: 384 in patches of 14)
+    when the weights have its grid, which alone would give 378; else nothing."""
+    if not named.floor_grid or "pos_embed" not in sd:
+        return {}
+    patches = named.grid_size[0] * named.grid_size[1]
+    if sd["pos_embed"].shape[1] not in (patches, patches + named.num_prefix_tokens):
+        return {}
+    return {"floor_grid": True, "img_size": named.img_size}
 
 
 def to_timm(
@@ -186,6 +199,20 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         kwargs["mlp_layer"] = partial(timm_layers.GluMlp, gate_last=False)
     if config.res_post_norm:
         kwargs["block_fn"] = timm_vit.ResPostBlock
+    if config.block == "parallel_things":
+        kwargs["block_fn"] = timm_vit.ParallelThingsBlock
+    elif config.block == "parallel_scaling":
+        diff = config.attn_layer == "diff"
+        kwargs["block_fn"] = (
+            timm_vit.DiffParallelScalingBlock if diff else timm_vit.ParallelScalingBlock
+        )
+    elif config.attn_layer == "diff":
+        kwargs["attn_layer"] = "diff"
+    if config.hybrid != "none":  # timm's HybridEmbed over its ResNetV2, as its hybrids build it
+        from timm.models.vision_transformer_hybrid import _resnetv2
+
+        backbone = _resnetv2(layers=config.hybrid_layers, in_chans=config.in_chans)
+        kwargs["embed_layer"] = partial(timm_layers.HybridEmbed, backbone=backbone)
     return kwargs
 
 
@@ -193,5 +220,5 @@ def _check_no_conv_stem(config: ViTConfig) -> None:
     if config.conv_stem:
         raise ValueError(
             "timm's VisionTransformer has no conv stem like vitkit's conv_stem (its hybrids use "
-            "ResNet backbones); only models with conv_stem=() convert to timm"
+            "ResNetV2, vitkit's hybrid='resnetv2'); only models with conv_stem=() convert to timm"
         )

@@ -12,10 +12,11 @@ Help Transformers See Better", 2021) is `conv_proj.conv_bn_relu_N` (`Conv2dNormA
 a convolution without bias, BatchNorm, activation) then the 1x1 `conv_proj.conv_last`. It is
 vitkit's `conv_stem` (`patch_embed.backbone`) followed by a patch projection of patch size 1
 when every layer is a 3x3 convolution with BatchNorm. The weights show the channels, the kernel
-size and the norm's parameters, not the stride, the BatchNorm eps or the activation: those are
-taken to be stride 2, eps 1e-5 and ReLU (`ConvStemConfig`'s defaults with `kernel_size=3,
-stride=2`), the only stem vitkit has; a stem of other strides loads without error but computes
-another function.
+size and the norm's parameters, not the stride, the BatchNorm eps or the activation: eps 1e-5
+and ReLU are taken (`ConvStemConfig`'s defaults), and the strides (1 or 2 per layer,
+`conv_stem_strides`) are given, or taken to be 2 where that makes no larger patch than a
+torchvision builder's (32 pixels); a deeper stem (Xiao et al.'s larger ones have stride-1
+layers) without its strides is refused (`_stem_geometry`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from ..model import ViTConfig
+from ..model.config import to_2tuple
 from .checkpoint import CheckpointError
 from .layout import check_state_dict, infer_config
 
@@ -106,8 +108,7 @@ def from_torchvision(
     if stem or any(key in state_dict for key in _TV_STEM_LAST):
         channels, in_chans = _convert_stem(stem, out)
         options.update(conv_stem=channels, in_chans=in_chans)
-        if "img_size" not in overrides and (side := _square_grid(out)) is not None:
-            options["img_size"] = side * 2 ** len(channels)  # each layer halves the image
+        options.update(_stem_geometry(len(channels), _square_grid(out), overrides))
     config = infer_config(out, num_heads=num_heads, **{**options, **overrides})
     check_state_dict(out, config, "torchvision")
     return out, config
@@ -180,6 +181,36 @@ def _convert_stem(
     return tuple(channels), in_chans
 
 
+# The largest patch of torchvision's ViT builders (vit_b_32, vit_l_32): a conv stem of more
+# stride-2 layers is more likely one with stride-1 layers (Xiao et al.'s larger stems).
+_MAX_TV_PATCH = 32
+
+
+def _stem_geometry(layers: int, side: int | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`conv_stem_strides` and `img_size` of a torchvision conv stem of `layers` layers on a
+    square grid of `side` tokens: the image is the grid times the stem's total stride
+    (torchvision's patch_size). The weights do not show the strides: given, or told by a given
+    img_size when that is all stride 2, or taken to be all 2 when that makes no larger patch
+    than torchvision's; else refused, never guessed."""
+    strides = tuple(overrides.get("conv_stem_strides") or ())
+    if not strides:
+        size = overrides.get("img_size")
+        total = None if size is None or not side else to_2tuple(size, "img_size")[0] // side
+        if total == 2**layers or (total is None and 2**layers <= _MAX_TV_PATCH):
+            strides = (2,) * layers
+        else:
+            given = f"img_size {size} on {side} x {side} tokens" if total else "the weights"
+            raise CheckpointError(
+                f"torchvision's conv stem of {layers} layers: {given} do not show which "
+                f"layers have stride 1 (all stride 2 would make {2**layers}-pixel patches); "
+                "pass conv_stem_strides= (Xiao et al.'s 6-layer stem: (2, 2, 1, 2, 1, 2))"
+            )
+    out: dict[str, Any] = {"conv_stem_strides": strides}
+    if "img_size" not in overrides and side is not None:
+        out["img_size"] = side * 2 ** sum(stride == 2 for stride in strides)
+    return out
+
+
 def _square_grid(out: Mapping[str, Tensor]) -> int | None:
     """The side of the square token grid of the position embedding (after the class token)."""
     if "pos_embed" not in out:
@@ -232,18 +263,18 @@ def torchvision_kwargs(config: ViTConfig) -> dict[str, Any]:
                 f"torchvision's ViT has no conv stem followed by {patch}x{patch} patches (its "
                 "stem ends in a 1x1 convolution); it needs patch_size=1 or conv_stem=()"
             )
-        reduction = 2 ** len(config.conv_stem)
+        reduction = 2**config.stem_strides
         if size % reduction:
             raise ValueError(
-                f"torchvision's conv stem needs img_size divisible by {reduction} (2 per stem "
-                f"layer), not {size}; use img_size={size // reduction * reduction or reduction}"
+                f"torchvision's conv stem needs img_size divisible by {reduction} (its total "
+                f"stride), not {size}; use img_size={size // reduction * reduction or reduction}"
             )
         from torchvision.models.vision_transformer import ConvStemConfig
 
         patch = reduction  # torchvision's patch_size is the stem's total stride
         kwargs["conv_stem_configs"] = [
-            ConvStemConfig(out_channels=channels, kernel_size=3, stride=2)
-            for channels in config.conv_stem
+            ConvStemConfig(out_channels=channels, kernel_size=3, stride=stride)
+            for channels, stride in zip(config.conv_stem, config.conv_stem_layer_strides)
         ]
     return {
         "image_size": size,

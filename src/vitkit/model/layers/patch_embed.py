@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ...options import check_choice
 from ..config import PATCH_EMBED_KINDS, patch_grid, to_2tuple
 from .norm import make_norm
+from .resnetv2 import build_hybrid_backbone
 
 
 def conv_to_unfold_weight(weight: Tensor) -> Tensor:
@@ -31,15 +32,18 @@ def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, 
 
 
 class ConvStem(nn.Sequential):
-    """3x3 stride-2 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the
-    paper's hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers
-    See Better" (2021). Each layer halves the image (rounding up)."""
+    """3x3 convolution + BatchNorm + ReLU per entry of `channels`: the CNN of the paper's
+    hybrid (Section 3.1), as in Xiao et al., "Early Convolutions Help Transformers See Better"
+    (2021). Each layer of stride 2 (all, unless `strides` says) halves the image (rounding up);
+    a stride-1 layer keeps its size."""
 
-    def __init__(self, in_chans: int, channels: tuple[int, ...]) -> None:
+    def __init__(
+        self, in_chans: int, channels: tuple[int, ...], strides: tuple[int, ...] = ()
+    ) -> None:
         layers: list[nn.Module] = []
-        for out in channels:
+        for out, stride in zip(channels, strides or (2,) * len(channels)):
             layers += [
-                nn.Conv2d(in_chans, out, kernel_size=3, stride=2, padding=1, bias=False),
+                nn.Conv2d(in_chans, out, kernel_size=3, stride=stride, padding=1, bias=False),
                 nn.BatchNorm2d(out),
                 nn.ReLU(inplace=True),
             ]
@@ -65,7 +69,10 @@ class PatchEmbed(nn.Module):
     with nn.Unfold and projects them with a Linear layer. Both hold the projection under the
     name `proj`; `conv_to_unfold_weight` / `unfold_to_conv_weight` move weights between them.
     With `conv_stem` channels (the paper's hybrid), a `ConvStem` named `backbone` runs first
-    and the patches are cut from its feature map.
+    and the patches are cut from its feature map; `hybrid='resnetv2'` makes that backbone
+    timm's ResNetV2 of `hybrid_layers` blocks per stage (resnetv2.py; its stem alone when
+    empty), as timm's `HybridEmbed`. `floor_grid` cuts floor(size / patch) patches per side
+    and lets the convolution drop the remaining pixels (timm's behaviour at a fixed size).
     """
 
     def __init__(
@@ -82,6 +89,10 @@ class PatchEmbed(nn.Module):
         dynamic_img_size: bool = False,
         dynamic_img_pad: bool = False,
         conv_stem: tuple[int, ...] = (),
+        conv_stem_strides: tuple[int, ...] = (),
+        hybrid: str = "none",
+        hybrid_layers: tuple[int, ...] = (),
+        floor_grid: bool = False,
         bias: bool = True,
     ) -> None:
         super().__init__()
@@ -89,8 +100,15 @@ class PatchEmbed(nn.Module):
         self.img_size = to_2tuple(img_size, "img_size")
         self.patch_size = to_2tuple(patch_size, "patch_size")
         self.dynamic_img_pad = dynamic_img_pad
-        self.backbone = ConvStem(in_chans, tuple(conv_stem)) if conv_stem else None
-        self.stem_layers = len(conv_stem)
+        self.floor_grid = floor_grid
+        self.backbone: nn.Module | None = None
+        strides = tuple(conv_stem_strides) or (2,) * len(conv_stem)
+        self.stem_layers = sum(stride == 2 for stride in strides)  # stride-2 layers
+        if conv_stem:
+            self.backbone = ConvStem(in_chans, tuple(conv_stem), strides)
+        elif hybrid != "none":
+            self.backbone = build_hybrid_backbone(hybrid, in_chans, tuple(hybrid_layers))
+            self.stem_layers = self.backbone.num_strides
         # Image pixels per token along each side (timm's feature "reduction").
         self.reduction = (
             2**self.stem_layers * self.patch_size[0],
@@ -123,6 +141,8 @@ class PatchEmbed(nn.Module):
         `dynamic_img_pad`, a partial patch counts (the input is padded to it)."""
         if self.dynamic_img_pad and what == "input":
             return -(-height // self.patch_size[0]), -(-width // self.patch_size[1])
+        if self.floor_grid and what != "input":  # a fixed size only: `check_input` holds to it
+            return height // self.patch_size[0], width // self.patch_size[1]
         return patch_grid(height, width, self.patch_size, self.stem_layers, what)
 
     def check_input(self, x: Tensor) -> None:
