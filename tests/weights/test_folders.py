@@ -177,8 +177,8 @@ def _small(**options) -> vitkit.VisionTransformer:
          "which holds every option"),
         (save_timm_folder, dict(conv_stem=(8,)),
          "timm's VisionTransformer has no conv stem like vitkit's conv_stem (its hybrids use "
-         "ResNet backbones); only models with conv_stem=() convert to timm; keep vitkit's own "
-         "checkpoint (vitkit.save), which holds every option"),
+         "ResNetV2, vitkit's hybrid='resnetv2'); only models with conv_stem=() convert to timm; "
+         "keep vitkit's own checkpoint (vitkit.save), which holds every option"),
         (save_hf_folder, dict(global_pool="map"),
          "Hugging Face's ViT cannot express this model; it needs a class token with "
          "global_pool='token'; export --format timm instead (or keep vitkit's own checkpoint)"),

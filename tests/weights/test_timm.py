@@ -8,6 +8,7 @@ import torch
 from _parity import TOL, images, randomize
 
 import vitkit
+from _helpers import requires_timm
 from vitkit import CheckpointError, VisionTransformer, convert
 from vitkit.cli import main
 from vitkit.weights import MissingOptionError
@@ -59,17 +60,21 @@ def test_timm_heads_override_and_default():
         convert.default_num_heads(320)
 
 
-def test_timm_unsupported_layer_is_reported():
-    timm = pytest.importorskip("timm", reason="timm not installed")
+@requires_timm
+def test_timm_differential_attention_converts_with_timms_output():
+    import timm
+
+    torch.manual_seed(0)
     source = timm.models.vision_transformer.VisionTransformer(
         img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, attn_layer="diff"
-    )
-    with pytest.raises(
-        CheckpointError,
-        match=r"^the weights have differential attention \(attn.lambda_q1\), which vitkit's ViT "
-        r"does not support$",
-    ):
-        convert.from_timm(source.state_dict(), num_heads=2)
+    ).eval()
+    state_dict, config = convert.from_timm(source.state_dict(), num_heads=2, img_size=32)
+    assert config.attn_layer == "diff"
+    model = VisionTransformer(config).eval()
+    model.load_state_dict(state_dict)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), source(x), rtol=1e-5, atol=1e-5)
 
 
 # (model options, what the weights cannot show and the caller states)
