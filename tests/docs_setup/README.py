@@ -1,5 +1,6 @@
 """README.md's quick starts: a folder of photos in two classes and, in place of the Hub
-download, timm's ViT-S/16 with random weights saved as the Hub folder has it."""
+download, timm's ViT-S/16 with random weights saved as the Hub folder has it, and a narrow
+Swin-T saved the same way."""
 
 from __future__ import annotations
 
@@ -30,3 +31,8 @@ def setup(folder: Path) -> None:
     photos(folder / "photos")
     model = timm.create_model("vit_small_patch16_224.augreg_in21k_ft_in1k", pretrained=False)
     save_for_hf(model, folder / "vit-s16", safe_serialization=True)
+    swin = timm.create_model(
+        "swin_tiny_patch4_window7_224", pretrained=False, embed_dim=32, num_heads=(1, 2, 4, 8),
+        depths=(1, 1, 2, 1), num_classes=5,
+    )  # fmt: skip
+    save_for_hf(swin, folder / "swin-t", safe_serialization=True)
