@@ -144,13 +144,6 @@ def test_every_architecture_scripts_and_traces_as_built(name):
     _script_and_trace(name)
 
 
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-@pytest.mark.parametrize("name", _VIT_NAMES)
-def test_every_preset_scripts_and_traces_as_built(name):
-    _script_and_trace(name)
-
-
 def test_list_models_filters():
     assert "vit_digits" in list_models()
     assert list_models("vit_base*") == sorted(n for n in list_models() if n.startswith("vit_base"))
