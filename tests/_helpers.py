@@ -52,6 +52,28 @@ class _Absent:
         )
 
 
+def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random weights no init hides a mistake behind (a Swin's especially): norm scales in
+    [0.5, 1.5], logit scales in [0, 5] (some past the clamp at log 100), everything else
+    moved by N(0, 0.05); returns the model in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "logit_scale" in name:
+                param.copy_(torch.rand(param.shape, generator=gen) * 5)
+            elif "norm" in name and name.endswith("weight"):
+                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
+            else:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """max |ours - theirs| / max |theirs|, the shapes checked equal first."""
+    assert ours.shape == theirs.shape
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
 def optional_import(name: str) -> ModuleType | Any:
     """`importlib.import_module(name)`, or a stand-in where the package is not installed (so
     that one missing package skips the tests that need it, not the whole file)."""

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from _helpers import optional_import, requires_timm
+from _helpers import optional_import, perturb, relative_error, requires_timm
 from vitkit import SwinConfig, SwinTransformer, create_model, get_config
 from vitkit.model.swin.attention import LOGIT_SCALE_MAX, CosineWindowAttention
 from vitkit.model.swin.window import (
@@ -27,25 +27,6 @@ from vitkit.model.swin.window import (
 timm = optional_import("timm")
 RTOL = 1e-5
 NARROW = dict(embed_dim=32, num_heads=(1, 2, 4, 8), depths=(2, 2, 2, 2))
-
-
-def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random weights no init hides a mistake behind: norms, biases and logit scales too."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "logit_scale" in name:
-                param.copy_(torch.rand(param.shape, generator=gen) * 5)
-            elif "norm" in name and name.endswith("weight"):
-                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
-            else:
-                param.add_(torch.randn(param.shape, generator=gen) * 0.05)
-    return model.eval()
-
-
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    assert ours.shape == theirs.shape
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def pair(name: str, timm_options: dict, ours: dict | None = None):

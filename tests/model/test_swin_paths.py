@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from _helpers import optional_import, requires_timm
+from _helpers import optional_import, perturb, relative_error, requires_timm
 from vitkit import SwinBackbone, create_model
 from vitkit.train.optim import freeze_layers, layer_ids, param_groups
 
@@ -22,22 +22,8 @@ V1 = "swin_tiny_patch4_window7_224"
 V2 = "swinv2_tiny_window8_256"
 
 
-def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "logit_scale" in name:
-                param.copy_(torch.rand(param.shape, generator=gen) * 5)
-            elif "norm" in name and name.endswith("weight"):
-                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
-            else:
-                param.add_(torch.randn(param.shape, generator=gen) * 0.05)
-    return model.eval()
-
-
 def close(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
-    assert ours.shape == theirs.shape
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item() < RTOL
+    return relative_error(ours, theirs) < RTOL
 
 
 def pair(name: str, **options):
