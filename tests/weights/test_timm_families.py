@@ -2,11 +2,11 @@
 
 The full walk builds each name of `timm.list_models()` whose class is exactly timm's
 `VisionTransformer` with a plain patch embedding (hybrids with CNN stems aside) and `Block` or
-`ResPostBlock` blocks (parallel-block variants aside), at depth 2 and a 4 x 4 patch grid with
+`ResPostBlock` blocks (parallel-block variants aside), at depth 1 and a 4 x 4 patch grid with
 the real widths, perturbs every weight, converts it with `arch=name` when vitkit knows the
 name, and compares outputs: within 1e-4 of timm's largest output, or a one-line refusal, never
 a different function. It takes minutes, so it is `slow`; one model per family (narrowed to
-width 96) runs in the fast suite.
+width 96, at depth 2) runs in the fast suite.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ def _is_plain_vit(model: torch.nn.Module) -> bool:
     )
 
 
-def _timm_model(name: str, **narrow) -> torch.nn.Module | None:
-    """timm's `name` at depth 2 on a 4 x 4 patch grid, perturbed; None if not a plain ViT."""
+def _timm_model(name: str, depth: int = 2, **narrow) -> torch.nn.Module | None:
+    """timm's `name` at `depth` on a 4 x 4 patch grid, perturbed; None if not a plain ViT."""
     torch.manual_seed(0)
     match = re.search(r"patch(\d+)", name)  # timm's names carry the patch size (else 16)
     side = 4 * (int(match[1]) if match else 16)
-    model = timm.create_model(name, pretrained=False, depth=2, img_size=side, **narrow)
+    model = timm.create_model(name, pretrained=False, depth=depth, img_size=side, **narrow)
     return randomize(model) if _is_plain_vit(model) else None
 
 
@@ -103,7 +103,7 @@ def test_every_timm_vision_transformer_is_identical_or_refused_in_one_line():
         module = timm.models._registry._model_to_module[name].rsplit(".", 1)[-1]
         if module not in ("vision_transformer", "deit"):
             continue
-        source = _timm_model(name)
+        source = _timm_model(name, depth=1)  # the real widths; one block keeps it to minutes
         if source is not None:
             results[name] = compare(name, source)
     _check(results)
