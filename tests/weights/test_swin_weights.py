@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import optional_import, requires_timm
+from _helpers import optional_import, perturb, relative_error, requires_timm
 from vitkit import CheckpointError, SwinTransformer, load_pretrained
 from vitkit.weights import inspect, load_any
 from vitkit.weights.swin import timm_swin_layout
@@ -19,22 +19,13 @@ NARROW = dict(embed_dim=32, num_heads=(1, 2, 4, 8), depths=(1, 1, 2, 1))
 
 def _timm(name: str, **options) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, **NARROW, **options)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for key, param in model.named_parameters():
-            if "norm" in key and key.endswith("weight"):
-                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
-            else:
-                param.add_(torch.randn(param.shape, generator=gen) * 0.05)
-    return model.eval()
+    return perturb(timm.create_model(name, pretrained=False, **NARROW, **options))
 
 
 def _same(ours: torch.nn.Module, theirs: torch.nn.Module, size: tuple[int, int]) -> None:
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        a, b = ours(x), theirs(x)
-    assert ((a - b).abs().max() / b.abs().max()).item() < RTOL
+        assert relative_error(ours(x), theirs(x)) < RTOL
 
 
 @requires_timm
