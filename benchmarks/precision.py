@@ -163,6 +163,15 @@ def agreement(impls: dict[str, object], x: torch.Tensor, labels=None) -> dict[st
     return result
 
 
+# Each vitkit precision against the other library's same precision (the targets).
+LIKE_FOR_LIKE = {
+    "vitkit fp32": "onnxruntime fp32",
+    "vitkit bf16": "timm bf16 autocast",
+    "vitkit bf16 autocast": "timm bf16 autocast",
+    "vitkit int8": "onnxruntime int8",
+}
+
+
 def speed_case(name: str, batch: int, impls: dict[str, object], args) -> dict[str, dict]:
     size = impls["vitkit fp32"].patch_embed.img_size
     x = torch.randn(batch, 3, *size)
@@ -172,7 +181,7 @@ def speed_case(name: str, batch: int, impls: dict[str, object], args) -> dict[st
         for label in ("vitkit fp32", "vitkit int8"):
             print_profile(f"{name} batch {batch} inference, {label}", steps[label])
     out = {k: {"images_per_s": batch / statistics.median(v)} for k, v in times.items()}
-    for base in ("vitkit fp32", "timm fp32", "onnxruntime fp32"):
+    for base in ("vitkit fp32", "timm fp32", "onnxruntime fp32", *LIKE_FOR_LIKE.values()):
         if base in times:
             for label, seconds in times.items():
                 ratios = [b / s for s, b in zip(seconds, times[base])]
@@ -280,6 +289,18 @@ def render(report: dict) -> str:
                 f"| {case['model']} | {case['batch']} | {label} | "
                 f"{row['images_per_s']:.1f} | " + " | ".join(cells) + " |"
             )
+    lines += [
+        "",
+        "| model | batch | like for like (median of per-round ratios) | ratio |",
+        "|---|---:|---|---:|",
+    ]
+    for case in report["speed"]:
+        for label, base in LIKE_FOR_LIKE.items():
+            ratio = case["results"].get(label, {}).get(f"vs {base}")
+            if ratio is not None:
+                lines.append(
+                    f"| {case['model']} | {case['batch']} | {label} / {base} | {ratio:.2f}x |"
+                )
     if report["train"]:
         lines += [
             "",

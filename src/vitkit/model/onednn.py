@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Block, Mlp
+from .onednn_int8 import Int8Linear, int8_unsupported_reason
 from .onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
@@ -135,9 +136,13 @@ def unfused_option(block: Block) -> str:
     attn, mlp = block.attn, block.mlp
     if type(mlp) is not Mlp:
         return f"the {type(mlp).__name__} MLP is not fused"
-    for name, layer in (("qkv", attn.qkv), ("proj", attn.proj), ("fc1", mlp.fc1), ("fc2", mlp.fc2)):
-        if type(layer) not in (nn.Linear, OneDNNLinear):
+    linears = {"qkv": attn.qkv, "proj": attn.proj, "fc1": mlp.fc1, "fc2": mlp.fc2}
+    int8 = [type(layer) is Int8Linear for layer in linears.values()]
+    for name, layer in linears.items():
+        if type(layer) not in (nn.Linear, OneDNNLinear, Int8Linear):
             return f"{name} is a {type(layer).__name__} (e.g. quantised), not a plain Linear"
+    if any(int8) and not all(int8):
+        return "some of the block's Linear layers are int8 and others not"
     if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
         return f"the {type(mlp.act).__name__} activation is not fused (only exact GELU)"
     extra = {
@@ -206,21 +211,30 @@ def _weight_bias(x: Tensor, layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return _packed_weight(layer, x.shape[0] * x.shape[1], x.dtype), bias
 
 
-def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
-    """x W^T + b with oneDNN's inner-product kernel (faster than MKL's addmm here)."""
+def _linear(
+    x: Tensor, layer: nn.Linear | Int8Linear, out_dtype: torch.dtype | None = None
+) -> Tensor:
+    """x W^T + b with oneDNN's inner-product kernel (faster than MKL's addmm here); an int8
+    layer writes `out_dtype` (default x's)."""
+    if isinstance(layer, Int8Linear):
+        return layer.forward_fused(x, out_dtype=out_dtype)
     return _onednn_inner_product(x, *_weight_bias(x, layer))
 
 
-def _linear_gelu(x: Tensor, layer: nn.Linear, in_epilogue: bool) -> Tensor:
+def _linear_gelu(x: Tensor, layer: nn.Linear | Int8Linear, in_epilogue: bool) -> Tensor:
     """GELU(x W^T + b): oneDNN's product, the GELU in its epilogue or in place after it."""
+    if isinstance(layer, Int8Linear):
+        return layer.forward_fused(x, "gelu")
     if not in_epilogue:
         return torch.ops.aten.gelu_(_linear(x, layer))
     weight, bias = _weight_bias(x, layer)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
 
 
-def _linear_add(x: Tensor, layer: nn.Linear, residual: Tensor) -> Tensor:
+def _linear_add(x: Tensor, layer: nn.Linear | Int8Linear, residual: Tensor) -> Tensor:
     """residual + (x W^T + b) in one oneDNN kernel (the residual add runs in the epilogue)."""
+    if isinstance(layer, Int8Linear):
+        return layer.forward_fused(x, residual=residual, out_dtype=residual.dtype)
     weight, bias = _weight_bias(x, layer)
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, bias, "add")
 
@@ -254,6 +268,8 @@ class OneDNNBlock(Block):
             (`default_gelu_in_epilogue`).
         slice_bytes: the budget of `fused_slices`.
     """
+
+    __jit_unused_properties__ = ["int8"]  # TorchScript compiles the plain path only
 
     def __init__(
         self,
@@ -290,8 +306,6 @@ class OneDNNBlock(Block):
             return "tracing (torch.fx or torch.jit.trace record the plain block)"
         if torch.compiler.is_compiling():
             return "compiling (the compiler does its own fusion)"
-        if not self.fast_path:
-            return "the fast path is switched off (set_fast_path(False))"
         unsupported = unsupported_reason()
         if unsupported:
             return unsupported
@@ -299,16 +313,13 @@ class OneDNNBlock(Block):
             return "the block is in training mode"
         if torch.is_grad_enabled():
             return "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
-        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
-            return "LayerScale is not fused"
-        unfused = unfused_option(self)
+        unfused = self.structure_blocker()
         if unfused:
             return unfused
-        if not self.attn.fused_attn:
-            return "attn.fused_attn is False (explicit attention requested)"
         if x.device.type != "cpu":
             return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
-        weight = self.attn.qkv.weight
+        # an int8 block's float weights (its norms') are float32, as the model's input
+        weight = self.norm1.weight if self.int8 else self.attn.qkv.weight
         dtype = _fused_dtype(x, weight)
         if dtype is None:
             return (
@@ -326,6 +337,25 @@ class OneDNNBlock(Block):
         if _has_forward_hooks(self):
             return "forward hooks are registered on the block or its sub-layers"
         return ""
+
+    def structure_blocker(self) -> str:
+        """Why the block, as built and switched, takes the plain path whatever its input ('' if
+        the fused path can apply): the layers and options `fast_path_blocker` checks first."""
+        if not self.fast_path:
+            return "the fast path is switched off (set_fast_path(False))"
+        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
+            return "LayerScale is not fused"
+        unfused = unfused_option(self)
+        if unfused:
+            return unfused
+        if not self.attn.fused_attn:
+            return "attn.fused_attn is False (explicit attention requested)"
+        return ""
+
+    @property
+    def int8(self) -> bool:
+        """Whether the block's Linear layers are int8 (`precision.quantize_int8`)."""
+        return isinstance(self.attn.qkv, Int8Linear)
 
     def forward(self, x: Tensor) -> Tensor:
         if not torch.jit.is_scripting():  # TorchScript compiles the plain block below
@@ -350,15 +380,40 @@ class OneDNNBlock(Block):
             return self._fused_slice(x)
         return torch.cat([self._fused_slice(part) for part in x.tensor_split(slices)])
 
+    def _attention_dtype(self, x: Tensor) -> torch.dtype:
+        """The dtype attention runs in: x's, except in an int8 block on a CPU with native bf16,
+        where the qkv product writes bf16 for SDPA at bf16 speed (2x float32's; the residual
+        stream, norms and MLP stay float32: an all-bf16 int8 block ran 0.8x, its extra casts
+        and quantisation passes costing more than they saved)."""
+        return torch.bfloat16 if self.int8 and native_bf16() else x.dtype
+
     def _fused_slice(self, x: Tensor) -> Tensor:
         attn, in_epilogue = self.attn, self.gelu_in_epilogue
         if in_epilogue is None:
             in_epilogue = default_gelu_in_epilogue()
-        q, k, v = attn.split_heads(_linear(_norm(self.norm1, x), attn.qkv))  # (B, heads, N, hd)
+        qkv = _linear(_norm(self.norm1, x), attn.qkv, self._attention_dtype(x))
+        q, k, v = attn.split_heads(qkv)  # (B, heads, N, head_dim)
         h = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, heads, N, head_dim)
         x = _linear_add(attn.merge_heads(h), attn.proj, x)  # (B, N, D)
         h = _linear_gelu(_norm(self.norm2, x), self.mlp.fc1, in_epilogue)  # (B, N, hidden)
         return _linear_add(h, self.mlp.fc2, x)
+
+
+def quantize_fused_blocks(model: nn.Module) -> int:
+    """Replace the Linear layers of each `OneDNNBlock` of `model` that takes the fused path
+    with `Int8Linear` (in place; `precision.quantize_int8`); returns how many blocks changed.
+    None do where oneDNN's int8 operators are missing (`int8_unsupported_reason`)."""
+    if unsupported_reason() or int8_unsupported_reason():
+        return 0
+    blocks = [
+        m for m in model.modules()
+        if isinstance(m, OneDNNBlock) and not m.int8 and not m.structure_blocker()
+    ]  # fmt: skip
+    for block in blocks:
+        attn, mlp = block.attn, block.mlp
+        attn.qkv, attn.proj = Int8Linear.from_float(attn.qkv), Int8Linear.from_float(attn.proj)
+        mlp.fc1, mlp.fc2 = Int8Linear.from_float(mlp.fc1), Int8Linear.from_float(mlp.fc2)
+    return len(blocks)
 
 
 # -- the choice at build time, and the switch --------------------------------------------------

@@ -6,10 +6,13 @@
   or AMX), bf16 products are emulated and slower than float32, so `set_precision` keeps
   float32 there and logs why; on a GPU bf16 always applies. `torch.autocast('cpu',
   torch.bfloat16)` over a float32 model takes the same fused bf16 kernels.
-- `int8`: dynamic quantisation (`torch.ao.quantization.quantize_dynamic`) of every Linear of
-  the encoder blocks and the head, weights per output channel, activations quantised per
-  batch: 4x smaller Linear weights, CPU only. The fast path's `OneDNNLinear` layers are in the
-  mapping handed to quantize_dynamic (which maps exact classes only), so nothing is switched.
+- `int8`: dynamic quantisation of every Linear of the encoder blocks and the head, weights
+  int8 per output channel, activations quantised per call: 4x smaller Linear weights, CPU
+  only. The blocks that take the fast path get `Int8Linear` (`onednn_int8.py`: oneDNN's int8
+  products with GELU and residual adds in their epilogues, between bf16 layers where the CPU
+  has native bf16); every other Linear gets `torch.ao.quantization.quantize_dynamic`'s (the
+  fast path's `OneDNNLinear` layers are in the mapping handed to it, which maps exact classes
+  only, so nothing is switched).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .onednn import OneDNNLinear
+from .onednn import OneDNNLinear, quantize_fused_blocks
 from .onednn_support import native_bf16
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     stages, patch merging included) and head (not the patch embedding, whose input is
     pixels), in place; returns `model`."""
     model.float()
+    quantize_fused_blocks(model)
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
     spec = {

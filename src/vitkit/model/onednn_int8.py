@@ -1,0 +1,155 @@
+"""int8 Linear layers on oneDNN's quantised inner product, for the fused block path.
+
+`quantize_dynamic`'s Linear (`precision.quantize_int8` elsewhere) quantises its input, multiplies
+and dequantises to float32 in one call, and nothing around it is fused: on an AMX Xeon a whole
+ViT-S/16 ran at about onnxruntime's int8 speed. `Int8Linear` computes the same dynamic
+quantisation (weights int8 per output channel, symmetric; the input uint8 per tensor, with the
+range of each call) on `torch.ops.onednn.qlinear_pointwise`, which writes bfloat16 or float32
+and takes the block's GELU or residual add in its epilogue. In `OneDNNBlock` the qkv product
+writes bf16 where the CPU has native bf16, so that attention runs at bf16 speed.
+
+The operators are private to torch (looked up once, `int8_unsupported_reason`); where one is
+missing, `precision.quantize_int8` keeps `quantize_dynamic`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_REQUIRED_OPS = ("qlinear_prepack", "qlinear_pointwise", "qlinear_pointwise.binary")
+
+
+@functools.cache
+def int8_unsupported_reason() -> str:
+    """Why this torch build cannot run `Int8Linear` ('' when it can): the oneDNN quantised
+    operators and `torch.quantize_per_tensor` are looked up once."""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN"
+    missing = []
+    for name in _REQUIRED_OPS:
+        op, _, overload = name.partition(".")
+        try:
+            packet = getattr(torch.ops.onednn, op)
+            if overload:
+                getattr(packet, overload)
+        except (AttributeError, RuntimeError):
+            missing.append(f"torch.ops.onednn.{name}")
+    if not hasattr(torch, "quantize_per_tensor"):
+        missing.append("torch.quantize_per_tensor")
+    if missing:
+        return f"torch {torch.__version__} lacks {', '.join(missing)}"
+    try:  # a build can list the operators and still lack the kernels (no x86 oneDNN)
+        layer = Int8Linear.from_float(nn.Linear(8, 8))
+        layer(torch.randn(2, 8))
+    except RuntimeError as error:
+        return f"oneDNN's int8 inner product does not run here ({str(error).splitlines()[0]})"
+    return ""
+
+
+def quantize_activation(x: Tensor) -> tuple[Tensor, float, int] | None:
+    """`x` as uint8 with one scale and zero point over its range (which always includes 0, so
+    zero is exact): the dynamic quantisation of `quantize_dynamic`'s Linear. None where `x`
+    holds inf or nan, which no range covers."""
+    low, high = (value.item() for value in torch.aminmax(x))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    low, high = min(low, 0.0), max(high, 0.0)
+    scale = (high - low) / 255 or 1.0  # all zeros: any scale
+    zero_point = min(255, max(0, round(-low / scale)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantised tensors' deprecation notice (torch >= 2.13)
+        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
+    return q.int_repr(), scale, zero_point
+
+
+class Int8Linear(nn.Module):
+    """A Linear with int8 weights and dynamically quantised uint8 inputs on oneDNN's kernels;
+    outputs in the input's dtype (bfloat16 or float32). Inference only; buffers, no parameters.
+
+    `forward(x)` is the plain product; `OneDNNBlock` calls `forward_fused` with a post-op.
+    An input that is not finite takes a float product of the dequantised weight, so that inf
+    and nan propagate as in float32 rather than being clipped into the uint8 range.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self._packed: Tensor | None = None
+
+    @classmethod
+    def from_float(cls, layer: nn.Linear) -> Int8Linear:
+        """The int8 layer of `layer`'s weights: symmetric per output channel, as
+        `torch.ao.quantization.per_channel_dynamic_qconfig` quantises them."""
+        weight = layer.weight.detach().float()
+        int8 = cls(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        scale = weight.abs().amax(dim=1) / 127.5
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        int8.qweight = torch.round(weight / scale[:, None]).clamp(-128, 127).to(torch.int8)
+        int8.weight_scale = scale
+        if layer.bias is not None:
+            int8.bias = layer.bias.detach().float().clone()
+        return int8
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        self._packed = None  # new weights: pack again
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+    def _weight(self) -> tuple[Tensor, Tensor]:
+        """The weight packed once into oneDNN's layout (not a buffer: never saved), and its
+        zero points (all 0: symmetric)."""
+        if self._packed is None:
+            self._packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
+            self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+        return self._packed, self._zero_points
+
+    def dequantized_weight(self) -> Tensor:
+        """The float32 weight the int8 one stands for."""
+        return self.qweight.float() * self.weight_scale[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_fused(x)
+
+    def forward_fused(
+        self,
+        x: Tensor,
+        post_op: str = "none",
+        residual: Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> Tensor:
+        """x W^T + b in `out_dtype` (default x's), then `post_op` ('none' or 'gelu', exact) and
+        `+ residual`, in the kernel's epilogue."""
+        shape, out_dtype = x.shape, out_dtype or x.dtype
+        rows = x.reshape(-1, self.in_features)
+        quantized = quantize_activation(rows)
+        if quantized is None:
+            out = F.linear(rows.float(), self.dequantized_weight(), self.bias).to(out_dtype)
+            out = F.gelu(out) if post_op == "gelu" else out
+            out = out.view(*shape[:-1], self.out_features)
+            return out if residual is None else out + residual
+        q, scale, zero_point = quantized
+        weight, zeros, bias = *self._weight(), self.bias
+        algorithm = "none" if post_op == "gelu" else ""
+        if residual is None:
+            out = torch.ops.onednn.qlinear_pointwise(
+                q, scale, zero_point, weight, self.weight_scale, zeros, bias,
+                1.0, 0, out_dtype, post_op, [], algorithm,
+            )  # fmt: skip
+        else:
+            other = residual.reshape(-1, self.out_features)
+            out = torch.ops.onednn.qlinear_pointwise.binary(
+                q, scale, zero_point, weight, self.weight_scale, zeros, other, bias,
+                1.0, 0, out_dtype, 1.0, 0, "add", 1.0, post_op, [], algorithm,
+            )  # fmt: skip
+        return out.view(*shape[:-1], self.out_features)
