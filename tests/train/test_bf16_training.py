@@ -16,9 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit import create_model
+from vitkit import VisionTransformer, create_model
 from vitkit.model.onednn import OneDNNBlock
 from vitkit.model.onednn_support import native_bf16
+from vitkit.train import setup
+from vitkit.train.config import TrainConfig
 from vitkit.train.loop import autocast
 from vitkit.train.optim import build_optimizer
 
@@ -129,3 +131,22 @@ def test_the_bf16_training_benchmark_runs_both_libraries_and_profiles_the_gemms(
         )
         assert "aten::mm" in gemm["gemm_ms"]  # the weight gradients
     assert "| vit_tiny_patch16_224 | 2 |" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("amp", "device", "width", "native", "hint"),
+    [
+        (None, "cpu", 192, True, True),
+        ("none", "cpu", 192, True, False),  # asked for fp32: no advice
+        (None, "cpu", 64, True, False),  # too narrow to gain
+        (None, "cpu", 192, False, False),  # emulated bf16 is slower
+        (None, "cuda", 192, True, False),  # bf16 is already the default there
+    ],
+)
+def test_fp32_training_on_a_native_bf16_cpu_suggests_amp_bf16(
+    amp, device, width, native, hint, monkeypatch
+):
+    monkeypatch.setattr(setup, "native_bf16", lambda: native)
+    config = TrainConfig(amp=amp)
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=width, depth=1, num_heads=1)
+    assert setup.bf16_would_help(config, model, device) is hint
