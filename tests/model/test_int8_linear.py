@@ -3,6 +3,7 @@ int8 block built from it, against the arithmetic it stands for and torch's quant
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -151,9 +152,37 @@ def test_fused_int8_block_equals_the_same_layers_on_the_plain_path(monkeypatch):
     torch.testing.assert_close(fused, plain, rtol=0, atol=1e-5 * plain.abs().max().item())
 
 
-def test_blocks_that_cannot_fuse_keep_quantize_dynamic():
-    """LayerScale keeps a block on the plain path, where torch's dynamic int8 Linear (fp32 in and
-    out in one call) is the faster one."""
+def test_blocks_that_do_not_fuse_run_the_same_layers_on_the_plain_path():
+    """LayerScale keeps a block on the plain path, where `Int8Linear.forward` runs alone."""
     model = quantize_int8(_model(init_values=0.1))
-    assert not any(isinstance(m, Int8Linear) for m in model.modules())
-    assert onednn.quantize_fused_blocks(_model()) == 2
+    assert isinstance(model.blocks[0].mlp.fc2, Int8Linear) and isinstance(model.head, Int8Linear)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        assert model.blocks[0].fast_path_blocker(model.embed(x)) == "LayerScale is not fused"
+        assert model(x).shape == (2, 10)
+
+
+def test_nan_images_give_nan_logits_and_empty_batches_empty_ones():
+    """As in float32: a non-finite input propagates (no range to quantise over), and a batch
+    of none gives no logits, rather than an error from inside torch."""
+    model = quantize_int8(_model())
+    x = torch.randn(3, 3, 32, 32)
+    x[1, 0, 5, 5] = float("nan")
+    with torch.inference_mode():
+        logits = model(x)
+        assert logits[1].isnan().all() and logits[[0, 2]].isfinite().all()
+        assert model(torch.empty(0, 3, 32, 32)).shape == (0, 10)
+
+
+def test_an_int8_model_copies_and_its_state_dict_saves(tmp_path):
+    """The oneDNN-packed weights are opaque tensors kept off the module: deepcopy and
+    torch.save see only the int8 buffers, and a copy packs its own."""
+    model = quantize_int8(_model())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        want = model(x)
+        twin = copy.deepcopy(model)
+        assert torch.equal(twin(x), want)
+    torch.save(model.state_dict(), tmp_path / "int8.pt")
+    state = torch.load(tmp_path / "int8.pt", weights_only=True)
+    assert state["blocks.0.attn.qkv.qweight"].dtype == torch.int8

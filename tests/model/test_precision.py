@@ -151,36 +151,38 @@ def test_other_autocast_dtypes_are_not_fused(digits):
 
 
 def test_int8_quantises_every_block_linear_and_the_head(digits):
-    """Fused blocks get `Int8Linear` (oneDNN's int8 kernels) where torch has them, every other
-    Linear quantize_dynamic's; the blocks keep their class, the patch embedding stays float."""
+    """`Int8Linear` (oneDNN's int8 kernels) for every Linear of the blocks and the head where
+    torch has them; the blocks keep their class (the fused path takes int8 blocks), the patch
+    embedding stays float."""
     model = _copy(digits[0])
     block_classes = [type(block) for block in model.blocks]
     assert set_precision(model, "int8") == "int8"
     assert [type(block) for block in model.blocks] == block_classes
     depth = len(model.blocks)
-    block_linears = [f"blocks.{i}.{name}" for i in range(depth)
-                     for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]  # fmt: skip
-    int8_linears = [n for n, m in model.named_modules() if isinstance(m, Int8Linear)]
+    expected = [f"blocks.{i}.{name}" for i in range(depth)
+                for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")] + ["head"]  # fmt: skip
+    int8 = [n for n, m in model.named_modules() if isinstance(m, Int8Linear)]
     dynamic = [n for n, m in model.named_modules() if type(m).__name__ == "Linear"
                and type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")]  # fmt: skip
-    fused = not onednn.unsupported_reason() and not int8_unsupported_reason()
-    assert sorted(int8_linears) == (sorted(block_linears) if fused else [])
-    assert sorted(dynamic) == sorted(["head"] + ([] if fused else block_linears))
+    assert sorted(dynamic if int8_unsupported_reason() else int8) == sorted(expected)
     assert isinstance(model.patch_embed.proj, nn.Conv2d)  # pixels stay float
-    if fused:
+    if not int8_unsupported_reason():
         assert onednn.unfused_option(model.blocks[0]) == ""
 
 
 def test_int8_without_onednn_int8_kernels_keeps_quantize_dynamic(digits, monkeypatch):
-    """A torch without oneDNN's int8 operators gets torch's dynamic quantisation everywhere,
-    and the fused block then names the quantised layer it cannot fuse."""
-    monkeypatch.setattr(onednn, "int8_unsupported_reason", lambda: "torch lacks them")
-    model = quantize_int8(_copy(digits[0]))
+    """A torch without oneDNN's int8 operators gets torch's dynamic quantisation, and the fused
+    block then names the quantised layer it cannot fuse."""
+    monkeypatch.setattr(precision, "int8_unsupported_reason", lambda: "torch lacks them")
+    reference, x, _ = digits
+    model = quantize_int8(_copy(reference))
     assert not any(isinstance(m, Int8Linear) for m in model.modules())
     assert type(model.blocks[0].attn.qkv).__module__.startswith("torch.ao.nn.quantized.dynamic")
     assert onednn.unfused_option(model.blocks[0]) == (
         "qkv is a Linear (e.g. quantised), not a plain Linear"
     )
+    with torch.inference_mode():
+        assert _agreement(reference(x), model(x)) >= 0.98
 
 
 def test_int8_agrees_with_fp32(digits):

@@ -11,6 +11,7 @@ from torch import nn
 
 from vitkit import SwinTransformer
 from vitkit.model import precision
+from vitkit.model.onednn_int8 import Int8Linear
 from vitkit.model.precision import set_precision
 
 TINY = dict(img_size=16, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depths=(2, 2),
@@ -58,8 +59,12 @@ def test_bf16_and_int8_agree_with_fp32(digits, monkeypatch):
     bf16, int8 = _copy(reference), _copy(reference)
     assert set_precision(bf16, "bf16") == "bf16" and set_precision(int8, "int8") == "int8"
     assert bf16.layers[1].blocks[1].attn.qkv.weight.dtype == torch.bfloat16
-    quantised = [n for n, m in int8.named_modules() if type(m).__name__ == "Linear"
-                 and type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")]  # fmt: skip
+
+    def is_int8(m: nn.Module) -> bool:
+        dynamic = type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")
+        return isinstance(m, Int8Linear) or (type(m).__name__ == "Linear" and dynamic)
+
+    quantised = [n for n, m in int8.named_modules() if is_int8(m)]
     assert len(quantised) == 4 * 4 + 1 + 1  # 4 per block, stage 1's patch merging, the head
     assert "layers.1.downsample.reduction" in quantised and "head.fc" in quantised
     with torch.inference_mode():

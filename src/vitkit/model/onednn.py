@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Block, Mlp
-from .onednn_int8 import Int8Linear, int8_unsupported_reason
+from .onednn_int8 import Int8Linear
 from .onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
@@ -397,23 +397,6 @@ class OneDNNBlock(Block):
         x = _linear_add(attn.merge_heads(h), attn.proj, x)  # (B, N, D)
         h = _linear_gelu(_norm(self.norm2, x), self.mlp.fc1, in_epilogue)  # (B, N, hidden)
         return _linear_add(h, self.mlp.fc2, x)
-
-
-def quantize_fused_blocks(model: nn.Module) -> int:
-    """Replace the Linear layers of each `OneDNNBlock` of `model` that takes the fused path
-    with `Int8Linear` (in place; `precision.quantize_int8`); returns how many blocks changed.
-    None do where oneDNN's int8 operators are missing (`int8_unsupported_reason`)."""
-    if unsupported_reason() or int8_unsupported_reason():
-        return 0
-    blocks = [
-        m for m in model.modules()
-        if isinstance(m, OneDNNBlock) and not m.int8 and not m.structure_blocker()
-    ]  # fmt: skip
-    for block in blocks:
-        attn, mlp = block.attn, block.mlp
-        attn.qkv, attn.proj = Int8Linear.from_float(attn.qkv), Int8Linear.from_float(attn.proj)
-        mlp.fc1, mlp.fc2 = Int8Linear.from_float(mlp.fc1), Int8Linear.from_float(mlp.fc2)
-    return len(blocks)
 
 
 # -- the choice at build time, and the switch --------------------------------------------------

@@ -17,12 +17,20 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 _REQUIRED_OPS = ("qlinear_prepack", "qlinear_pointwise", "qlinear_pointwise.binary")
+
+# Each layer's weight packed for oneDNN (an opaque tensor that cannot be copied or saved), kept
+# off the module so that deepcopy and state dicts see only the int8 buffers; dropped with it.
+_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, int, Tensor, Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @functools.cache
@@ -83,7 +91,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
-        self._packed: Tensor | None = None
 
     @classmethod
     def from_float(cls, layer: nn.Linear) -> Int8Linear:
@@ -99,20 +106,29 @@ class Int8Linear(nn.Module):
             int8.bias = layer.bias.detach().float().clone()
         return int8
 
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        self._packed = None  # new weights: pack again
-        super()._load_from_state_dict(*args, **kwargs)
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
     def _weight(self) -> tuple[Tensor, Tensor]:
-        """The weight packed once into oneDNN's layout (not a buffer: never saved), and its
-        zero points (all 0: symmetric)."""
-        if self._packed is None:
-            self._packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
-            self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        return self._packed, self._zero_points
+        """The weight packed into oneDNN's layout, once per weight tensor and version (a
+        load_state_dict packs again), and its zero points (all 0: symmetric)."""
+        weight = self.qweight
+        # a tensor made under torch.inference_mode() has no version counter; load_state_dict
+        # drops the entry below either way
+        version = -1 if weight.is_inference() else weight._version
+        cached = _PACKED.get(self)
+        if cached is not None:
+            source, packed_version, packed, zeros = cached
+            if source is weight and packed_version == version:
+                return packed, zeros
+        packed = torch.ops.onednn.qlinear_prepack(weight, None)
+        zeros = torch.zeros(self.out_features, dtype=torch.int64)
+        _PACKED[self] = (weight, version, packed, zeros)
+        return packed, zeros
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        _PACKED.pop(self, None)  # new weights: pack again
+        super()._load_from_state_dict(*args, **kwargs)
 
     def dequantized_weight(self) -> Tensor:
         """The float32 weight the int8 one stands for."""
@@ -132,6 +148,9 @@ class Int8Linear(nn.Module):
         `+ residual`, in the kernel's epilogue."""
         shape, out_dtype = x.shape, out_dtype or x.dtype
         rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 0:  # no range to quantise over
+            out = x.new_zeros(*shape[:-1], self.out_features, dtype=out_dtype)
+            return out if residual is None else out + residual
         quantized = quantize_activation(rows)
         if quantized is None:
             out = F.linear(rows.float(), self.dequantized_weight(), self.bias).to(out_dtype)

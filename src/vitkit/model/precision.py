@@ -8,9 +8,9 @@
   torch.bfloat16)` over a float32 model takes the same fused bf16 kernels.
 - `int8`: dynamic quantisation of every Linear of the encoder blocks and the head, weights
   int8 per output channel, activations quantised per call: 4x smaller Linear weights, CPU
-  only. The blocks that take the fast path get `Int8Linear` (`onednn_int8.py`: oneDNN's int8
-  products with GELU and residual adds in their epilogues, between bf16 layers where the CPU
-  has native bf16); every other Linear gets `torch.ao.quantization.quantize_dynamic`'s (the
+  only. `Int8Linear` (`onednn_int8.py`: oneDNN's int8 products; in the fast blocks with GELU
+  and residual adds in their epilogues and bf16 attention where the CPU has native bf16) where
+  torch has the operators; elsewhere `torch.ao.quantization.quantize_dynamic`'s Linear (the
   fast path's `OneDNNLinear` layers are in the mapping handed to it, which maps exact classes
   only, so nothing is switched).
 """
@@ -25,7 +25,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .onednn import OneDNNLinear, quantize_fused_blocks
+from .onednn import OneDNNLinear
+from .onednn_int8 import Int8Linear, int8_unsupported_reason
 from .onednn_support import native_bf16
 
 log = logging.getLogger(__name__)
@@ -77,17 +78,24 @@ def set_precision(model: nn.Module, precision: str) -> str:
     return "int8"
 
 
+# The parts of a model whose Linear layers are quantised (a bare Linear head too): encoder
+# blocks (a Swin's stages, patch merging included), attention pool and head; not the patch
+# embedding, whose input is pixels.
+INT8_PARTS = ("blocks", "layers", "attn_pool", "head")
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """Dynamic int8 quantisation of every `nn.Linear` in `model`'s encoder blocks (a Swin's
-    stages, patch merging included) and head (not the patch embedding, whose input is
-    pixels), in place; returns `model`."""
+    """Dynamic int8 quantisation of every `nn.Linear` in `model`'s `INT8_PARTS`, in place;
+    returns `model`. `Int8Linear` (oneDNN's int8 kernels, fused into the fast blocks) where
+    torch has them, else `torch.ao.quantization.quantize_dynamic`'s Linear."""
     model.float()
-    quantize_fused_blocks(model)
+    if not int8_unsupported_reason():
+        for part in INT8_PARTS:
+            if getattr(model, part, None) is not None:
+                _swap_linears(model, part)
+        return model
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    # By name: the qconfig reaches every Linear below these modules (a bare Linear head too).
-    spec = {
-        name: qconfig for name in ("blocks", "layers", "attn_pool", "head") if hasattr(model, name)
-    }
+    spec = {name: qconfig for name in INT8_PARTS if hasattr(model, name)}
     mapping = (
         torch.ao.quantization.quantization_mappings.get_default_dynamic_quant_module_mappings()
     )
@@ -98,6 +106,19 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             model, spec, mapping=mapping, dtype=torch.qint8, inplace=True
         )
     return model
+
+
+def _swap_linears(parent: nn.Module, name: str) -> None:
+    """Replace `parent.<name>` if it is a Linear (exactly `nn.Linear` or the fast path's
+    `OneDNNLinear`: a subclass computing something else is left), else every such Linear below
+    it, with `Int8Linear`."""
+    child = getattr(parent, name)
+    if type(child) in (nn.Linear, OneDNNLinear):
+        setattr(parent, name, Int8Linear.from_float(child))
+        return
+    for grandchild in list(child._modules):
+        if child._modules[grandchild] is not None:
+            _swap_linears(child, grandchild)
 
 
 class _OneDNNLinearToInt8:
