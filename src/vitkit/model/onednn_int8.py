@@ -1,15 +1,15 @@
-"""int8 Linear layers on oneDNN's quantised inner product, for the fused block path.
+"""int8 Linear layers on oneDNN's quantised inner product (`precision.quantize_int8`).
 
-`quantize_dynamic`'s Linear (`precision.quantize_int8` elsewhere) quantises its input, multiplies
-and dequantises to float32 in one call, and nothing around it is fused: on an AMX Xeon a whole
-ViT-S/16 ran at about onnxruntime's int8 speed. `Int8Linear` computes the same dynamic
+`quantize_dynamic`'s Linear quantises its input, multiplies and dequantises to float32 in one
+call, and nothing around it can be fused: on an AMX Xeon a whole ViT-S/16 ran at about
+onnxruntime's int8 speed with it. `Int8Linear` computes the same dynamic
 quantisation (weights int8 per output channel, symmetric; the input uint8 per tensor, with the
 range of each call) on `torch.ops.onednn.qlinear_pointwise`, which writes bfloat16 or float32
 and takes the block's GELU or residual add in its epilogue. In `OneDNNBlock` the qkv product
 writes bf16 where the CPU has native bf16, so that attention runs at bf16 speed.
 
 The operators are private to torch (looked up once, `int8_unsupported_reason`); where one is
-missing, `precision.quantize_int8` keeps `quantize_dynamic`.
+missing, `precision.quantize_int8` falls back to `quantize_dynamic`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .onednn_support import has_op
 
 _REQUIRED_OPS = ("qlinear_prepack", "qlinear_pointwise", "qlinear_pointwise.binary")
 
@@ -39,15 +41,7 @@ def int8_unsupported_reason() -> str:
     operators and `torch.quantize_per_tensor` are looked up once."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
-    missing = []
-    for name in _REQUIRED_OPS:
-        op, _, overload = name.partition(".")
-        try:
-            packet = getattr(torch.ops.onednn, op)
-            if overload:
-                getattr(packet, overload)
-        except (AttributeError, RuntimeError):
-            missing.append(f"torch.ops.onednn.{name}")
+    missing = [f"torch.ops.onednn.{name}" for name in _REQUIRED_OPS if not has_op("onednn", name)]
     if not hasattr(torch, "quantize_per_tensor"):
         missing.append("torch.quantize_per_tensor")
     if missing:
@@ -70,10 +64,24 @@ def quantize_activation(x: Tensor) -> tuple[Tensor, float, int] | None:
     low, high = min(low, 0.0), max(high, 0.0)
     scale = (high - low) / 255 or 1.0  # all zeros: any scale
     zero_point = min(255, max(0, round(-low / scale)))
+    return _to_uint8(x.float(), scale, zero_point), scale, zero_point
+
+
+_DEPRECATION_SILENCED = False
+
+
+def _to_uint8(x: Tensor, scale: float, zero_point: int) -> Tensor:
+    """round(x / scale) + zero_point, clamped to uint8, in one kernel. torch warns once per
+    process that quantised tensors are deprecated (>= 2.13); the first call takes that warning
+    (a filter around every call would cost time on each product)."""
+    global _DEPRECATION_SILENCED
+    if _DEPRECATION_SILENCED:
+        return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8).int_repr()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # quantised tensors' deprecation notice (torch >= 2.13)
-        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
-    return q.int_repr(), scale, zero_point
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_tensor(x, scale, zero_point, torch.quint8)
+    _DEPRECATION_SILENCED = True
+    return q.int_repr()
 
 
 class Int8Linear(nn.Module):

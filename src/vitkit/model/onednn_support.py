@@ -23,10 +23,11 @@ _REQUIRED_OPS = (
 )
 
 
-def _has_mkldnn_op(name: str) -> bool:
+def has_op(namespace: str, name: str) -> bool:
+    """Whether `torch.ops.<namespace>.<name>` exists (`name` may be `op.overload`)."""
     op, _, overload = name.partition(".")
     try:
-        packet = getattr(torch.ops.mkldnn, op)
+        packet = getattr(getattr(torch.ops, namespace), op)
         if overload:
             getattr(packet, overload)
     except (AttributeError, RuntimeError):
@@ -40,7 +41,7 @@ def unsupported_reason() -> str:
     private APIs it calls may be renamed or removed by any torch release."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-    missing = [f"torch.ops.mkldnn.{name}" for name in _REQUIRED_OPS if not _has_mkldnn_op(name)]
+    missing = [f"torch.ops.mkldnn.{name}" for name in _REQUIRED_OPS if not has_op("mkldnn", name)]
     if _get_current_dispatch_mode is None:
         missing.append("torch.utils._python_dispatch._get_current_dispatch_mode")
     if not hasattr(torch._C, "_are_functorch_transforms_active"):
