@@ -110,3 +110,14 @@ def test_a_swin_v2_cr_goes_to_a_timm_folder_and_not_to_hugging_face(tmp_path):
     with pytest.raises(ValueError, match=r"^Hugging Face has no Swin V2-cr .*; use --format timm$"):
         save_hf_swin_folder(cr, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_image_size_hugging_face_windows_differently_points_to_a_timm_folder(tmp_path):
+    """At 56 px the last stages' maps are smaller than the window: timm clamps, HF V1 pads."""
+    model = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=56, embed_dim=32,
+                                depths=(1, 1, 2, 1), num_heads=(1, 1, 1, 1))  # fmt: skip
+    with pytest.raises(ValueError, match=r"at img_size .* no faithful copy; export a timm "
+                                         r"folder \(--format timm\), whose Swin computes these "
+                                         r"windows$"):  # fmt: skip
+        save_hf_swin_folder(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -68,7 +68,11 @@ def to_hf_swin_config(config: SwinConfig) -> dict[str, Any]:
         problems.append(f"act_layer={config.act_layer!r}")
     if problems:
         raise ValueError(f"Hugging Face's Swin cannot express {', '.join(problems)}")
-    check_same_windows(config, f"Hugging Face V{config.version}")  # a CheckpointError: ValueError
+    check_same_windows(  # a CheckpointError: ValueError
+        config,
+        f"Hugging Face V{config.version}",
+        fix="export a timm folder (--format timm), whose Swin computes these windows",
+    )
     size = config.img_size if isinstance(config.img_size, int) else list(config.img_size)
     out = {
         "model_type": "swin" if config.version == 1 else "swinv2",

@@ -224,9 +224,14 @@ def _same_windows(library: str, sides: tuple[int, int], window: int, shifted: bo
     return all(side > window and -side % window in (0, window // 2) for side in sides)
 
 
-def check_same_windows(config: SwinConfig, library: str) -> None:
-    """Refuse, in one line, an image size at which `library`'s ('torchvision', 'Hugging Face
-    V1' or 'Hugging Face V2') windows differ from timm's (`_same_windows`)."""
+def check_same_windows(
+    config: SwinConfig,
+    library: str,
+    fix: str = "load at an img_size whose stage maps are whole windows",
+) -> None:
+    """Refuse, in one line ending with `fix`, an image size at which `library`'s
+    ('torchvision', 'Hugging Face V1' or 'Hugging Face V2') windows differ from timm's
+    (`_same_windows`)."""
     for stage in range(config.num_stages):
         sides, window = config.stage_resolution(stage), config.windows[stage]
         shifted = config.depths[stage] > 1 and max(sides) > window  # odd blocks shift
@@ -234,7 +239,7 @@ def check_same_windows(config: SwinConfig, library: str) -> None:
             raise CheckpointError(
                 f"at img_size {config.img_size} stage {stage} is a {sides[0]}x{sides[1]} map for "
                 f"a window of {window}, which {library} pads or clamps unlike timm: no faithful "
-                "copy; load at an img_size whose stage maps are whole windows"
+                f"copy; {fix}"
             )
 
 
