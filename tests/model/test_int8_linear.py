@@ -186,3 +186,18 @@ def test_an_int8_model_copies_and_its_state_dict_saves(tmp_path):
     torch.save(model.state_dict(), tmp_path / "int8.pt")
     state = torch.load(tmp_path / "int8.pt", weights_only=True)
     assert state["blocks.0.attn.qkv.qweight"].dtype == torch.int8
+
+
+def test_an_int8_model_under_bf16_autocast_stays_as_close_to_float32():
+    """bf16 autocast over an int8 model: the fused blocks take bf16 inputs, the products stay
+    int8; the logits are as close to float32's as without autocast."""
+    reference = _model()
+    model = quantize_int8(_model())
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want = reference(x)
+        with torch.autocast("cpu", torch.bfloat16):
+            got = model(x)
+    assert got.dtype == torch.float32
+    # measured 2.2-2.9% of the largest logit over 5 inputs (without autocast 2.0-3.4%)
+    torch.testing.assert_close(got, want, rtol=0, atol=0.1 * want.abs().max().item())

@@ -318,8 +318,8 @@ class OneDNNBlock(Block):
             return unfused
         if x.device.type != "cpu":
             return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
-        # an int8 block's float weights (its norms') are float32, as the model's input
-        weight = self.norm1.weight if self.int8 else self.attn.qkv.weight
+        # an int8 block computes in float32 (its weight scales' dtype), as the model's input
+        weight = self.attn.qkv.weight_scale if self.int8 else self.attn.qkv.weight
         dtype = _fused_dtype(x, weight)
         if dtype is None:
             return (
