@@ -15,7 +15,7 @@ from _helpers import randomize
 from vitkit import VisionTransformer
 from vitkit.model import onednn, precision
 from vitkit.model.onednn_int8 import Int8Linear, int8_unsupported_reason, quantize_activation
-from vitkit.model.precision import quantize_int8
+from vitkit.model.precision import quantize_int8, set_precision
 
 pytestmark = pytest.mark.skipif(
     bool(int8_unsupported_reason()), reason=f"no oneDNN int8: {int8_unsupported_reason()}"
@@ -201,3 +201,17 @@ def test_an_int8_model_under_bf16_autocast_stays_as_close_to_float32():
     assert got.dtype == torch.float32
     # measured 2.2-2.9% of the largest logit over 5 inputs (without autocast 2.0-3.4%)
     torch.testing.assert_close(got, want, rtol=0, atol=0.1 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_int8_model_refuses_another_precision_and_takes_int8_again(precision):
+    model = quantize_int8(_model())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        want = model(x)
+    assert set_precision(model, "int8") == "int8"  # nothing quantised twice
+    with torch.inference_mode():
+        assert torch.equal(model(x), want)
+    message = f"^the model is int8-quantised and cannot run in {precision}; load the float "
+    with pytest.raises(ValueError, match=message + "checkpoint again for fp32 or bf16$"):
+        set_precision(model, precision)

@@ -56,6 +56,11 @@ def set_precision(model: nn.Module, precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     model.eval()
+    if precision != "int8" and is_int8(model):
+        raise ValueError(
+            f"the model is int8-quantised and cannot run in {precision}; load the float "
+            "checkpoint again for fp32 or bf16"
+        )
     device = model_device(model)
     if precision == "fp32":
         model.float()
@@ -76,6 +81,14 @@ def set_precision(model: nn.Module, precision: str) -> str:
         )
     quantize_int8(model)
     return "int8"
+
+
+def is_int8(model: nn.Module) -> bool:
+    """Whether `model` holds int8 Linear layers (`quantize_int8`'s, either kind)."""
+    return any(
+        isinstance(m, Int8Linear) or type(m).__module__.startswith("torch.ao.nn.quantized")
+        for m in model.modules()
+    )
 
 
 # The parts of a model whose Linear layers are quantised (a bare Linear head too): encoder
