@@ -4,6 +4,9 @@ int8 block built from it, against the arithmetic it stands for and torch's quant
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -215,3 +218,36 @@ def test_an_int8_model_refuses_another_precision_and_takes_int8_again(precision)
     message = f"^the model is int8-quantised and cannot run in {precision}; load the float "
     with pytest.raises(ValueError, match=message + "checkpoint again for fp32 or bf16$"):
         set_precision(model, precision)
+
+
+def test_without_vnni_int8_falls_back_to_quantize_dynamic():
+    """oneDNN's AVX2 / AVX-512 int8 kernels (no VNNI) sum pairs of products in int16 and
+    saturate on full-range inputs: there `quantize_int8` takes torch's dynamic Linear, which
+    agrees with float32. Run with oneDNN held to AVX2, as on such a CPU."""
+    script = """
+import torch
+from torch import nn
+from vitkit.model.onednn_int8 import int8_unsupported_reason
+from vitkit.model.precision import quantize_int8
+print(int8_unsupported_reason())
+from vitkit import VisionTransformer
+torch.manual_seed(0)
+model = VisionTransformer(img_size=16, patch_size=4, embed_dim=64, depth=1, num_heads=2,
+                          num_classes=10).eval()
+for param in model.parameters():
+    param.data.add_(torch.randn_like(param) * 0.05)
+x = torch.randn(8, 3, 16, 16)
+with torch.no_grad():
+    want = model(x)
+    quantize_int8(model)
+    got = model(x)
+print(type(model.head).__module__, float((got - want).abs().max() / want.abs().max()))
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    reason, module_and_error = done.stdout.strip().splitlines()[-2:]
+    assert reason.startswith("oneDNN's int8 products saturate on this CPU (no VNNI or AMX")
+    module, error = module_and_error.split()
+    assert module.startswith("torch.ao.nn.quantized.dynamic")
+    assert float(error) < 0.08  # measured 0.026

@@ -8,8 +8,9 @@ range of each call) on `torch.ops.onednn.qlinear_pointwise`, which writes bfloat
 and takes the block's GELU or residual add in its epilogue. In `OneDNNBlock` the qkv product
 writes bf16 where the CPU has native bf16, so that attention runs at bf16 speed.
 
-The operators are private to torch (looked up once, `int8_unsupported_reason`); where one is
-missing, `precision.quantize_int8` falls back to `quantize_dynamic`.
+The operators are private to torch, and without VNNI or AMX oneDNN's int8 kernels saturate
+(pairs of products summed in int16): both are checked once (`int8_unsupported_reason`), and
+where either fails `precision.quantize_int8` falls back to `quantize_dynamic`.
 """
 
 from __future__ import annotations
@@ -47,11 +48,28 @@ def int8_unsupported_reason() -> str:
     if missing:
         return f"torch {torch.__version__} lacks {', '.join(missing)}"
     try:  # a build can list the operators and still lack the kernels (no x86 oneDNN)
-        layer = Int8Linear.from_float(nn.Linear(8, 8))
-        layer(torch.randn(2, 8))
-    except RuntimeError as error:
-        return f"oneDNN's int8 inner product does not run here ({str(error).splitlines()[0]})"
+        error = _saturation_error()
+    except RuntimeError as failure:
+        return f"oneDNN's int8 inner product does not run here ({str(failure).splitlines()[0]})"
+    if error > 1e-5:
+        return (
+            "oneDNN's int8 products saturate on this CPU (no VNNI or AMX: pairs of uint8 x int8 "
+            f"products are summed in int16; relative error {error:.2f} on a full-range test)"
+        )
     return ""
+
+
+def _saturation_error() -> float:
+    """The relative error of a full-range product (inputs 255, weights 127) against float
+    arithmetic: 0 with VNNI or AMX, ~0.5 where oneDNN's AVX2 / AVX-512 kernels sum pairs of
+    products in int16 (which is why torch's 'x86' engine quantises inputs to 7 bits there)."""
+    dense = nn.Linear(64, 8, bias=False)
+    nn.init.ones_(dense.weight)
+    layer = Int8Linear.from_float(dense)
+    x = torch.full((4, 64), 255.0)
+    x[:, 0] = 0.0  # the range [0, 255]: scale 1, zero point 0
+    want = F.linear(x, layer.dequantized_weight())
+    return ((layer(x) - want).abs().max() / want.abs().max()).item()
 
 
 def quantize_activation(x: Tensor) -> tuple[Tensor, float, int] | None:
