@@ -41,7 +41,7 @@ def test_bf16_training_writes_attention_out_with_sdpas_function(sdpa_calls, monk
     x = torch.randn(3, 50, 64)
     out, grads = _run(layer, x)
     assert sdpa_calls == []
-    monkeypatch.setattr(attention, "_bf16_cpu_training", lambda q: False)
+    monkeypatch.setattr(attention, "bf16_cpu_training", lambda q: False)
     want, want_grads = _run(layer, x)
     assert len(sdpa_calls) == 1
     # both bf16: measured 6.0e-3 (output) and up to 6.5e-3 (gradients) of the largest value
@@ -77,3 +77,37 @@ def test_attention_dropout_still_applies_in_bf16_training():
         third, fourth = layer(x), layer(x)
     assert not torch.equal(first, second)  # fresh masks
     assert torch.equal(third, fourth)
+
+
+def test_swin_window_attention_in_bf16_training_is_written_out_too(monkeypatch):
+    """Swin's version-1 window attention, shifted windows' mask included: SDPA's masked CPU
+    backward in bf16 ran 5-7x the written-out attention at Swin-T's shapes."""
+    from vitkit.model.swin import attention as swin_attention
+
+    calls = []
+    original = F.scaled_dot_product_attention
+    monkeypatch.setattr(swin_attention.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))  # fmt: skip
+    torch.manual_seed(0)
+    layer = randomize(swin_attention.WindowAttention(32, num_heads=2, window=(4, 4))).train()
+    with torch.no_grad():
+        layer.relative_position_bias_table.normal_(0, 0.5)
+    mask = torch.zeros(4, 16, 16)
+    mask[1:, :8, 8:] = mask[1:, 8:, :8] = -100.0  # windows across the shift's seam
+    x = torch.randn(8, 16, 32)  # 2 images x 4 windows
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = x.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16):
+            out = layer(inputs, mask)
+        out.float().square().sum().backward()
+        return out.float(), inputs.grad
+
+    out, grad = run()
+    assert calls == []
+    monkeypatch.setattr(swin_attention, "bf16_cpu_training", lambda q: False)
+    want, want_grad = run()
+    assert calls == [1]
+    # both bf16: measured 5.1e-3 (output) and 5.8e-3 (input gradient) of the largest value
+    torch.testing.assert_close(out, want, rtol=0, atol=2e-2 * want.abs().max().item())
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=2e-2 * want_grad.abs().max().item())

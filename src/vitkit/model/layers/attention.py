@@ -87,7 +87,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._qkv(x)  # each (B, heads, N, head_dim)
-        if self.fused_attn and not _bf16_cpu_training(q):
+        if self.fused_attn and not bf16_cpu_training(q):
             dropout_p = self.attn_drop.p if self.training else 0.0
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
         elif self.fused_attn:
@@ -107,7 +107,7 @@ class Attention(nn.Module):
         return self._out(x), weights
 
 
-def _bf16_cpu_training(q: Tensor, max_tokens: int = 640) -> bool:
+def bf16_cpu_training(q: Tensor, max_tokens: int = 640) -> bool:
     """Whether attention over `q` is bf16 on CPU with gradients, over at most `max_tokens`:
     there the written-out attention beats SDPA's flash kernel, whose CPU backward is slow in
     bf16. Forward + backward at ViT-S/16's shapes (32 x 6 heads x 197 tokens) 23-30 ms against

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..layers.attention import bf16_cpu_training
 from .window import log_spaced_offsets, relative_position_index
 
 LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # Swin V2's clamp: a temperature of at least 0.01
@@ -108,7 +109,9 @@ class WindowAttention(nn.Module):
         name; `summary --flow` turns it off to show each step), and so does `torch.export`
         (`_exporting`)."""
         q, k, v = self.queries_keys_values(x)
-        if self.fused_attn and not _exporting():
+        # bf16 training on CPU: written out (SDPA's masked CPU backward in bf16 ran 5-7x the
+        # written-out attention at Swin-T's window shapes)
+        if self.fused_attn and not _exporting() and not bf16_cpu_training(q):
             bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
