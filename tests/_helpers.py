@@ -4,6 +4,10 @@ name the package a test needs (per test, never a whole file)."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -72,6 +76,28 @@ def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     """max |ours - theirs| / max |theirs|, the shapes checked equal first."""
     assert ours.shape == theirs.shape
     return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def top1_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The fraction of rows whose largest logit is at the same index in `a` and `b`."""
+    return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `benchmarks/<script>` with `args` on this checkout's vitkit and check it exits 0
+    (the message: the end of its output); returns the finished process."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
 
 
 def optional_import(name: str) -> ModuleType | Any:

@@ -2,14 +2,13 @@
 
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from _helpers import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,13 +21,7 @@ def test_throughput_script_writes_both_implementations(tmp_path):
         "--models", "vit_tiny_patch16_224", "--batch-sizes", "2", "--repeats", "3",
         "--warmup", "0", "--grad-ckpt-model", "", "--scaling-model", "", "--json", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_benchmark("throughput.py", *args, timeout=600)
     report = json.loads(out.read_text())
     assert [(r["model"], r["mode"]) for r in report["results"]] == [
         ("vit_tiny_patch16_224", "infer"),
@@ -50,14 +43,7 @@ def test_throughput_script_writes_both_implementations(tmp_path):
 def test_loader_benchmark_times_the_loader_and_the_model(tmp_path):
     out = tmp_path / "loader.json"
     args = ["--data", "digits", "--batches", "2", "--rounds", "1", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "loader.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_benchmark("loader.py", *args)
     report = json.loads(out.read_text())
     assert (report["data"], report["model"], report["batch_size"]) == ("digits", "vit_digits", 64)
     assert report["loader_images_per_s"] > 0 and report["model_train_images_per_s"] > 0
@@ -68,13 +54,7 @@ def test_loader_benchmark_times_the_loader_and_the_model(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_numerics_checks_pass_on_the_cpu():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_numerics.py"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_benchmark("gpu_numerics.py", "--device", "cpu", timeout=900)
     lines = proc.stdout.splitlines()
     assert lines[-1] == "all checks passed"
     assert sum(line.startswith("ok ") for line in lines) >= 5

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _helpers import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,14 +35,7 @@ def test_the_jpeg_benchmark_reports_every_pipeline_against_every_model(tmp_path)
         "--jpegs", "2", "--jpeg-size", "480x360", "--rounds", "1", "--threads", "1",
         "--models", "vit_tiny_patch16_224", "--train-batch", "2", "--json", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "loader.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_benchmark("loader.py", *args)
     report = json.loads(out.read_text())
     pipes = ["train, draft off", "eval, draft off", "train, draft on", "eval, draft on"]
     assert list(report["worker_images_per_s"]) == pipes

@@ -15,7 +15,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from _helpers import randomize
+from _helpers import randomize, top1_agreement
 from vitkit import VisionTransformer
 from vitkit.model import onednn, precision
 from vitkit.model.onednn_int8 import Int8Linear, int8_unsupported_reason
@@ -51,10 +51,6 @@ def _copy(model: VisionTransformer) -> VisionTransformer:
     twin = VisionTransformer(model.config)
     twin.load_state_dict(model.state_dict())
     return twin.eval()
-
-
-def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
 
 
 def test_trained_model_is_accurate(digits):
@@ -93,7 +89,7 @@ def test_bf16_model_takes_float32_images_and_agrees_with_fp32(digits, monkeypatc
     with torch.inference_mode():
         want, got = reference(x), model(x)
     assert got.dtype == torch.bfloat16
-    assert _agreement(want, got) >= 0.99
+    assert top1_agreement(want, got) >= 0.99
     # measured 0.047 on logits up to 9.6 (0.5%); tolerance 1.5% of the largest logit (3x)
     assert (got.float() - want).abs().max() < 0.015 * want.abs().max()
 
@@ -111,7 +107,7 @@ def test_fused_bf16_equals_plain_bf16(digits):
         plain = model(x).float()
     # measured 0.0625 on logits up to 9.6 (0.65%): bf16 steps; tolerance 2% (3x)
     assert (fused - plain).abs().max() < 0.02 * plain.abs().max()
-    assert _agreement(fused, plain) >= 0.99
+    assert top1_agreement(fused, plain) >= 0.99
 
 
 @needs_bf16
@@ -125,7 +121,7 @@ def test_bf16_autocast_takes_the_fused_kernels(digits):
         with torch.autocast("cpu", torch.bfloat16):
             assert model.blocks[0].fast_path_blocker(model.embed(x)) == ""
             got = model(x)
-    assert _agreement(want, got.float()) >= 0.99
+    assert top1_agreement(want, got.float()) >= 0.99
     assert torch.bfloat16 in onednn._PACKED[model.blocks[0].attn.qkv]
 
 
@@ -182,7 +178,7 @@ def test_int8_without_onednn_int8_kernels_keeps_quantize_dynamic(digits, monkeyp
         "qkv is a Linear (e.g. quantised), not a plain Linear"
     )
     with torch.inference_mode():
-        assert _agreement(reference(x), model(x)) >= 0.98
+        assert top1_agreement(reference(x), model(x)) >= 0.98
 
 
 def test_int8_agrees_with_fp32(digits):
@@ -191,7 +187,7 @@ def test_int8_agrees_with_fp32(digits):
     model = quantize_int8(_copy(reference))
     with torch.inference_mode():
         want, got = reference(x), model(x)
-    assert _agreement(want, got) >= 0.98
+    assert top1_agreement(want, got) >= 0.98
     # measured 0.29 on logits up to 9.6 (3%); tolerance 10% of the largest logit (3.4x)
     assert (got - want).abs().max() < 0.1 * want.abs().max()
     accuracy = [(out.argmax(-1) == y).float().mean().item() for out in (want, got)]

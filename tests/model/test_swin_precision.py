@@ -9,6 +9,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from _helpers import top1_agreement
 from vitkit import SwinTransformer
 from vitkit.model import precision
 from vitkit.model.onednn_int8 import Int8Linear
@@ -47,10 +48,6 @@ def _copy(model: SwinTransformer) -> SwinTransformer:
     return twin.eval()
 
 
-def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-
-
 def test_bf16_and_int8_agree_with_fp32(digits, monkeypatch):
     """bf16 weights (float32 images cast by the patch embedding) and int8 Linear layers of every
     stage and the head follow float32: top-1 agreement and every logit."""
@@ -72,6 +69,6 @@ def test_bf16_and_int8_agree_with_fp32(digits, monkeypatch):
     assert (want.argmax(-1) == y).float().mean() > 0.15  # measured 0.20 (chance: 0.1)
     assert got_bf16.dtype == torch.bfloat16
     # measured 0.99 (bf16) and 0.97 (int8) top-1 agreement
-    assert _agreement(want, got_bf16.float()) >= 0.93 and _agreement(want, got_int8) >= 0.93
+    assert top1_agreement(want, got_bf16.float()) >= 0.93 and top1_agreement(want, got_int8) >= 0.93
     for got in (got_bf16.float(), got_int8):  # every logit, not only the top one
         assert (got - want).abs().max() < 0.15 * want.abs().max()

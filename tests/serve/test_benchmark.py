@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.requires("starlette", "uvicorn", "multipart", "httpx", extra="serve")
+from _helpers import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.requires("starlette", "uvicorn", "multipart", "httpx", extra="serve")
 
 
 @pytest.mark.slow
@@ -20,10 +16,7 @@ def test_serve_benchmark_reports_every_round(tmp_path):
     out = tmp_path / "serve.json"
     args = ["--model", "vit_digits", "--clients", "1,3", "--requests", "6", "--image-size", "24",
             "--max-batch", "4", "--json", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's vitkit
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve.py"), *args],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_benchmark("serve.py", *args, timeout=600)
     report = json.loads(out.read_text())
     rounds = [(row["mode"], row["clients"]) for row in report["serve"]]
     assert rounds == [("batching on", 1), ("batching on", 3), ("batching off", 1),

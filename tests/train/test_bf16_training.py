@@ -6,16 +6,13 @@ block path where the CPU has native bf16 and agrees with float32; benchmarks/tra
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from _helpers import run_benchmark
 from vitkit import VisionTransformer, create_model
 from vitkit.model.onednn import OneDNNBlock
 from vitkit.model.onednn_support import native_bf16
@@ -103,18 +100,10 @@ def test_evaluation_under_bf16_autocast_takes_the_fused_block_and_agrees():
 @pytest.mark.slow
 def test_the_bf16_training_benchmark_runs_both_libraries_and_profiles_the_gemms(tmp_path):
     pytest.importorskip("timm", reason="timm is not installed (pip install -e '.[interop]')")
-    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "bf16.json"
     args = ["--models", "vit_tiny_patch16_224", "--batch", "2", "--rounds", "2", "--warmup", "0",
             "--threads", "1", "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "train_bf16.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(root / "src")),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_benchmark("train_bf16.py", *args)
     (result,) = json.loads(out.read_text())["results"]
     steps = ["vitkit bf16", "vitkit fp32", "timm bf16"]
     assert sorted(result["seconds"]) == sorted(steps)
