@@ -306,6 +306,8 @@ class OneDNNBlock(Block):
             return "tracing (torch.fx or torch.jit.trace record the plain block)"
         if torch.compiler.is_compiling():
             return "compiling (the compiler does its own fusion)"
+        if not self.fast_path:
+            return "the fast path is switched off (set_fast_path(False))"
         unsupported = unsupported_reason()
         if unsupported:
             return unsupported
@@ -313,9 +315,13 @@ class OneDNNBlock(Block):
             return "the block is in training mode"
         if torch.is_grad_enabled():
             return "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
-        unfused = self.structure_blocker()
+        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
+            return "LayerScale is not fused"
+        unfused = unfused_option(self)
         if unfused:
             return unfused
+        if not self.attn.fused_attn:
+            return "attn.fused_attn is False (explicit attention requested)"
         if x.device.type != "cpu":
             return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
         # an int8 block computes in float32 (its weight scales' dtype), as the model's input
@@ -336,20 +342,6 @@ class OneDNNBlock(Block):
             return "a dispatch mode or tensor subclass is active"
         if _has_forward_hooks(self):
             return "forward hooks are registered on the block or its sub-layers"
-        return ""
-
-    def structure_blocker(self) -> str:
-        """Why the block, as built and switched, takes the plain path whatever its input ('' if
-        the fused path can apply): the layers and options `fast_path_blocker` checks first."""
-        if not self.fast_path:
-            return "the fast path is switched off (set_fast_path(False))"
-        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
-            return "LayerScale is not fused"
-        unfused = unfused_option(self)
-        if unfused:
-            return unfused
-        if not self.attn.fused_attn:
-            return "attn.fused_attn is False (explicit attention requested)"
         return ""
 
     @property
