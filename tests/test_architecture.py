@@ -91,22 +91,55 @@ def test_the_plain_layers_know_nothing_of_the_fast_path():
         assert "onednn" not in text and "mkldnn" not in text, path.name
 
 
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_rooms_stay_small():
-    """No module over 500 lines and no function over 80 (STYLE.md): a room a reader can hold
-    in their head; a module or function that grows past it is split by concern."""
-    import ast
+def file_imports(path: Path) -> set[str]:
+    """The vitkit modules `path` imports anywhere in it (inside functions and TYPE_CHECKING
+    blocks too): `from .x import y` counts as module `x.y` where that is a module, else `x`."""
+    modules = {module_name(p) for p in SRC.rglob("*.py")}
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("vitkit"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("vitkit"))
+    return found & modules
 
-    long = []
-    for path in sorted(SRC.rglob("*.py")):
-        text = path.read_text()
-        if text.count("\n") > MAX_MODULE_LINES:
-            long.append(f"{path.relative_to(SRC)}: {text.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                size = node.end_lineno - node.lineno + 1
-                if size > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {size} lines")
-    assert long == []
+
+def test_no_file_level_import_cycle():
+    """No file imports another that imports it back, directly or through others: two files
+    that need each other are one concept (or a concept in the wrong room). A package's
+    `__init__` re-exporting its modules is not a cycle of theirs, so imports of a package
+    count as imports of its `__init__` file only."""
+    graph = {module_name(p): file_imports(p) for p in SRC.rglob("*.py")}
+    cycles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == node:
+                continue
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(trail[trail.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert cycles == []

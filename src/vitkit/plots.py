@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .files import atomic_write
-from .model.mae import MaskedAutoencoder, patchify, unpatchify
+from .model.vit.mae import MaskedAutoencoder, patchify, unpatchify
 
 
 def pyplot() -> Any:

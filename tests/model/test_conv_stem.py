@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from vitkit import VisionTransformer, ViTConfig, create_model, load, save
-from vitkit.model.config import stem_output_size
 from vitkit.model.layers import ConvStem, conv_to_unfold_weight
+from vitkit.model.layers.patch_embed import stem_output_size
 
 SMALL = dict(
     img_size=30, patch_size=2, in_chans=3, conv_stem=(8, 16), num_classes=5, embed_dim=32,

@@ -12,7 +12,7 @@ import vitkit
 from _helpers import randomize, requires_onednn, requires_timm
 from vitkit import convert
 from vitkit.model.layers import QuickGELU, make_act
-from vitkit.model.registry import FAMILIES
+from vitkit.model.vit.presets import FAMILIES
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 

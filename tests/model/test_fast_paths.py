@@ -22,10 +22,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from _helpers import randomize, requires_onednn
-from vitkit.model import onednn, onednn_support
+from vitkit.model import onednn_support
 from vitkit.model.layers import Attention, Block
-from vitkit.model.onednn import OneDNNBlock, OneDNNLinear
 from vitkit.model.onednn_support import native_bf16
+from vitkit.model.vit import onednn
+from vitkit.model.vit.onednn import OneDNNBlock, OneDNNLinear
 from vitkit.summary import flop_counter
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
@@ -270,7 +271,7 @@ def fused(model: vitkit.VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
-    from vitkit.model.onednn import _PACKED
+    from vitkit.model.vit.onednn import _PACKED
 
     model, x = tiny(), images()
     fused(model, x)
@@ -290,7 +291,7 @@ def test_packed_weights_follow_every_change_of_the_weights(fused_calls):
 
 @requires_onednn
 def test_packed_weights_leave_copies_alone_and_are_freed_with_the_fast_path():
-    from vitkit.model.onednn import _PACKED
+    from vitkit.model.vit.onednn import _PACKED
 
     model, x = tiny(), images()
     expected = fused(model, x)

@@ -13,7 +13,7 @@ import vitkit
 from _helpers import optional_import, randomize, requires_timm
 from vitkit import convert
 from vitkit.model.layers.resnetv2 import StdConv2dSame, same_padding
-from vitkit.model.presets_hybrid import HYBRID_FAMILIES
+from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
 
 timm = optional_import("timm")
 

@@ -16,9 +16,10 @@ from torch import nn
 
 from _helpers import randomize
 from vitkit import VisionTransformer
-from vitkit.model import onednn, precision
+from vitkit.model import precision
 from vitkit.model.onednn_int8 import Int8Linear, int8_unsupported_reason, quantize_activation
 from vitkit.model.precision import quantize_int8, set_precision
+from vitkit.model.vit import onednn
 
 pytestmark = pytest.mark.skipif(
     bool(int8_unsupported_reason()), reason=f"no oneDNN int8: {int8_unsupported_reason()}"

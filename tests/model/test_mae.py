@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.model.mae import MaskedAutoencoder, patchify, random_masking, unpatchify
+from vitkit.model.vit.mae import MaskedAutoencoder, patchify, random_masking, unpatchify
 
 
 def _mae(**options) -> MaskedAutoencoder:

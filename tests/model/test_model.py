@@ -176,7 +176,7 @@ def test_dynamic_img_size_at_native_size_equals_fixed_path():
 
 
 def test_dynamic_img_size_resamples_learned_grid():
-    from vitkit.model.pos_embed import resample_pos_embed
+    from vitkit.model.layers.pos_embed import resample_pos_embed
 
     model = tiny(dynamic_img_size=True).eval()
     x = torch.randn(1, 3, 24, 12)
@@ -189,7 +189,7 @@ def test_dynamic_img_size_resamples_learned_grid():
 
 @pytest.mark.parametrize("kind", ["sinusoid", "sincos2d"])
 def test_dynamic_img_size_recomputes_fixed_tables(kind):
-    from vitkit.model.pos_embed import fixed_pos_embed
+    from vitkit.model.layers.pos_embed import fixed_pos_embed
 
     model = tiny(dynamic_img_size=True, pos_embed=kind).eval()
     x = torch.randn(1, 3, 8, 20)

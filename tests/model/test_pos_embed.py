@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from vitkit import VisionTransformer
-from vitkit.model.pos_embed import fixed_pos_embed, resample_pos_embed, sincos_2d, sinusoid_1d
+from vitkit.model.layers.pos_embed import (
+    fixed_pos_embed,
+    resample_pos_embed,
+    sincos_2d,
+    sinusoid_1d,
+)
 
 
 def test_sinusoid_table_matches_vaswani_formula():

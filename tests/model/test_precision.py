@@ -17,9 +17,10 @@ from torch import nn
 
 from _helpers import randomize, top1_agreement
 from vitkit import VisionTransformer
-from vitkit.model import onednn, precision
+from vitkit.model import precision
 from vitkit.model.onednn_int8 import Int8Linear, int8_unsupported_reason
 from vitkit.model.precision import native_bf16, quantize_int8, set_precision
+from vitkit.model.vit import onednn
 
 needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="no native bf16 on this CPU")
 

@@ -5,10 +5,11 @@ import torch
 
 from _helpers import randomize, requires_timm
 from vitkit import create_model, get_config, list_models
-from vitkit.model.config import to_2tuple
-from vitkit.model.presets_blocks import BLOCK_FAMILIES
-from vitkit.model.presets_hybrid import HYBRID_FAMILIES
-from vitkit.model.registry import _STANDARD_NAMES, FAMILIES, SIZES
+from vitkit.model.layers.patch_embed import to_2tuple
+from vitkit.model.vit.family import SIZES
+from vitkit.model.vit.presets import _STANDARD_NAMES, FAMILIES
+from vitkit.model.vit.presets_blocks import BLOCK_FAMILIES
+from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
 
 # The paper's presets and vitkit's own; timm's other families are tested in test_families.py,
 # the hybrids in test_hybrid.py, the other blocks in test_block_variants.py.

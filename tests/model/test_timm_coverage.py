@@ -8,7 +8,7 @@ import pytest
 
 import vitkit
 from _helpers import optional_import, requires_timm
-from vitkit.model.registry import UNSUPPORTED_NAMES
+from vitkit.model.vit.presets import UNSUPPORTED_NAMES
 
 timm = optional_import("timm")
 

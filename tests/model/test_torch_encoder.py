@@ -6,7 +6,10 @@ from torch import nn
 
 from _helpers import randomize
 from vitkit import VisionTransformer
-from vitkit.model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
+from vitkit.model.vit.torch_encoder import (
+    native_to_torch_state_dict,
+    torch_to_native_state_dict,
+)
 
 SMALL = dict(img_size=16, patch_size=4, num_classes=6, embed_dim=48, depth=3, num_heads=4)
 

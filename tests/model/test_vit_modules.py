@@ -4,10 +4,10 @@ import paths and leaves one definition of each name."""
 from __future__ import annotations
 
 import vitkit.model.features as features
-import vitkit.model.vit as vit
+import vitkit.model.vit.vit as vit
 from vitkit.model.intermediates import IntermediateFeatures, take_indices
-from vitkit.model.timm_api import TimmModelApi
-from vitkit.model.weight_init import trunc_normal_
+from vitkit.model.layers.weight_init import trunc_normal_
+from vitkit.model.vit.timm_api import TimmModelApi
 
 
 def test_names_moved_out_of_vit_py_are_still_importable_from_it():

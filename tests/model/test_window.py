@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.model import VisionTransformer, ViTConfig, onednn
+from vitkit.model import VisionTransformer, ViTConfig
+from vitkit.model.vit import onednn
 from vitkit.model.layers import Block, WindowBlock, window_partition, window_unpartition
 from vitkit.model.layers.window import decomposed_rel_pos_bias, relative_table
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from _helpers import run_benchmark
 from vitkit import VisionTransformer, create_model
-from vitkit.model.onednn import OneDNNBlock
 from vitkit.model.onednn_support import native_bf16
+from vitkit.model.vit.onednn import OneDNNBlock
 from vitkit.train import setup
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import autocast

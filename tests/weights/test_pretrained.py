@@ -62,7 +62,7 @@ def test_load_into_given_model_at_another_resolution():
     )
     target = VisionTransformer(img_size=(48, 64), patch_size=8, embed_dim=64, depth=1, num_heads=4)
     model = vitkit.load_pretrained(source.state_dict(), model=target)
-    expected = vitkit.model.pos_embed.resample_pos_embed(source.pos_embed, new_size=(6, 8))
+    expected = vitkit.model.layers.pos_embed.resample_pos_embed(source.pos_embed, new_size=(6, 8))
     assert torch.equal(model.pos_embed.detach(), expected.detach())
     assert model(images((48, 64))).shape == (1, 1000)
     with pytest.raises(ValueError, match=r"img_size= applies when load_pretrained builds"):

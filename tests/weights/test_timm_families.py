@@ -21,7 +21,7 @@ from _parity import randomize
 import vitkit
 from _helpers import optional_import, requires_timm
 from vitkit import CheckpointError, convert
-from vitkit.model.registry import FAMILIES
+from vitkit.model.vit.presets import FAMILIES
 
 timm = optional_import("timm")  # the tests that use it are marked requires_timm
 PatchEmbed = optional_import("timm.layers").PatchEmbed

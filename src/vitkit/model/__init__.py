@@ -1,28 +1,43 @@
-"""The network: config, layers, position embeddings, the ViT, the Swin Transformer, presets
-and backbones.
+"""The network: the shared layers, one room per family (`vit/`, `swin/`), each described by an
+`Architecture` record, and the registry of records and preset names.
 
-Imports nothing from the rest of vitkit; everything else builds on it.
+Imports nothing from the rest of vitkit but `options`; everything else builds on it.
 """
 
-from .config import ViTConfig, patch_grid, to_2tuple
-from .detection import SimpleFeaturePyramid
-from .features import SwinBackbone, ViTBackbone
-from .registry import create_model, get_config, list_models
-from .swin import SwinConfig, SwinCrConfig, SwinTransformer, SwinTransformerV2Cr, build_swin
-from .vit import VisionTransformer
+from .architecture import Architecture
+from .features import ViTBackbone
+from .layers.patch_embed import patch_grid, to_2tuple
+from .registry import (
+    architecture_of,
+    architectures,
+    build_model,
+    create_model,
+    find_architecture,
+    get_architecture,
+    get_config,
+    list_models,
+)
+from .swin import SwinBackbone, SwinConfig, SwinCrConfig, SwinTransformer, SwinTransformerV2Cr
+from .vit import VisionTransformer, ViTConfig
+from .vit.detection import SimpleFeaturePyramid
 
 __all__ = [
+    "Architecture",
     "SimpleFeaturePyramid",
+    "SwinBackbone",
     "SwinConfig",
     "SwinCrConfig",
     "SwinTransformer",
     "SwinTransformerV2Cr",
-    "build_swin",
-    "SwinBackbone",
     "ViTBackbone",
     "ViTConfig",
     "VisionTransformer",
+    "architecture_of",
+    "architectures",
+    "build_model",
     "create_model",
+    "find_architecture",
+    "get_architecture",
     "get_config",
     "list_models",
     "patch_grid",

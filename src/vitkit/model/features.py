@@ -1,11 +1,10 @@
-"""A ViT or a Swin as a dense-prediction backbone: feature maps from chosen blocks or stages.
+"""A model as a dense-prediction backbone: feature maps from chosen blocks or stages.
 
 A plain ViT has one scale (stride = patch size); detection and segmentation necks take maps from
 several of its blocks. ViTDet (Li et al., "Exploring Plain Vision Transformer Backbones for
 Object Detection", 2022) reads the last block; DPT (Ranftl et al., "Vision Transformers for
-Dense Prediction", 2021) reads four blocks spread over the depth, the default here. A Swin is
-hierarchical: its four stages give maps at strides 4, 8, 16 and 32 (an FPN's input), all four
-by default, as timm's.
+Dense Prediction", 2021) reads four blocks spread over the depth, the default here. A
+hierarchical family's backbone (the Swin's) subclasses `ViTBackbone` in its own room.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from typing import Any
 from torch import Tensor, nn
 
 from .intermediates import take_indices
-from .swin import SwinTransformer
-from .vit import VisionTransformer
 
 
 def default_out_indices(depth: int) -> list[int]:
@@ -96,7 +93,7 @@ class ViTBackbone(nn.Module):
 
     def __init__(
         self,
-        model: VisionTransformer | SwinTransformer,
+        model: nn.Module,
         out_indices: int | Sequence[int] | None = None,
         *,
         norm: bool = False,
@@ -143,16 +140,3 @@ class ViTBackbone(nn.Module):
 
     def extra_repr(self) -> str:
         return f"out_indices={self.out_indices}, norm={self.norm}, output_fmt={self.output_fmt}"
-
-
-class SwinBackbone(ViTBackbone):
-    """`features_only` wrapper of a `SwinTransformer`: images -> the maps of stages
-    `out_indices` (default: all, as timm), (B, C_i, H/r_i, W/r_i) for 'NCHW' or timm's own
-    `features_only` layout (B, H/r_i, W/r_i, C_i) for 'NHWC'; `norm` applies the final norm to
-    the last stage's map (the only one it is sized for). Other arguments as `ViTBackbone`."""
-
-    OUTPUT_FMTS = ("NCHW", "NHWC")
-
-    @staticmethod
-    def default_out_indices(depth: int) -> list[int]:
-        return list(range(depth))

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .onednn import OneDNNLinear
 from .onednn_int8 import Int8Linear, int8_unsupported_reason
 from .onednn_support import native_bf16
+from .vit.onednn import OneDNNLinear
 
 log = logging.getLogger(__name__)
 

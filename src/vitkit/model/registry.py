@@ -1,393 +1,94 @@
-"""Named model presets: `create_model('vit_base_patch16_224')` and `list_models()`.
+"""The model registry: every family's `Architecture` record (architecture.py), registered
+once, and the names of their presets: `create_model('vit_base_patch16_224')`, `list_models()`,
+`architecture_of(model_or_config)`.
 
-Sizes are the paper's Table 1 (Ti and S from DeiT); a name `vit_{size}_patch{P}_{res}` decodes
-into one row of `SIZES` plus the patch size and resolution, as big_vision decodes `B/16`.
-
-timm's other `VisionTransformer` families (DeiT III, CLIP, SigLIP, DINOv2, registers, AIMv2,
-BEiT-3, RADIO, ...) are rows of `FAMILIES`: a name template, the family's options, and the
-size / patch / resolution variants timm registers, decoded over `TIMM_SIZES`. The names are
-timm's and so are the architectures, parameter for parameter; the timm converter reads from a
-name what weights cannot show (the activation, the block's norm placement, the pooling).
+A family registers here and nowhere else (as timm's `register_model`); a name or an architecture
+registered twice is refused. Callers ask the record of a model or config for what differs between
+families instead of testing its class.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ViTConfig
-from .family import SIZES, Family
-from .features import SwinBackbone, ViTBackbone
-from .presets_blocks import BLOCK_FAMILIES
-from .presets_hybrid import HYBRID_FAMILIES
-from .swin import SwinConfig, SwinTransformer, build_swin
-from .swin.presets import swin_presets
-from .vit import VisionTransformer
+from torch import nn
 
-_STANDARD_NAMES = (
-    "vit_tiny_patch16_224",
-    "vit_tiny_patch16_384",
-    "vit_small_patch16_224",
-    "vit_small_patch16_384",
-    "vit_small_patch32_224",
-    "vit_base_patch16_224",
-    "vit_base_patch16_384",
-    "vit_base_patch32_224",
-    "vit_base_patch32_384",
-    "vit_large_patch16_224",
-    "vit_large_patch16_384",
-    "vit_large_patch32_224",
-    "vit_huge_patch14_224",
-)
+from .architecture import Architecture
+from .swin import SWIN, SWIN_CR
+from .vit import VIT
 
-# Presets that are not a plain size/patch/resolution row.
-_SPECIAL: dict[str, ViTConfig] = {
-    # For the built-in 8x8 handwritten digits: 2x2 patches -> 16 tokens, 1 channel, 10 classes.
-    "vit_digits": ViTConfig(
-        img_size=8,
-        patch_size=2,
-        in_chans=1,
-        num_classes=10,
-        embed_dim=64,
-        depth=4,
-        num_heads=4,
-        mlp_ratio=2.0,
-        pos_embed="learn",
-    ),
-    # For 28x28 grey images (Fashion-MNIST, MNIST), sized by measurement for 2 CPU cores.
-    "vit_mnist": ViTConfig(
-        img_size=28,
-        patch_size=7,
-        in_chans=1,
-        num_classes=10,
-        embed_dim=128,
-        depth=6,
-        num_heads=4,
-        mlp_ratio=2.0,
-    ),
-    # The paper's hybrid for the same images: three stride-2 conv layers (28 -> 14 -> 7 -> 4),
-    # then 1x1 patches of the 4x4 feature map, so the same 16 tokens; it learns Fashion-MNIST
-    # in a quarter of the epochs (README, "A real run").
-    "vit_mnist_hybrid": ViTConfig(
-        img_size=28,
-        patch_size=1,
-        in_chans=1,
-        conv_stem=(32, 64, 128),
-        num_classes=10,
-        embed_dim=128,
-        depth=6,
-        num_heads=4,
-        mlp_ratio=2.0,
-    ),
-}
-
-_CLIP = dict(pre_norm=True, patch_bias=False, norm_eps=1e-5)
-_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
-_REG_GAP = dict(class_token=False, no_embed_class=True, global_pool="avg", init_values=1e-5)
-_MAP = dict(class_token=False, global_pool="map")
-_TANH = dict(act_layer="gelu_tanh")
-_SWIGLU_G = dict(mlp_layer="swiglu_packed", act_layer="silu")  # DINOv2-g's fused SwiGLU
-_DINO_G = {"giant": (1536, 40, 24, 5.33334)}
-_PLUS = {"base": (896, 12, 14, 4.0)}
-_RADIO = dict(no_embed_class=True, final_norm=False)
-_SO400M_TIPS = {"so400m": (1152, 27, 16, 4304 / 1152)}
-
-FAMILIES: tuple[Family, ...] = (
-    Family(
-        "vit_{size}_patch{patch}_{res}",
-        "tiny/16/224 tiny/16/384 small/32/224 small/32/384 small/16/224 small/16/384 "
-        "small/8/224:0 base/32/224 base/32/384 base/16/224 base/16/384 base/8/224 "
-        "large/32/224:0 large/32/384 large/16/224 large/16/384 large/14/224 huge/14/224:0 "
-        "giant/14/224 gigantic/14/224",
-    ),
-    Family("vit_{size}_patch{patch}_{res}_miil", "base/16/224:11221", dict(qkv_bias=False)),
-    Family(
-        "vit_{size}_patch{patch}_36x1_{res}",
-        "small/16/224",
-        dict(init_values=1e-5),
-        {"small": (384, 36, 6, 4.0)},
-    ),
-    Family(
-        "vit_{size}_patch{patch}_plus_{res}",
-        "base/16/240 base/32/256",
-        dict(init_values=1e-5),
-        _PLUS,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_rpn_{res}",
-        "base/16/224",
-        dict(
-            res_post_norm=True,
-            qkv_bias=False,
-            init_values=1e-5,
-            class_token=False,
-            global_pool="avg",
-        ),
-    ),
-    Family("deit_{size}_patch{patch}_{res}", "tiny/16/224 small/16/224 base/16/224 base/16/384"),
-    Family(
-        "deit3_{size}_patch{patch}_{res}",
-        "small/16/224 small/16/384 medium/16/224 base/16/224 base/16/384 large/16/224 "
-        "large/16/384 huge/14/224",
-        dict(no_embed_class=True, init_values=1e-6),
-    ),
-    Family("flexivit_{size}", "small/16/240 base/16/240 large/16/240", dict(no_embed_class=True)),
-    Family("eva_{size}_patch{patch}_{res}", "large/14/196 large/14/336", dict(global_pool="avg")),
-    Family(
-        "beit3_{size}_patch{patch}_{res}",
-        "base/16/224 large/16/224 giant/14/224 giant/14/336",
-        dict(scale_attn_norm=True, scale_mlp_norm=True, global_pool="avg", norm_eps=1e-5),
-        {"giant": (1408, 40, 16, 4.3637)},
-    ),
-    Family(
-        "vit_{size}_patch{patch}_gap_{res}",
-        "medium/16/240:11821 medium/16/256 medium/16/384 betwixt/16/256",
-        dict(_GAP, qkv_bias=False, init_values=1e-6),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_gap_{res}",
-        "base/16/224 huge/14/224:0 huge/16/448:0 giant/16/224:0",
-        _GAP,
-        {"base": (768, 12, 16, 4.0)},
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg1_gap_{res}",
-        "betwixt/16/256 medium/16/256 little/16/256 wee/16/256",
-        dict(_REG_GAP, reg_tokens=1),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg4_gap_{res}",
-        "betwixt/16/256 betwixt/16/384 medium/16/256 mediumd/16/256 mediumd/16/384 little/16/256",
-        dict(_REG_GAP, reg_tokens=4),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg4_gap_{res}",
-        "base/16/256",
-        dict(class_token=False, no_embed_class=True, global_pool="avg", reg_tokens=4),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg4_gap_{res}",
-        "so150m/16/256 so150m/16/384",
-        dict(_GAP, reg_tokens=4),
-    ),
-    Family("vit_{size}_patch{patch}_reg4_map_{res}", "so150m/16/256", dict(_MAP, reg_tokens=4)),
-    Family(
-        "vit_{size}_patch{patch}_reg1_gap_{res}",
-        "so150m2/16/256 so150m2/16/384 so150m2/16/448",
-        dict(class_token=False, global_pool="avg", reg_tokens=1, qkv_bias=False, init_values=1e-5),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_clip_{res}",
-        "xsmall/16/224:512 medium/16/224:512 medium/32/224:512 betwixt/32/224:512 base/32/224 "
-        "base/32/256:512 base/32/384 base/32/448 base/16/224 base/16/384 large/14/224 "
-        "large/14/336 huge/14/224 huge/14/336 huge/14/378:1024 giant/14/224:1024 "
-        "gigantic/14/224:1280 gigantic/14/378:1280",
-        _CLIP,
-    ),
-    Family("vit_{size}_patch{patch}_plus_clip_{res}", "base/16/240:640", _CLIP, _PLUS),
-    Family(
-        "vit_{size}_patch{patch}_clip_quickgelu_{res}",
-        "base/16/224:512 base/32/224:512 large/14/224:768 large/14/336:768 huge/14/224:1024 "
-        "huge/14/378:1024 gigantic/14/224:1280",
-        dict(_CLIP, act_layer="quick_gelu"),
-    ),
-    Family(
-        "vit_{size}_patch{patch}_dinov2",
-        "small/14/518 base/14/518 large/14/518",
-        dict(init_values=1e-5),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_dinov2",
-        "giant/14/518",
-        dict(_SWIGLU_G, init_values=1e-5),
-        _DINO_G,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg4_dinov2",
-        "small/14/518 base/14/518 large/14/518",
-        dict(init_values=1e-5, reg_tokens=4, no_embed_class=True),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg4_dinov2",
-        "giant/14/518",
-        dict(_SWIGLU_G, init_values=1e-5, reg_tokens=4, no_embed_class=True),
-        _DINO_G,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg1_tipsv2",
-        "base/14/448 large/14/448 so400m/14/448",
-        dict(init_values=1.0, reg_tokens=1, no_embed_class=True),
-        _SO400M_TIPS,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_reg1_tipsv2",
-        "giant/14/448",
-        dict(_SWIGLU_G, init_values=1.0, reg_tokens=1, no_embed_class=True),
-        _DINO_G,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_radio_v3",
-        "base/16/512 large/16/512",
-        dict(_RADIO, reg_tokens=7, init_values=1e-5),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_radio_v3",
-        "huge/16/512 giant/16/512",
-        dict(_RADIO, reg_tokens=7),
-        {"giant": (1536, 40, 24, 4.0)},
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_radio_v4",
-        "huge/16/512 so400m/16/512",
-        dict(_RADIO, reg_tokens=9),
-        _SO400M_TIPS,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_{res}",
-        "intern300m/14/448",
-        dict(init_values=0.1, final_norm=False, dynamic_img_size=True),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_siglip_{res}",
-        "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
-        "so400m/14/224 so400m/14/378",
-        _MAP,
-        classes=0,
-    ),
-    Family(  # the SigLIP 2 weights: GELU's tanh approximation
-        "vit_{size}_patch{patch}_siglip_{res}",
-        "base/32/256 large/16/512 so400m/16/256 so400m/16/384 so400m/16/512 giantopt/16/256 "
-        "giantopt/16/384",
-        dict(_MAP, **_TANH),
-        classes=0,
-    ),
-    Family(  # 384 is no multiple of 14: a 27 x 27 grid, the last 6 pixels dropped (as timm)
-        "vit_{size}_patch{patch}_siglip_{res}",
-        "so400m/14/384",
-        dict(_MAP, floor_grid=True),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_siglip_gap_{res}",
-        "so400m/14/384",
-        dict(_GAP, floor_grid=True),
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_siglip_gap_{res}",
-        "base/16/224 base/16/256 base/16/384 base/16/512 large/16/256 large/16/384 "
-        "so400m/14/224 so400m/14/378 so400m/14/448 so400m/14/896",
-        _GAP,
-        classes=0,
-    ),
-    Family(
-        "vit_{size}_patch{patch}_siglip_gap_{res}",
-        "base/32/256 large/16/512 so400m/16/256 so400m/16/384 so400m/16/512 giantopt/16/256 "
-        "giantopt/16/384",
-        dict(_GAP, **_TANH),
-        classes=0,
-    ),
-    Family(
-        "aimv2_{size}_patch{patch}_{res}",
-        " ".join(f"{s}/14/{r}" for s in ("large", "huge", "1b", "3b") for r in (224, 336, 448)),
-        dict(
-            _GAP,
-            qkv_bias=False,
-            proj_bias=False,
-            act_layer="silu",
-            mlp_layer="swiglu",
-            norm_layer="rmsnorm",
-            norm_eps=1e-5,
-            embed_norm=True,
-        ),
-        {
-            "large": (1024, 24, 8, 2.75),
-            "huge": (1536, 24, 12, 2.6667),
-            "1b": (2048, 24, 16, 2.75),
-            "3b": (3072, 24, 24, 2.6667),
-        },
-        classes=0,
-    ),
-)
-
-_FAMILY_CONFIGS: dict[str, ViTConfig] = {
-    name: config
-    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
-    for name, config in family.configs().items()
-}
-
-# The Swin Transformer (V1, S3, V2): a second architecture, its presets in swin/presets.py.
-_SWIN_CONFIGS: dict[str, SwinConfig] = swin_presets()
-
-# timm names whose architecture vitkit does not implement, with the reason.
-_RESNET_D = (
-    "a ResNet-D backbone (timm's resnet.py: BatchNorm, a deep stem, average-pool shortcuts), "
-    "not the paper's ResNetV2 (vitkit's hybrids: vit_*_r50_*, vit_*_r26_*)"
-)
-UNSUPPORTED_NAMES = {
-    **{
-        name: _RESNET_D
-        for name in (
-            "vit_small_resnet26d_224",
-            "vit_small_resnet50d_s16_224",
-            "vit_base_resnet26d_224",
-            "vit_base_resnet50d_224",
-        )  # fmt: skip
-    },
-    "vit_base_mci_224": "MobileCLIP's stem (4x4 / 2x2 convolutions with BatchNorm and GELU, no "
-    "patch projection), untrained in timm",
-}
-
-_NAME = re.compile(r"vit_(?P<size>[a-z]+)_patch(?P<patch>\d+)_(?P<res>\d+)")
+_ARCHITECTURES: dict[str, Architecture] = {}
+_PRESETS: dict[str, Architecture] = {}  # preset name -> its architecture
+_REFUSED: dict[str, str] = {}  # timm names vitkit does not implement -> why
 
 
-def _decode(name: str) -> ViTConfig:
-    match = _NAME.fullmatch(name)
-    assert match is not None and match["size"] in SIZES, name
-    dim, depth, heads = SIZES[match["size"]]
-    return ViTConfig(
-        img_size=int(match["res"]),
-        patch_size=int(match["patch"]),
-        embed_dim=dim,
-        depth=depth,
-        num_heads=heads,
-    )
+def register(arch: Architecture) -> None:
+    """Add a family: its record and every preset name; a name already taken is refused."""
+    if arch.name in _ARCHITECTURES:
+        raise ValueError(f"architecture {arch.name!r} is registered already")
+    taken = sorted(set(arch.presets) & (set(_PRESETS) | set(_REFUSED)))
+    if taken:
+        raise ValueError(f"{arch.title} presets {', '.join(taken)} are registered already")
+    _ARCHITECTURES[arch.name] = arch
+    _PRESETS.update(dict.fromkeys(arch.presets, arch))
+    _REFUSED.update(arch.refused)
+
+
+for _arch in (VIT, SWIN, SWIN_CR):
+    register(_arch)
+
+
+def architectures() -> list[Architecture]:
+    """Every registered family, in registration order."""
+    return list(_ARCHITECTURES.values())
+
+
+def get_architecture(name: str) -> Architecture:
+    """The record registered as `name` ('vit', 'swin', ...)."""
+    if name not in _ARCHITECTURES:
+        known = ", ".join(_ARCHITECTURES)
+        raise ValueError(f"unknown architecture {name!r}; registered: {known}")
+    return _ARCHITECTURES[name]
+
+
+def find_architecture(thing: Any) -> Architecture | None:
+    """The record of a config, a model (by its class) or a wrapper holding a model
+    (`.model`: a feature backbone), else None."""
+    for arch in _ARCHITECTURES.values():
+        if arch.owns(thing) or type(thing) in arch.model_classes:
+            return arch
+    inner = getattr(thing, "model", None)
+    return find_architecture(inner) if isinstance(inner, nn.Module) else None
+
+
+def architecture_of(thing: Any) -> Architecture:
+    """As `find_architecture`, but a thing of no registered family is a ValueError."""
+    arch = find_architecture(thing)
+    if arch is None:
+        raise ValueError(f"{type(thing).__name__} is not a model or config of a vitkit family")
+    return arch
+
+
+def build_model(config: Any) -> nn.Module:
+    """The model of a config, built by its family."""
+    return architecture_of(config).build(config)
 
 
 def list_models(pattern: str = "*") -> list[str]:
     """Registered model names matching a shell-style `pattern`, sorted."""
-    names = sorted(set(_STANDARD_NAMES) | set(_SPECIAL) | set(_FAMILY_CONFIGS) | set(_SWIN_CONFIGS))
-    return [name for name in names if fnmatch.fnmatch(name, pattern)]
+    return sorted(name for name in _PRESETS if fnmatch.fnmatch(name, pattern))
 
 
-def get_config(name: str) -> ViTConfig | SwinConfig:
-    """The preset config of a registered name: a `ViTConfig` (the paper's presets keep a
-    1000-class head where timm's model has none) or, for a Swin name, a `SwinConfig`."""
-    if name in _SPECIAL:
-        return _SPECIAL[name]
-    if name in _STANDARD_NAMES:
-        return _decode(name)
-    if name in _FAMILY_CONFIGS:
-        return _FAMILY_CONFIGS[name]
-    if name in _SWIN_CONFIGS:
-        return _SWIN_CONFIGS[name]
-    if name in UNSUPPORTED_NAMES:
-        raise ValueError(
-            f"timm's {name} uses {UNSUPPORTED_NAMES[name]}, which vitkit does not implement"
-        )
+def get_config(name: str) -> Any:
+    """The preset config of a registered name (a `ViTConfig` for a ViT name, a `SwinConfig`
+    for a Swin's: the family's config class)."""
+    if name in _PRESETS:
+        return _PRESETS[name].presets[name]
+    if name in _REFUSED:
+        raise ValueError(f"timm's {name} uses {_REFUSED[name]}, which vitkit does not implement")
     close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"unknown model name {name!r}; {hint}see vitkit.list_models() for all names")
@@ -401,9 +102,9 @@ def create_model(
     feature_cls: str = "getter",
     output_fmt: str = "NCHW",
     **overrides: Any,
-) -> VisionTransformer | ViTBackbone | SwinTransformer:
+) -> nn.Module:
     """Build a registered model, e.g. `create_model('vit_small_patch16_224', num_classes=10)`;
-    a Swin name builds a `SwinTransformer`.
+    the name's architecture record builds it (a Swin name: a Swin Transformer).
 
     With `features_only=True`, as timm: a pruned `ViTBackbone` whose forward returns the maps
     of blocks `out_indices` (an int n: the last n; timm's default 3), 'NCHW' or 'NLC' by
@@ -414,24 +115,20 @@ def create_model(
     if overrides.get("global_pool") == "":
         overrides["global_pool"] = "none"  # timm's spelling
     config = get_config(name)
+    arch = architecture_of(config)
     if not features_only:
         if out_indices is not None or feature_cls != "getter" or output_fmt != "NCHW":
             raise ValueError(
                 "out_indices, feature_cls and output_fmt describe a feature extractor; pass "
                 "features_only=True with them"
             )
-        if isinstance(config, SwinConfig):
-            return build_swin(config.replace(**overrides))  # V2-cr: a SwinTransformerV2Cr
-        return VisionTransformer(config.replace(**overrides))
-    kind = "Swin" if isinstance(config, SwinConfig) else "ViT"
+        return build_model(config.replace(**overrides))
     if feature_cls != "getter":
         raise ValueError(
-            f"feature_cls={feature_cls!r} is not available for a {kind}, whose maps are read "
-            "through forward_intermediates; pass feature_cls='getter' (the default)"
+            f"feature_cls={feature_cls!r} is not available for a {arch.title}, whose maps are "
+            "read through forward_intermediates; pass feature_cls='getter' (the default)"
         )
-    if isinstance(config, SwinConfig):
-        swin = build_swin(config.replace(**overrides))
-        return SwinBackbone(swin, out_indices, output_fmt=output_fmt, prune=True)
-    model = VisionTransformer(config.replace(**overrides))
-    return ViTBackbone(model, 3 if out_indices is None else out_indices, output_fmt=output_fmt,
-                       prune=True)  # fmt: skip
+    model = build_model(config.replace(**overrides))
+    if out_indices is None:
+        out_indices = arch.default_out_indices(config)
+    return arch.backbone(model, out_indices, output_fmt=output_fmt, prune=True)

@@ -4,12 +4,17 @@ A model's `describe_flow(input_size)` returns a `FlowSpec`: plain data naming ea
 does, its layout, the parameters it owns and where its output shape can be measured in one
 forward pass (a sub-module's output or input, or an operator called inside a sub-module). The
 summary runs the model once, measures every stage and renders the table; it knows no attribute
-name of any architecture, so a second one (a Swin) describes its own stages the same way.
+name of any architecture, so each family describes its own stages the same way; the stages of
+the shared layers (patch embedding, attention, MLP) are described here once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from .layers import Attention, Mlp, PatchEmbed, SwiGLU, SwiGLUPacked
 
 
 @dataclass(frozen=True)
@@ -95,3 +100,146 @@ class FlowSpec:
     tokens: Measure
     legend: str
     fold: str = "identical"
+
+
+# -- the stages of the shared layers (layers/), for every family's description ---------------
+
+TOKEN = "(B, N, D)"
+
+
+def param_count(module: nn.Module | nn.Parameter | None) -> int:
+    if isinstance(module, nn.Parameter):
+        return module.numel()
+    if isinstance(module, nn.Module):
+        return sum(p.numel() for p in module.parameters())
+    return 0
+
+
+def module_stage(
+    root: nn.Module, path: str, role: str, detail: str, layout: str, block: int | None = None
+) -> Stage:
+    """The stage a sub-module runs: its output, and the parameters it owns."""
+    return Stage(
+        path, role, detail, layout, Output(path), param_count(root.get_submodule(path)), block
+    )
+
+
+def layer_kind(module: nn.Module) -> str:
+    """A layer's name as a reader knows it ('LayerNorm', 'GELU (tanh)', 'SiLU')."""
+    if isinstance(module, nn.GELU) and module.approximate != "none":
+        return f"GELU ({module.approximate})"
+    return type(module).__name__
+
+
+def optional_stages(
+    root: nn.Module,
+    path: str,
+    role: str,
+    layout: str,
+    block: int | None,
+    detail: str | None = None,
+) -> list[Stage]:
+    """The stage of an optional layer at `path` (none where it is the identity); its detail
+    is the layer's kind unless given."""
+    module = root.get_submodule(path)
+    if isinstance(module, nn.Identity):
+        return []
+    return [module_stage(root, path, role, detail or layer_kind(module), layout, block)]
+
+
+def patch_embed_stages(root: nn.Module, path: str) -> list[Stage]:
+    """A `PatchEmbed`: the conv stem, the patch projection (a convolution, also shown as the
+    unfold + linear it equals, or an unfold and a Linear), the flattening and the norm."""
+    embed: PatchEmbed = root.get_submodule(path)
+    ph, pw = embed.patch_size
+    stages = []
+    if embed.backbone is not None:
+        for name, child in embed.backbone.named_children():
+            detail = layer_kind(child)
+            if isinstance(child, nn.Conv2d):
+                (kh, kw), (stride, _) = child.kernel_size, child.stride
+                detail = (
+                    f"Conv2d {child.in_channels}->{child.out_channels}, {kh}x{kw}, stride {stride}"
+                )
+            stem = f"{path}.backbone.{name}"
+            stages.append(module_stage(root, stem, "conv stem", detail, "(B, C', H', W')"))
+    proj, cut = embed.proj, f"nn.Unfold cuts {ph}x{pw} patches, each flattened"
+    if embed.unfold is None:
+        chans, dim = proj.in_channels, proj.out_channels
+        detail = f"Conv2d {chans}->{dim}, kernel {ph}x{pw}, stride {ph}x{pw}"
+        flat, view = Op(path, ("transpose",)), Unfold(f"{path}.proj", (ph, pw))
+        linear = f"Linear {chans * ph * pw}->{dim} (the conv weight reshaped)"
+        stages += [
+            module_stage(root, f"{path}.proj", "patch embedding", detail, "(B, D, H/ph, W/pw)"),
+            Stage("  = unfold", "same as", cut, "(B, C*ph*pw, P)", view, None),
+            Stage("  = linear", "then", linear, "(B, P, D)", flat, None),
+            Stage(path, "flatten", "flatten(2).transpose(1, 2)", "(B, P, D)", flat),
+        ]
+    else:
+        linear = f"Linear {proj.in_features}->{proj.out_features}"
+        rows = "transpose(1, 2): one row per patch"
+        stages += [
+            module_stage(root, f"{path}.unfold", "patch embedding", cut, "(B, C*ph*pw, P)"),
+            Stage(path, "flatten", rows, "(B, P, C*ph*pw)", Input(f"{path}.proj")),
+            module_stage(root, f"{path}.proj", "patch projection", linear, "(B, P, D)"),
+        ]
+    return stages + optional_stages(root, f"{path}.norm", "patch norm", "(B, P, D)", None)
+
+
+def attention_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
+    """An `Attention` on its explicit path: qkv, heads, softmax(q k^T * scale) v, projection."""
+    attn: Attention = root.get_submodule(path)
+    dim = attn.qkv.in_features
+
+    def op(role: str, detail: str, layout: str, name: str, nth: int = 0) -> Stage:
+        return Stage(path, role, detail, layout, Op(path, (name,), nth), 0, block)
+
+    def layer(name: str, role: str, detail: str, layout: str) -> Stage:
+        return module_stage(root, f"{path}.{name}", role, detail, layout, block)
+
+    heads = "(B, heads, N, hd)"
+    return [
+        layer("qkv", "qkv projection", f"Linear {dim}->{3 * dim}", "(B, N, 3*D)"),
+        op("split heads", "reshape + permute into q, k, v", "(3, B, heads, N, hd)", "permute"),
+        *optional_stages(root, f"{path}.q_norm", "query norm", heads, block),
+        *optional_stages(root, f"{path}.k_norm", "key norm", heads, block),
+        op("attention logits", "q @ k^T * scale", "(B, heads, N, N)", "matmul", 0),
+        op("softmax", "over the keys: each row sums to 1", "(B, heads, N, N)", "softmax"),
+        op("weighted values", "softmax @ v", heads, "matmul", 1),
+        op("merge heads", "transpose(1, 2) + flatten", TOKEN, "flatten"),
+        *optional_stages(root, f"{path}.norm", "merged heads norm", TOKEN, block),
+        layer("proj", "attention projection", f"Linear {dim}->{dim}", TOKEN),
+    ]
+
+
+def mlp_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
+    """An `Mlp` (Linear + activation, Linear), `SwiGLU` or `SwiGLUPacked` (gated hidden)."""
+    mlp: Mlp | SwiGLU | SwiGLUPacked = root.get_submodule(path)
+    act, hidden, dim = layer_kind(mlp.act), mlp.fc2.in_features, mlp.fc2.out_features
+    layout = "(B, N, hidden)"
+
+    def layer(name: str, role: str, detail: str, measure: str | None = None) -> Stage:
+        stage = module_stage(root, f"{path}.{name}", role, detail, layout, block)
+        if measure is None:
+            return stage
+        return replace(stage, measure=Output(f"{path}.{measure}"))  # e.g. after the activation
+
+    gate = Stage(path, "gated hidden", "act(gate) * value", layout, Op(path, ("mul",)), 0, block)
+    if isinstance(mlp, SwiGLU):
+        stages = [
+            layer("fc1_g", "MLP gate", f"Linear {dim}->{hidden} + {act}", measure="act"),
+            layer("fc1_x", "MLP value", f"Linear {dim}->{hidden}"),
+            gate,
+        ]
+    elif isinstance(mlp, SwiGLUPacked):
+        stages = [layer("fc1", "MLP hidden", f"Linear {dim}->{2 * hidden}, gate and value packed")]
+        stages.append(gate)
+    else:
+        stages = [layer("fc1", "MLP hidden", f"Linear {dim}->{hidden} + {act}", measure="act")]
+    output = module_stage(root, f"{path}.fc2", "MLP output", f"Linear {hidden}->{dim}", TOKEN)
+    output = replace(output, block=block)
+    return [
+        *stages,
+        *optional_stages(root, f"{path}.norm", "MLP hidden norm", layout, block),
+        output,
+    ]

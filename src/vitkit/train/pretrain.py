@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data import Splits
-from ..model.mae import MaskedAutoencoder
+from ..model.vit.mae import MaskedAutoencoder
 from ..weights.cnn import is_timm_name
 from .config import PretrainConfig
 from .distributed import world

@@ -24,8 +24,8 @@ from ..data import Splits, Subset, Transformed, build_transform, load_data
 from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, ViTConfig, create_model, get_config, to_2tuple
-from ..model.onednn import MIN_FEATURES
 from ..model.onednn_support import native_bf16
+from ..model.vit.onednn import MIN_FEATURES
 from ..weights import inspect, load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
 from ..weights.timm import check_arch

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from ..data.data_config import DataConfig
 from ..files import atomic_write
-from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_swin
-from ..model.config import to_2tuple
+from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_model
+from ..model.layers.patch_embed import to_2tuple
 from .cnn import TIMM_KEY, timm_metadata
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: P
     config is metadata anyone can edit, and a claimed depth or image size allocates memory."""
     if isinstance(config, SwinConfig):  # a Swin's shapes, from the whole model on meta
         with torch.device("meta"):
-            expected = {k: v.shape for k, v in build_swin(config).state_dict().items()}
+            expected = {k: v.shape for k, v in build_model(config).state_dict().items()}
         report = mismatch_report(expected, shapes)
         if report:
             raise CheckpointError(

@@ -25,7 +25,7 @@ from safetensors.torch import save as serialize_safetensors
 from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import VisionTransformer, ViTConfig
-from ..model.config import to_2tuple
+from ..model.layers.patch_embed import to_2tuple
 from .hf import to_hf, to_hf_config
 from .timm import ARCH_FIELDS, timm_kwargs, to_timm
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model import ViTConfig
-from ..model.pos_embed import fixed_pos_embed
+from ..model.layers.pos_embed import fixed_pos_embed
 from .checkpoint import CheckpointError
 from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
 

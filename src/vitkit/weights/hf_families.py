@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from ..model import ViTConfig
-from ..model.config import to_2tuple
 from ..model.layers import mlp_hidden_width
+from ..model.layers.patch_embed import to_2tuple
 from .checkpoint import CheckpointError
 from .hf import from_hf, hf_config_dict, unknown_weights_error
 from .layout import check_state_dict, infer_config

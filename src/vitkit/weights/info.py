@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from ..model import ViTConfig, list_models
-from ..model.config import to_2tuple
+from ..model.layers.patch_embed import to_2tuple
 from .checkpoint import (
     CONFIG_KEY,
     CheckpointError,

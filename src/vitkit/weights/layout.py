@@ -33,8 +33,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..model import ViTConfig
-from ..model.config import hybrid_strides, to_2tuple
-from ..model.torch_encoder import torch_to_native_state_dict
+from ..model.layers.patch_embed import to_2tuple
+from ..model.vit.config import hybrid_strides
+from ..model.vit.torch_encoder import torch_to_native_state_dict
 from .checkpoint import CheckpointError, MissingOptionError, expected_shapes, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).

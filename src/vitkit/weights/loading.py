@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ..model import SwinConfig, VisionTransformer, ViTConfig, build_swin
+from ..model import SwinConfig, VisionTransformer, ViTConfig, build_model
 from .checkpoint import (
     CheckpointError,
     check_class_names,
@@ -96,7 +96,7 @@ def _built(info: WeightsInfo, map_location: str | torch.device) -> nn.Module:
     else:
         config = info.require_config()
         swin = isinstance(config, SwinConfig)
-        model = build_swin(config) if swin else VisionTransformer(config)
+        model = build_model(config) if swin else VisionTransformer(config)
     state_dict = dict(info.tensors) if info.tensors is not None else None
     if state_dict is None:
         state_dict = load_state_dict(info.weights_file, map_location=map_location)

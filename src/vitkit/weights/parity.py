@@ -34,8 +34,8 @@ from ..model import (
     get_config,
     list_models,
 )
-from ..model.config import to_2tuple
-from ..model.torch_encoder import torch_to_native_state_dict
+from ..model.layers.patch_embed import to_2tuple
+from ..model.vit.torch_encoder import torch_to_native_state_dict
 from .checkpoint import load_state_dict
 from .detect import weights_file
 from .hf import hf_config_dict

@@ -28,7 +28,7 @@ from ..data.data_config import (
     DataConfig,
 )
 from ..model import ViTConfig
-from ..model.config import to_2tuple
+from ..model.layers.patch_embed import to_2tuple
 from .checkpoint import CheckpointError, saved_data_config
 
 log = logging.getLogger(__name__)

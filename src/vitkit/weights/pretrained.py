@@ -25,9 +25,9 @@ from torch import Tensor
 
 from ..data.data_config import DataConfig
 from ..model import SwinConfig, SwinCrConfig, SwinTransformer, VisionTransformer, ViTConfig
-from ..model.config import to_2tuple
-from ..model.pos_embed import resample_patch_embed, resample_pos_embed
-from ..model.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
+from ..model.layers.patch_embed import to_2tuple
+from ..model.layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..model.vit.torch_encoder import native_to_torch_state_dict, torch_to_native_state_dict
 from .checkpoint import CheckpointError, load_into, load_npz, load_state_dict
 from .detect import CONVERTERS, FORMATS, detect_format
 from .info import (

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import SwinConfig, SwinCrConfig, SwinTransformer, build_swin, get_config
+from ..model import SwinConfig, SwinCrConfig, SwinTransformer, build_model, get_config
 from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
 from ..model.swin.window import resize_rel_pos_bias_table
 from .checkpoint import (
@@ -250,7 +250,7 @@ def _cr_config(
     else:
         config = SwinCrConfig(**{**shown, **overrides})
     with torch.device("meta"):
-        expected = build_swin(config).state_dict()
+        expected = build_model(config).state_dict()
     load_check(expected, sd)
     return config
 
@@ -323,7 +323,7 @@ def fill_swin(
             target = target.replace(img_size=img_size)
         if num_classes is not None:
             target = target.replace(num_classes=num_classes)
-        model = build_swin(target)
+        model = build_model(target)
     elif num_classes is not None and num_classes != model.num_classes:
         model.reset_classifier(num_classes)
     state_dict = dict(weights.state_dict)

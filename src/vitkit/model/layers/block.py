@@ -11,11 +11,10 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from ...options import check_choice
-from ..config import MLP_LAYERS
 from .attention import Attention
 from .drop import DropPath
 from .layer_scale import LayerScale
-from .mlp import MLP_CLASSES, mlp_hidden_width
+from .mlp import MLP_CLASSES, MLP_LAYERS, mlp_hidden_width
 from .norm import make_norm
 
 

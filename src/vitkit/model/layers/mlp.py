@@ -12,7 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from ...options import check_choice
-from ..config import ACT_LAYERS, MLP_LAYERS
+
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
 
 
 class QuickGELU(nn.Module):

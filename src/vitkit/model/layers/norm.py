@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...options import check_choice
-from ..config import NORM_LAYERS
+
+NORM_LAYERS = ("layernorm", "rmsnorm")
 
 
 def make_norm(kind: str, dim: int, eps: float) -> nn.Module:

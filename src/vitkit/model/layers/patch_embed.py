@@ -12,9 +12,63 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...options import check_choice
-from ..config import PATCH_EMBED_KINDS, patch_grid, to_2tuple
 from .norm import make_norm
 from .resnetv2 import build_hybrid_backbone
+
+PATCH_EMBED_KINDS = ("conv", "unfold")
+
+# -- geometry: the one computation of the patch grid, used by the model, the weight converters
+# and the position-embedding resampler --------------------------------------------------------
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """An int or an (h, w) pair as an (h, w) tuple of positive ints."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{name} must be a positive int or an (h, w) pair of them, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def stem_output_size(size: int, layers: int) -> int:
+    """A side of the feature map after `layers` 3x3 stride-2 convolutions padded by 1."""
+    for _ in range(layers):
+        size = (size + 1) // 2
+    return size
+
+
+def patch_grid(
+    height: int,
+    width: int,
+    patch_size: tuple[int, int],
+    stem_layers: int = 0,
+    what: str = "input",
+    floor: bool = False,
+) -> tuple[int, int]:
+    """The patch grid (rows, columns) of a height x width image cut into `patch_size` patches,
+    after `stem_layers` stride-2 stem convolutions; a ValueError with the fix when the image
+    (or the stem's feature map) does not split into whole patches, unless `floor` (the last
+    partial patch dropped)."""
+    grid = []
+    for side, size, patch in zip(("height", "width"), (height, width), patch_size):
+        feature = stem_output_size(size, stem_layers)
+        if feature % patch and not floor:
+            if stem_layers:
+                raise ValueError(
+                    f"{what} {side} {size} gives a {feature}-pixel conv-stem feature map, "
+                    f"not divisible by patch_size {side} {patch}; choose a size whose "
+                    f"feature map is a multiple of {patch}"
+                )
+            if what == "input":
+                raise ValueError(
+                    f"input {side} {size} is not divisible by patch size {patch}; "
+                    f"resize to a multiple of {patch}"
+                )
+            raise ValueError(
+                f"{what} {side} {size} is not divisible by patch_size {side} {patch}; "
+                f"use an {what} that is a multiple of {patch}"
+            )
+        grid.append(feature // patch)
+    return grid[0], grid[1]
 
 
 def conv_to_unfold_weight(weight: Tensor) -> Tensor:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...options import FRACTION, POSITIVE, Options, Range, option
-from ..config import ACT_LAYERS, to_2tuple
+from ..layers.mlp import ACT_LAYERS
+from ..layers.patch_embed import to_2tuple
 
 SWIN_VERSIONS = (1, 2)
 SWIN_POOLS = ("avg", "max", "avgmax", "none")

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import to_2tuple
 from ..layers import DropPath, Mlp, PatchEmbed
+from ..layers.patch_embed import to_2tuple
 from .attention import LOGIT_SCALE_MAX, WindowAttention
-from .config import SwinConfig
 from .cr_config import SwinCrConfig
 from .stage import PatchMerging, SwinBlock, SwinStage
 from .swin import SwinHead, SwinTransformer
@@ -348,11 +347,3 @@ def _build_stage(config: SwinCrConfig, index: int) -> SwinStage:
         for depth in range(config.depths[index])
     ]
     return SwinStage(downsample, blocks)
-
-
-def build_swin(config: SwinConfig) -> SwinTransformer:
-    """The model of a Swin config: a `SwinTransformerV2Cr` for a `SwinCrConfig`, else a
-    `SwinTransformer` (V1 or V2)."""
-    if isinstance(config, SwinCrConfig):
-        return SwinTransformerV2Cr(config)
-    return SwinTransformer(config)

@@ -8,7 +8,7 @@ inherits them; what only cr has (windows derived from the patch grid, the extra 
 norms, the initial scale of the res-post norms) is declared here, so V1 / V2 configs and their
 `--help` do not carry options they ignore. `isinstance(config, SwinConfig)` holds, so every
 Swin path (loading, saving, the refusals of what does not cover a Swin yet) takes cr too;
-`build_swin` (cr.py) picks the model class.
+its architecture record (`SWIN_CR`, swin/__init__.py) builds the model class.
 """
 
 from __future__ import annotations

@@ -6,21 +6,27 @@ window reverse and the cyclic shift, MLP; the final norm, pooling and head.
 Liu et al., "Swin Transformer" (ICCV 2021), Section 3 and Fig. 3; Swin V2 (CVPR 2022),
 Section 3.1-3.3. Each stage names where its output shape is measured in one forward pass (the
 model's own windows, clamps and shifts: nothing here computes a shape); the patch embedding and
-MLP describers are the ViT's (`vit_flow.py`).
+MLP describers are the shared layers' (`model/stages.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from ..stages import FlowSpec, Input, Op, Output, Stage
-from ..vit_flow import mlp_stages, module_stage, patch_embed_stages
+from torch import nn
+
+from ..stages import (
+    FlowSpec,
+    Input,
+    Op,
+    Output,
+    Stage,
+    mlp_stages,
+    module_stage,
+    patch_embed_stages,
+)
 from .config import stage_resolution
 from .stage import PatchMerging, SwinBlock
-
-if TYPE_CHECKING:
-    from .swin import SwinTransformer
 
 MAP = "(B, H, W, C)"
 WINDOWS = "(B*nW, N, C)"
@@ -32,7 +38,7 @@ LEGEND = (
 )
 
 
-def _attention_stages(root: SwinTransformer, path: str, block: int, cosine: bool) -> list[Stage]:
+def _attention_stages(root: nn.Module, path: str, block: int, cosine: bool) -> list[Stage]:
     """A window attention on the windows (B * nW, N, C): qkv, heads, logits (scaled dot
     product, or V2's cosine times a clamped scale), the relative position bias, the softmax."""
     attn = root.get_submodule(path)
@@ -96,7 +102,7 @@ def _attention_stages(root: SwinTransformer, path: str, block: int, cosine: bool
     ]
 
 
-def _window_stages(root: SwinTransformer, path: str, block: int, grid: tuple[int, int]) -> list:
+def _window_stages(root: nn.Module, path: str, block: int, grid: tuple[int, int]) -> list:
     """A block's window attention on its map (B, H, W, C): shift, pad, partition, attention
     per window (the mask where shifted), reverse, crop and shift back. `grid` is the block's
     map at this input, for the descriptions only (the shapes are measured)."""
@@ -150,7 +156,7 @@ def _window_stages(root: SwinTransformer, path: str, block: int, grid: tuple[int
     return out
 
 
-def block_stages(root: SwinTransformer, path: str, block: int, grid: tuple[int, int]) -> list:
+def block_stages(root: nn.Module, path: str, block: int, grid: tuple[int, int]) -> list:
     """A `SwinBlock`: x + attention(norm1(x)), then x + mlp(norm2(x)) (V1, pre-norm); V2
     normalises each branch's output instead (res-post-norm)."""
     module: SwinBlock = root.get_submodule(path)
@@ -175,7 +181,7 @@ def block_stages(root: SwinTransformer, path: str, block: int, grid: tuple[int, 
     return [*attn, residual("attention", 0), *mlp, residual("MLP", 1)]
 
 
-def merging_stages(root: SwinTransformer, path: str) -> list[Stage]:
+def merging_stages(root: nn.Module, path: str) -> list[Stage]:
     """A `PatchMerging`: each 2x2 group of neighbours concatenated, normed and projected (V2:
     projected, then normed)."""
     module: PatchMerging = root.get_submodule(path)
@@ -204,7 +210,7 @@ def merging_stages(root: SwinTransformer, path: str) -> list[Stage]:
     return [concat, linear, norm] if module.post_norm else [concat, norm, linear]
 
 
-def _head_stages(model: SwinTransformer) -> list[Stage]:
+def _head_stages(model: nn.Module) -> list[Stage]:
     """The final norm, the pooling over the map and the classifier."""
     stages = [module_stage(model, "norm", "final norm", "LayerNorm", MAP)]
     pool = model.head.global_pool
@@ -229,7 +235,7 @@ def _head_stages(model: SwinTransformer) -> list[Stage]:
     return stages
 
 
-def describe_swin(model: SwinTransformer, input_size: tuple[int, ...]) -> FlowSpec:
+def describe_swin(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     """`model`'s forward pass for an input of `input_size` (B, C, H, W), stage by stage;
     blocks are numbered over the whole model, and one whose stages repeat an earlier block's
     (on a smaller map) is folded into one line (`FlowSpec.fold='pattern'`)."""

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from ..intermediates import take_indices
 from ..layers import PatchEmbed
+from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
-from ..weight_init import trunc_normal_
 from .attention import CosineWindowAttention, WindowAttention
 from .config import SwinConfig
 from .flow import describe_swin

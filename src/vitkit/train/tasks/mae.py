@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...model.mae import MaskedAutoencoder
+from ...model.vit.mae import MaskedAutoencoder
 from ...plots import draw_reconstructions
 from ...weights.checkpoint import save
 from ..distributed import all_reduce

@@ -27,9 +27,9 @@ from dataclasses import replace
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .intermediates import take_indices
-from .layers import LayerNorm2d
-from .stages import FlowSpec, Input, Op, Output, Stage
+from ..intermediates import take_indices
+from ..layers import LayerNorm2d
+from ..stages import FlowSpec, Input, Op, Output, Stage
 from .vit import VisionTransformer
 
 SCALES = (4.0, 2.0, 1.0, 0.5)

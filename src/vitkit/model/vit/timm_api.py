@@ -14,11 +14,11 @@ from typing import Any
 
 from torch import nn
 
+from ..intermediates import take_indices
+from ..layers import PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
+from ..layers.pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
+from ..layers.weight_init import trunc_normal_
 from .config import ViTConfig
-from .intermediates import take_indices
-from .layers import PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
-from .pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
-from .weight_init import trunc_normal_
 
 
 def feature_reduction(patch_embed: PatchEmbed) -> int | tuple[int, int]:

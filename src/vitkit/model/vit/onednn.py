@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import Block, Mlp
-from .onednn_int8 import Int8Linear
-from .onednn_support import (
+from ..layers import Block, Mlp
+from ..onednn_int8 import Int8Linear
+from ..onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
     native_bf16,

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from torch import Tensor, nn
 
-from .stages import Op, Output, Stage
+from ..stages import Op, Output, Stage
 
 # (native block suffix, torch layer suffix); qkv.* maps onto MHA's packed in-projection.
 _RENAMES = (

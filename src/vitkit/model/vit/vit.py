@@ -29,17 +29,17 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from ..intermediates import IntermediateFeatures, take_indices
+from ..layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, WindowBlock, make_norm
+from ..layers.parallel import build_block_variant
+from ..layers.pos_embed import fixed_pos_embed, resample_pos_embed
+from ..layers.weight_init import trunc_normal_
+from ..stages import FlowSpec
 from . import onednn
 from .config import ViTConfig
-from .intermediates import IntermediateFeatures, take_indices
-from .layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, WindowBlock, make_norm
-from .layers.parallel import build_block_variant
-from .pos_embed import fixed_pos_embed, resample_pos_embed
-from .stages import FlowSpec
+from .flow import describe_vit
 from .timm_api import TimmModelApi, block_feature_info
 from .torch_encoder import build_torch_encoder, check_torch_encoder_options
-from .vit_flow import describe_vit
-from .weight_init import trunc_normal_
 
 # `take_indices` and `trunc_normal_` live in intermediates.py / weight_init.py; importable here.
 __all__ = ["VisionTransformer", "take_indices", "trunc_normal_"]
@@ -213,7 +213,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
 
     def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
         """This model's forward pass for an input of `input_size` (B, C, H, W), stage by
-        stage, for `vitkit.summary.flow` to measure (vit_flow.py)."""
+        stage, for `vitkit.summary.flow` to measure (flow.py)."""
         return describe_vit(self, input_size)
 
     # -- forward ----------------------------------------------------------------------------

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .config import to_2tuple
-from .layers import Block
-from .pos_embed import fixed_pos_embed
+from ..layers import Block
+from ..layers.patch_embed import to_2tuple
+from ..layers.pos_embed import fixed_pos_embed
 from .vit import VisionTransformer
 
 

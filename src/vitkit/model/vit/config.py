@@ -1,33 +1,22 @@
 """`ViTConfig`: every choice that defines a Vision Transformer, declared once (`options.py`:
 type, default, help, range or choices per field), checked once, saved as JSON.
 
-It also owns the geometry: `patch_grid` is the one computation of the patch grid, used by the
-model, the weight converters and the position-embedding resampler.
+The patch grid itself (`patch_grid`) is the patch embedding's (layers/patch_embed.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import (
-    FRACTION,
-    POSITIVE,
-    Options,
-    Range,
-    default_of,
-    option,
-    option_names,
-)
-from .config_checks import check_config
-from .pos_embed import POS_EMBED_KINDS
+from ...options import FRACTION, POSITIVE, Options, Range, default_of, option, option_names
+from ..layers.mlp import ACT_LAYERS, MLP_LAYERS
+from ..layers.norm import NORM_LAYERS
+from ..layers.patch_embed import PATCH_EMBED_KINDS, patch_grid, stem_output_size, to_2tuple
+from ..layers.pos_embed import POS_EMBED_KINDS
 
-PATCH_EMBED_KINDS = ("conv", "unfold")
 # 'map' is attention pooling (SigLIP's multihead attention pooling head); 'none' keeps every
 # token (timm's global_pool='').
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "none")
-ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
-NORM_LAYERS = ("layernorm", "rmsnorm")
-MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
 ENCODERS = ("native", "torch")
 HYBRIDS = ("none", "resnetv2")
 BLOCKS = ("plain", "parallel_scaling", "parallel_things")
@@ -38,60 +27,10 @@ TOKEN_INITS = ("trunc_normal", "zeros")
 # -- geometry --------------------------------------------------------------------------------------
 
 
-def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
-    """An int or an (h, w) pair as an (h, w) tuple of positive ints."""
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
-        raise ValueError(f"{name} must be a positive int or an (h, w) pair of them, got {value!r}")
-    return pair  # type: ignore[return-value]
-
-
 def hybrid_strides(hybrid: str, layers: tuple[int, ...]) -> int:
     """Stride-2 steps of a hybrid backbone: the ResNet stem's two, one per stage after the
     first (layers/resnetv2.py)."""
     return 0 if hybrid == "none" else 2 + max(len(layers) - 1, 0)
-
-
-def stem_output_size(size: int, layers: int) -> int:
-    """A side of the feature map after `layers` 3x3 stride-2 convolutions padded by 1."""
-    for _ in range(layers):
-        size = (size + 1) // 2
-    return size
-
-
-def patch_grid(
-    height: int,
-    width: int,
-    patch_size: tuple[int, int],
-    stem_layers: int = 0,
-    what: str = "input",
-    floor: bool = False,
-) -> tuple[int, int]:
-    """The patch grid (rows, columns) of a height x width image cut into `patch_size` patches,
-    after `stem_layers` stride-2 stem convolutions; a ValueError with the fix when the image
-    (or the stem's feature map) does not split into whole patches, unless `floor` (the last
-    partial patch dropped)."""
-    grid = []
-    for side, size, patch in zip(("height", "width"), (height, width), patch_size):
-        feature = stem_output_size(size, stem_layers)
-        if feature % patch and not floor:
-            if stem_layers:
-                raise ValueError(
-                    f"{what} {side} {size} gives a {feature}-pixel conv-stem feature map, "
-                    f"not divisible by patch_size {side} {patch}; choose a size whose "
-                    f"feature map is a multiple of {patch}"
-                )
-            if what == "input":
-                raise ValueError(
-                    f"input {side} {size} is not divisible by patch size {patch}; "
-                    f"resize to a multiple of {patch}"
-                )
-            raise ValueError(
-                f"{what} {side} {size} is not divisible by patch_size {side} {patch}; "
-                f"use an {what} that is a multiple of {patch}"
-            )
-        grid.append(feature // patch)
-    return grid[0], grid[1]
 
 
 # Upper bounds of the sizes (the ranges of the fields below), far above any published ViT
@@ -383,7 +322,7 @@ class ViTConfig(Options):
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices
         self._check_patch_count()
-        check_config(self)  # config_checks.py
+        check_config(self)  # the rules below
 
     def _check_patch_count(self) -> None:
         stem = self.stem_strides
@@ -462,3 +401,122 @@ class ViTConfig(Options):
             for name in option_names(ViTConfig, "family")
             if getattr(self, name) != default_of(ViTConfig, name)
         ]
+
+
+# -- the consistency rules, checked once when a config is made ---------------------------------
+
+# Upper bound of the MLP width, far above any published ViT (ViT-22B: 24576).
+MAX_MLP_WIDTH = 1 << 20
+
+# Block options that nn.TransformerEncoderLayer cannot express (encoder='torch').
+_NATIVE_ONLY = ("qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "act_layer",
+                "norm_layer", "mlp_layer", "res_post_norm", "block", "attn_layer")  # fmt: skip
+
+
+def check_config(config: ViTConfig) -> None:
+    """Raise a ValueError with the fix for the first rule `config` breaks."""
+    check_widths(config)
+    check_tokens(config)
+    check_encoder(config)
+    check_windows(config)
+    check_blocks(config)
+
+
+def check_widths(config: ViTConfig) -> None:
+    width = config.embed_dim * config.mlp_ratio
+    if int(width) < 1:
+        raise ValueError(
+            f"mlp_ratio {config.mlp_ratio} gives an MLP of width 0 for embed_dim "
+            f"{config.embed_dim}; choose mlp_ratio >= {1 / config.embed_dim:.3g}"
+        )
+    if width > MAX_MLP_WIDTH:
+        raise ValueError(
+            f"mlp_ratio {config.mlp_ratio} gives an MLP of width {width:,.0f} for embed_dim "
+            f"{config.embed_dim}; the most is {MAX_MLP_WIDTH:,}"
+        )
+    if config.mlp_layer == "swiglu_packed" and int(width) % 2:
+        raise ValueError(
+            f"mlp_layer='swiglu_packed' splits fc1 in halves, but embed_dim "
+            f"{config.embed_dim} * mlp_ratio {config.mlp_ratio} is odd; choose an even width"
+        )
+    if config.embed_dim % config.num_heads:
+        raise ValueError(
+            f"embed_dim {config.embed_dim} is not divisible by num_heads {config.num_heads}; "
+            f"choose num_heads among the divisors of {config.embed_dim}"
+        )
+
+
+def check_tokens(config: ViTConfig) -> None:
+    if config.pool_include_prefix and config.global_pool == "token":
+        raise ValueError("pool_include_prefix=True needs a global_pool other than 'token'")
+    if config.global_pool == "token" and not config.class_token:
+        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+    if config.distilled and config.global_pool != "token":
+        raise ValueError("distilled=True needs global_pool='token' and class_token=True")
+    if config.distilled and config.reg_tokens:
+        raise ValueError("distilled=True takes no reg_tokens; use one or the other")
+
+
+def check_encoder(config: ViTConfig) -> None:
+    if config.encoder != "torch":
+        return
+    changed = [f"{name}={getattr(config, name)!r}" for name in _NATIVE_ONLY
+               if getattr(config, name) != default_of(type(config), name)]  # fmt: skip
+    if changed:
+        raise ValueError(
+            f"encoder='torch' (nn.TransformerEncoderLayer) cannot express "
+            f"{', '.join(changed)}; use encoder='native'"
+        )
+
+
+def check_windows(config: ViTConfig) -> None:
+    spatial = config.window_size > 0 or config.use_rel_pos
+    if config.global_blocks and not config.window_size:
+        raise ValueError("global_blocks needs window_size > 0; pass --window-size too")
+    wrong = [i for i in config.global_blocks if i >= config.depth]
+    if wrong:
+        raise ValueError(
+            f"global_blocks {wrong} out of range for depth {config.depth}; use 0 to "
+            f"{config.depth - 1}"
+        )
+    if not spatial:
+        if config.rel_pos_img_size is not None:
+            raise ValueError("rel_pos_img_size needs use_rel_pos=True")
+        return
+    what = "window attention" if config.window_size else "relative positions"
+    if config.num_prefix_tokens:
+        raise ValueError(
+            f"{what} works on the patch grid, which prefix tokens are not on (ViTDet has no "
+            "class token); pass class_token=False, global_pool='avg', reg_tokens=0"
+        )
+    if config.encoder != "native" or config.res_post_norm:
+        raise ValueError(f"{what} needs encoder='native' and res_post_norm=False")
+
+
+def check_blocks(config: ViTConfig) -> None:
+    if config.conv_stem_strides and len(config.conv_stem_strides) != len(config.conv_stem):
+        raise ValueError(
+            f"conv_stem_strides has {len(config.conv_stem_strides)} strides for "
+            f"{len(config.conv_stem)} conv_stem layers; give one per layer"
+        )
+    if config.hybrid_layers and config.hybrid == "none":
+        raise ValueError("hybrid_layers needs hybrid='resnetv2'")
+    if config.hybrid != "none" and config.conv_stem:
+        raise ValueError("hybrid and conv_stem are two stems; pass one of them")
+    if config.hybrid != "none" and config.dynamic_img_pad:
+        raise ValueError("dynamic_img_pad=True pads raw images; it cannot follow a hybrid stem")
+    if config.block == "parallel_things" and config.attn_layer != "attn":
+        raise ValueError("block='parallel_things' has plain attention only (as timm)")
+    scaling_lacks = (config.scale_attn_norm, config.scale_mlp_norm, config.mlp_layer != "mlp",
+                     config.qk_scale is not None)  # fmt: skip
+    if config.block == "parallel_scaling" and any(scaling_lacks):
+        raise ValueError(
+            "block='parallel_scaling' fuses a plain MLP into its input projection: it takes no "
+            "scale_attn_norm, scale_mlp_norm, qk_scale or mlp_layer other than 'mlp' (as timm)"
+        )
+    custom = config.block != "plain" or config.attn_layer != "attn"
+    if custom and (config.res_post_norm or config.window_size or config.use_rel_pos):
+        raise ValueError(
+            f"block={config.block!r}, attn_layer={config.attn_layer!r} are pre-norm blocks with "
+            "global attention; pass res_post_norm=False, window_size=0, use_rel_pos=False"
+        )
