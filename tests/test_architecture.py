@@ -5,6 +5,7 @@ reads on its own."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import vitkit
@@ -143,3 +144,52 @@ def test_no_file_level_import_cycle():
         if start not in state:
             visit(start, [start])
     assert cycles == []
+
+
+# Where a family may be named: its own rooms, the registries that register it, and the public
+# API that exports its classes.
+REGISTRATION = {"model/registry.py", "model/__init__.py", "__init__.py", "weights/families.py"}
+
+
+def family_rooms(arch) -> tuple[str, ...]:
+    """The folders of a family's rooms: its model room and its weights room."""
+    room = Path(sys.modules[arch.config_class.__module__].__file__).parent.relative_to(SRC)
+    return (f"{room}/", f"weights/{room.name}/")
+
+
+def named_classes(arch) -> set[str]:
+    """The concrete classes a family owns: config, models, feature backbone."""
+    return {arch.config_class.__name__, *(c.__name__ for c in arch.model_classes)} | (
+        {arch.backbone.__name__}
+        if arch.backbone.__module__.startswith(arch.config_class.__module__.rsplit(".", 1)[0])
+        else set()
+    )
+
+
+def test_a_family_is_named_only_in_its_rooms_and_where_it_is_registered():
+    """No source file outside a family's rooms (model/<family>/, weights/<family>/) and the
+    registries names one of its concrete classes or imports from its rooms: everything else
+    asks the family's `Architecture` record (`architecture_of`)."""
+    from vitkit.model import architectures
+
+    wrong = []
+    for arch in architectures():
+        rooms = family_rooms(arch)
+        names = named_classes(arch)
+        room_modules = tuple("vitkit." + r.rstrip("/").replace("/", ".") for r in rooms)
+        for path in sorted(SRC.rglob("*.py")):
+            rel = path.relative_to(SRC).as_posix()
+            if rel.startswith(rooms) or rel in REGISTRATION:
+                continue
+            tree = ast.parse(path.read_text())
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    used |= {a.name for a in node.names}
+            for name in sorted(names & used):
+                wrong.append(f"{rel} names {arch.name}'s {name}")
+            for module in sorted(file_imports(path)):
+                if module.startswith(room_modules):
+                    wrong.append(f"{rel} imports {module}")
+    assert sorted(set(wrong)) == []
