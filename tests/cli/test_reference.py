@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitkit import cli
+from vitkit.cli import reference
 from vitkit.cli.reference import cli_reference
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md"
@@ -45,3 +46,32 @@ def test_the_reference_has_a_section_and_a_row_for_every_command_and_flag():
 
 def _commands(parser):
     return next(a.choices for a in parser._actions if isinstance(a.choices, dict))
+
+
+def test_the_contributing_map_is_the_generated_one():
+    """docs/contributing.md's architecture map is generated from the docstrings: a module
+    added, moved or re-described without regenerating it fails here."""
+    page = (PAGE.parents[1] / "contributing.md").read_text()
+    committed = page.split(reference.MAP_BEGIN + "\n", 1)[1].split(reference.MAP_END, 1)[0]
+    assert committed == reference.architecture_map(), (
+        "docs/contributing.md's map is out of date: python -m vitkit.cli.reference --map"
+    )
+
+
+def test_the_map_names_every_module_with_its_first_sentence(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""The package. More."""\n')
+    (package / "a.py").write_text('"""Module a, as Smith et al. write it. Not this."""\n')
+    (package / "sub" / "__init__.py").write_text('"""A sub-package: two modules."""\n')
+    (package / "sub" / "b.py").write_text('"""B (e.g. a reader) does one thing."""\n')
+    (package / "notes.txt").write_text("not a module")
+    assert reference.architecture_map(package).splitlines() == [
+        "```text",
+        "src/pkg/",
+        "  __init__.py  The package.",
+        "  a.py         Module a, as Smith et al. write it.",
+        "  sub/         A sub-package: two modules.",
+        "    b.py  B (e.g. a reader) does one thing.",
+        "```",
+    ]
