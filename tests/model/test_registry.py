@@ -7,7 +7,7 @@ from _helpers import randomize, requires_timm
 from vitkit import create_model, get_config, list_models
 from vitkit.model.layers.patch_embed import to_2tuple
 from vitkit.model.vit.family import SIZES
-from vitkit.model.vit.presets import _STANDARD_NAMES, FAMILIES
+from vitkit.model.vit.presets import FAMILIES
 from vitkit.model.vit.presets_blocks import BLOCK_FAMILIES
 from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
 
@@ -17,7 +17,19 @@ _FAMILIES = FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
 _FAMILY_NAMES = {name for family in _FAMILIES for name in family.configs()}
 # The ViT names; the Swin presets are tested in test_swin_registry.py.
 _VIT_NAMES = [n for n in list_models() if not n.startswith("swin")]
-_PRESETS = [n for n in _VIT_NAMES if n not in _FAMILY_NAMES or n in _STANDARD_NAMES]
+# The paper's sizes (Table 1; Ti and S from DeiT) at the patch sizes and resolutions it reports.
+_PAPER_NAMES = [
+    f"vit_{size}_patch{patch}_{res}"
+    for size, patch, res in [
+        *[(s, p, r) for s in ("tiny", "small", "base", "large") for p, r in ((16, 224), (16, 384))],
+        ("small", 32, 224),
+        ("base", 32, 224),
+        ("base", 32, 384),
+        ("large", 32, 224),
+        ("huge", 14, 224),
+    ]
+]
+_PRESETS = [n for n in _VIT_NAMES if n not in _FAMILY_NAMES or n in _PAPER_NAMES]
 
 # Paper Table 1 (ViT-B/L/H) and DeiT Table 1 (Ti/S): (layers, hidden D, MLP size, heads, params).
 PAPER = {

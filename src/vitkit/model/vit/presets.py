@@ -1,7 +1,7 @@
 """The ViT's presets: `vit_base_patch16_224` and every timm `VisionTransformer` name.
 
-Sizes are the paper's Table 1 (Ti and S from DeiT); a name `vit_{size}_patch{P}_{res}` decodes
-into one row of `SIZES` plus the patch size and resolution, as big_vision decodes `B/16`.
+Sizes are the paper's Table 1 (Ti and S from DeiT); a name `vit_{size}_patch{P}_{res}` is a
+size row plus the patch size and resolution, as big_vision decodes `B/16`.
 
 timm's other `VisionTransformer` families (DeiT III, CLIP, SigLIP, DINOv2, registers, AIMv2,
 BEiT-3, RADIO, ...) are rows of `FAMILIES`: a name template, the family's options, and the
@@ -12,28 +12,14 @@ name what weights cannot show (the activation, the block's norm placement, the p
 
 from __future__ import annotations
 
-import re
-
 from .config import ViTConfig
-from .family import SIZES, Family
+from .family import Family
 from .presets_blocks import BLOCK_FAMILIES
 from .presets_hybrid import HYBRID_FAMILIES
 
-_STANDARD_NAMES = (
-    "vit_tiny_patch16_224",
-    "vit_tiny_patch16_384",
-    "vit_small_patch16_224",
-    "vit_small_patch16_384",
-    "vit_small_patch32_224",
-    "vit_base_patch16_224",
-    "vit_base_patch16_384",
-    "vit_base_patch32_224",
-    "vit_base_patch32_384",
-    "vit_large_patch16_224",
-    "vit_large_patch16_384",
-    "vit_large_patch32_224",
-    "vit_huge_patch14_224",
-)
+# The paper's names whose timm model has no head (timm's ':0' in the first row below) keep the
+# paper's 1000-class ImageNet head, as the paper's Table 1 models have.
+_PAPER_HEADS = ("vit_large_patch32_224", "vit_huge_patch14_224")
 
 # Presets that are not a plain size/patch/resolution row.
 _SPECIAL: dict[str, ViTConfig] = {
@@ -340,23 +326,9 @@ UNSUPPORTED_NAMES = {
     "patch projection), untrained in timm",
 }
 
-_NAME = re.compile(r"vit_(?P<size>[a-z]+)_patch(?P<patch>\d+)_(?P<res>\d+)")
-
-
-def _decode(name: str) -> ViTConfig:
-    match = _NAME.fullmatch(name)
-    assert match is not None and match["size"] in SIZES, name
-    dim, depth, heads = SIZES[match["size"]]
-    return ViTConfig(
-        img_size=int(match["res"]),
-        patch_size=int(match["patch"]),
-        embed_dim=dim,
-        depth=depth,
-        num_heads=heads,
-    )
-
 
 def vit_presets() -> dict[str, ViTConfig]:
     """Every ViT name -> its config: timm's family rows, the paper's names (which keep a
     1000-class head where timm's model has none) and vitkit's own small presets."""
-    return {**_FAMILY_CONFIGS, **{name: _decode(name) for name in _STANDARD_NAMES}, **_SPECIAL}
+    paper = {name: _FAMILY_CONFIGS[name].replace(num_classes=1000) for name in _PAPER_HEADS}
+    return {**_FAMILY_CONFIGS, **paper, **_SPECIAL}
