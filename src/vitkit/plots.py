@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .files import atomic_write
-from .model.vit.mae import MaskedAutoencoder, patchify, unpatchify
+from .model.layers.patch_embed import patchify, unpatchify
 
 
 def pyplot() -> Any:
@@ -135,7 +135,7 @@ def plot_per_class(
 
 @torch.no_grad()
 def draw_reconstructions(
-    mae: MaskedAutoencoder,
+    mae: nn.Module,
     images: Tensor,
     mean: Sequence[float],
     std: Sequence[float],

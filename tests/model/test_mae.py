@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.model.vit.mae import MaskedAutoencoder, patchify, random_masking, unpatchify
+from vitkit.model.layers.patch_embed import patchify, unpatchify
+from vitkit.model.vit.mae import MaskedAutoencoder, random_masking
 
 
 def _mae(**options) -> MaskedAutoencoder:

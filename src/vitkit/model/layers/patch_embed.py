@@ -71,6 +71,26 @@ def patch_grid(
     return grid[0], grid[1]
 
 
+def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
+    """(B, C, H, W) -> (B, N, ph * pw * C), patches in row-major grid order."""
+    b, c, h, w = images.shape
+    ph, pw = patch_size
+    x = images.reshape(b, c, h // ph, ph, w // pw, pw)  # (B, C, gh, ph, gw, pw)
+    x = x.permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, ph, pw, C)
+    return x.reshape(b, (h // ph) * (w // pw), ph * pw * c)  # (B, N, ph*pw*C)
+
+
+def unpatchify(patches: Tensor, patch_size: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """(B, N, ph * pw * C) -> (B, C, H, W), the inverse of `patchify`."""
+    b, _, dim = patches.shape
+    ph, pw = patch_size
+    gh, gw = grid
+    c = dim // (ph * pw)
+    x = patches.reshape(b, gh, gw, ph, pw, c)  # (B, gh, gw, ph, pw, C)
+    x = x.permute(0, 5, 1, 3, 2, 4)  # (B, C, gh, ph, gw, pw)
+    return x.reshape(b, c, gh * ph, gw * pw)  # (B, C, H, W)
+
+
 def conv_to_unfold_weight(weight: Tensor) -> Tensor:
     """Conv2d patch weight (D, C, ph, pw) -> Linear weight (D, C*ph*pw).
 

@@ -4,6 +4,7 @@ built on it (MAE, ViTDet's feature pyramid). `VIT` is the record the registry ke
 from ..architecture import Architecture
 from ..features import ViTBackbone
 from .config import ViTConfig
+from .mae import MaskedAutoencoder
 from .presets import UNSUPPORTED_NAMES, vit_presets
 from .vit import VisionTransformer
 
@@ -19,6 +20,7 @@ VIT = Architecture(
     feature_unit="block",
     explanation="attention",
     fused_cpu=True,
+    masked_autoencoder=MaskedAutoencoder,
 )
 
 __all__ = ["VIT", "ViTConfig", "VisionTransformer"]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import Block
-from ..layers.patch_embed import to_2tuple
+from ..layers.patch_embed import patchify, to_2tuple
 from ..layers.pos_embed import fixed_pos_embed
 from .vit import VisionTransformer
 
@@ -33,26 +33,6 @@ def random_masking(
     mask = torch.ones(batch, num_patches, device=device)
     mask.scatter_(1, ids_keep, 0.0)
     return ids_keep, mask
-
-
-def patchify(images: Tensor, patch_size: tuple[int, int]) -> Tensor:
-    """(B, C, H, W) -> (B, N, ph * pw * C), patches in row-major grid order."""
-    b, c, h, w = images.shape
-    ph, pw = patch_size
-    x = images.reshape(b, c, h // ph, ph, w // pw, pw)  # (B, C, gh, ph, gw, pw)
-    x = x.permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, ph, pw, C)
-    return x.reshape(b, (h // ph) * (w // pw), ph * pw * c)  # (B, N, ph*pw*C)
-
-
-def unpatchify(patches: Tensor, patch_size: tuple[int, int], grid: tuple[int, int]) -> Tensor:
-    """(B, N, ph * pw * C) -> (B, C, H, W), the inverse of `patchify`."""
-    b, _, dim = patches.shape
-    ph, pw = patch_size
-    gh, gw = grid
-    c = dim // (ph * pw)
-    x = patches.reshape(b, gh, gw, ph, pw, c)  # (B, gh, gw, ph, pw, C)
-    x = x.permute(0, 5, 1, 3, 2, 4)  # (B, C, gh, ph, gw, pw)
-    return x.reshape(b, c, gh * ph, gw * pw)  # (B, C, H, W)
 
 
 class MaskedAutoencoder(nn.Module):
