@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as err:
             if debug:
                 raise
-            code, message = describe(err, _option_flags(_command_in(arguments)))
+            command = _command_in(arguments)
+            extra = COMMANDS[command].extra if command in COMMANDS else None
+            code, message = describe(err, _option_flags(command), extra)
             print(f"vitkit: error: {message}", file=sys.stderr)
             return int(code)
 

@@ -15,8 +15,12 @@ from .parser import debug_flag
 
 @dataclass(frozen=True)
 class Command:
+    """A command: its module, its one-line summary, and the extra it needs (its optional
+    packages, named by the fix when one is missing)."""
+
     module: str
     summary: str
+    extra: str | None = None
 
 
 COMMANDS: dict[str, Command] = {
@@ -34,7 +38,9 @@ COMMANDS: dict[str, Command] = {
         "an image",
     ),
     "serve": Command(
-        "serve", "serve a checkpoint over HTTP: /predict, /explain, a page to try it; batched"
+        "serve",
+        "serve a checkpoint over HTTP: /predict, /explain, a page to try it; batched",
+        extra="serve",
     ),
     "convert": Command(
         "convert", "convert timm / Hugging Face / torchvision / JAX weights to a vitkit file"

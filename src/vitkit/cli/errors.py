@@ -13,7 +13,8 @@ class UserError(Exception):
     """A mistake in the command line or its inputs: reported as one line, exit code 2."""
 
 
-# Optional packages -> the extra that installs them (pyproject.toml).
+# Optional packages vitkit imports -> the extra that installs them (pyproject.toml); a package
+# missing from this table is named by the extra of the command that ran (`Command.extra`).
 EXTRAS = {
     "onnx": "onnx",
     "onnxscript": "onnx",
@@ -23,6 +24,9 @@ EXTRAS = {
     "uvicorn": "serve",
     "multipart": "serve",
     "python_multipart": "serve",
+    "anyio": "serve",
+    "pycocotools": "detection",
+    "tensorboard": "tensorboard",
     "timm": "interop",
     "transformers": "interop",
     "torchvision": "interop",
@@ -33,18 +37,26 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def describe(err: BaseException, flags: Mapping[str, str] | None = None) -> tuple[ExitCode, str]:
+# What `pip install vitkit` brings: a missing one of these is a broken install, not an extra.
+CORE_MODULES = ("torch", "numpy", "safetensors", "sklearn", "PIL", "matplotlib", "tqdm", "vitkit")
+
+
+def describe(
+    err: BaseException, flags: Mapping[str, str] | None = None, extra: str | None = None
+) -> tuple[ExitCode, str]:
     """(exit code, message) of an error: USAGE for a mistake in the command or its inputs,
     FAILED for a run that failed. `flags` are the command's flags for the library's options
-    (e.g. {'num_heads': '--num-heads N'}): a hint names them instead of Python arguments."""
+    (e.g. {'num_heads': '--num-heads N'}): a hint names them instead of Python arguments;
+    `extra` is the command's extra, the fix for an optional package it lacks."""
     if isinstance(err, (MissingOptionError, ArchMismatchError)):
         return ExitCode.USAGE, one_line(_option_hint(err, flags or {}))
     if isinstance(err, ImportError):
         name = (err.name or "").split(".")[0]
-        if name in EXTRAS:
+        needed = EXTRAS.get(name) or (extra if name and name not in CORE_MODULES else None)
+        if needed:
             return ExitCode.USAGE, (
                 f"this needs the optional package {name}, which is not installed: "
-                f"pip install 'vitkit[{EXTRAS[name]}]'"
+                f"pip install 'vitkit[{needed}]'"
             )
         return ExitCode.FAILED, f"{one_line(str(err))}; reinstall vitkit (pip install -e .)"
     if isinstance(err, (FloatingPointError, DiskFullError)):  # names the files kept
