@@ -108,3 +108,13 @@ def test_help_and_models_import_no_command_they_do_not_run():
     heavy = {"vitkit.train", "vitkit.explain", "matplotlib", "vitkit.cli.train",
              "vitkit.cli.eval", "vitkit.cli.options"}  # fmt: skip
     assert loaded & heavy == set()
+
+
+@pytest.mark.parametrize("argv", [[], ["--debug"]])
+def test_vitkit_alone_lists_the_commands(run_cli, argv):
+    code, out, err = run_cli(*argv)
+    assert (code, err) == (0, "")
+    assert out.startswith("usage: vitkit [-h] [--debug] COMMAND ...\n")
+    commands = out.split("COMMAND\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    listed = [line.split()[0] for line in commands if not line.startswith(" " * 6)]
+    assert listed == list(cli.COMMANDS)

@@ -73,9 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (`ExitCode`: 0 ok, 1 the run failed, 2 a
     mistake in the command or its inputs, 130 interrupted). Every error is one line
     `vitkit: error: ...`; `--debug` (before or after the command) shows the traceback
-    instead. Output cut short by its reader (`vitkit models | head -1`) ends quietly."""
+    instead. Output cut short by its reader (`vitkit models | head -1`) ends quietly; `vitkit`
+    alone lists the commands."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in arguments
+    if _command_in(arguments) is None and not {"-h", "--help"} & set(arguments):
+        print(build_parser(only=()).format_help(), end="")  # `vitkit` alone: the commands
+        return ExitCode.OK
     with _sigterm_interrupts():
         try:
             args = build_parser(only=[_command_in(arguments)]).parse_args(arguments)
