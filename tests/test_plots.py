@@ -35,3 +35,20 @@ def test_per_class_picture(tmp_path):
     plot_per_class(scores, ["cat", "dog", "eel"], tmp_path / "per_class.png", title="test")
     data = (tmp_path / "per_class.png").read_bytes()
     assert data[:8] == PNG and len(data) > 2000
+
+
+def test_a_one_epoch_run_draws_its_points(tmp_path, monkeypatch):
+    """A single epoch is one point per curve: a line alone draws nothing, so every curve of a
+    short run is marked (curves.png was blank after `--epochs 1`)."""
+    from vitkit import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    row = {"epoch": 1, "train_loss": 1.0, "val_loss": 1.2, "val_acc1": 0.5, "val_acc5": 0.9}
+    plot_curves([{**row, "ema_val_acc1": 0.6}], tmp_path / "curves.png")
+    lines = [line for ax in drawn[0].axes for line in ax.get_lines()]
+    assert len(lines) == 5
+    assert all(len(line.get_xdata()) == 1 and line.get_marker() == "o" for line in lines)
+    long = [{**row, "epoch": e} for e in range(1, 32)]
+    plot_curves(long, tmp_path / "curves.png")
+    assert {line.get_marker() for ax in drawn[1].axes for line in ax.get_lines()} == {"None"}

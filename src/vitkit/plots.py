@@ -36,6 +36,9 @@ def save_figure(fig: Any, path: str | os.PathLike) -> None:
         plt.close(fig)
 
 
+MARKED_EPOCHS = 30  # runs up to this long get a marker per epoch
+
+
 def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> None:
     """PNG of the run per epoch: train / val loss and, for a classifier, a second panel with
     val top-1 (and top-5, and the EMA's top-1)."""
@@ -44,20 +47,23 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> N
     accuracy = "val_acc1" in history[0]
     fig, axes = plt.subplots(1, 2 if accuracy else 1, figsize=(10 if accuracy else 5, 4),
                              squeeze=False)  # fmt: skip
+    # Points are marked on short runs: a single epoch is a point, which a line alone does not draw.
+    style = {"marker": "o", "markersize": 4} if len(epochs) <= MARKED_EPOCHS else {}
     loss_ax = axes[0, 0]
     train_label = "train (mixed targets)" if accuracy else "train"
-    loss_ax.plot(epochs, [r["train_loss"] for r in history], label=train_label)
-    loss_ax.plot(epochs, [r["val_loss"] for r in history], label="val")
+    loss_ax.plot(epochs, [r["train_loss"] for r in history], label=train_label, **style)
+    loss_ax.plot(epochs, [r["val_loss"] for r in history], label="val", **style)
     loss_ax.set_xlabel("epoch")
     loss_ax.set_ylabel("cross-entropy" if accuracy else "loss")
     loss_ax.set_title("loss")
     loss_ax.legend()
     if accuracy:
         acc_ax = axes[0, 1]
-        acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1")
-        acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5")
+        acc_ax.plot(epochs, [r["val_acc1"] for r in history], label="val top-1", **style)
+        acc_ax.plot(epochs, [r["val_acc5"] for r in history], label="val top-5", **style)
         if "ema_val_acc1" in history[0]:
-            acc_ax.plot(epochs, [r["ema_val_acc1"] for r in history], label="EMA val top-1")
+            ema = [r["ema_val_acc1"] for r in history]
+            acc_ax.plot(epochs, ema, label="EMA val top-1", **style)
         acc_ax.set_xlabel("epoch")
         acc_ax.set_ylabel("accuracy")
         acc_ax.set_ylim(0, 1.02)
