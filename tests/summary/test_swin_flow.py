@@ -141,3 +141,14 @@ def test_cli_flow_of_a_swin_checkpoint(tmp_path, capsys):
     assert "layers.1.blocks.1              block: each stage as in layers.1.blocks.0" in out
     total = sum(p.numel() for p in model.parameters())
     assert f"Total params: {total:,}" in out
+
+
+def test_the_legend_explains_every_layout_symbol_and_is_wrapped():
+    """Every symbol the layouts use is in the legend (Hp / Wp and hidden were not), and the
+    legend is wrapped to 100 columns."""
+    text = flow(SwinTransformer(SwinConfig(img_size=64, **NARROW)), (1, 3, 64, 64)).render()
+    legend = text.split("\nLayout: ", 1)[1].rsplit("\n", 1)[0]
+    assert max(len(line) for line in ("Layout: " + legend).splitlines()) <= 100
+    legend = " ".join(legend.split())
+    for symbol in ("Hp x Wp the map padded to whole windows", "hidden the MLP's width", "nW"):
+        assert symbol in legend

@@ -4,6 +4,7 @@ table; and two encoders' parameters side by side (`--compare-torch`)."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -11,6 +12,8 @@ from torch import nn
 
 from .record import explicit_attention, record
 from .text import millions, shape_text, table
+
+LEGEND_WIDTH = 100  # the layout legend is wrapped to this many columns
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class ModelFlow:
                 f"Input: {shape_text(self.input_size)}; {gh}x{gw} grid = {self.patches} patches, "
                 f"{self.tokens} tokens; encoder: {self.encoder}",
                 f"Total params: {self.total_params:,} ({millions(self.total_params)})",
-                f"Layout: {self.legend}",
+                *textwrap.wrap(f"Layout: {self.legend}", LEGEND_WIDTH, subsequent_indent="  "),
                 body[0],
             ]
         )

@@ -33,8 +33,9 @@ WINDOWS = "(B*nW, N, C)"
 HEADS = "(B*nW, heads, N, N)"
 LEGEND = (
     "B batch, C channels (the image's, then the map's), H x W the image then each stage's map, "
-    "ph x pw patch, P patches, D embedding width, nW windows per image, N = wh * ww tokens "
-    "of a window, hd head width (C / heads)"
+    "ph x pw patch, P patches, D embedding width, Hp x Wp the map padded to whole windows, "
+    "nW windows per image, N = wh * ww tokens of a window, hd head width (C / heads), hidden "
+    "the MLP's width (C * mlp_ratio)"
 )
 
 

@@ -37,7 +37,7 @@ from .torch_encoder import torch_layer_stages
 MAP = "(B, H, W, D)"
 LEGEND = (
     "B batch, C channels, H x W image, D width, P patches, N tokens (P + prefix tokens), "
-    "hd head width (D / heads)"
+    "hd head width (D / heads), hidden the MLP's width (D * mlp_ratio)"
 )
 WINDOW_LEGEND = "; in window blocks B*win windows of ws x ws patches, N = ws * ws"
 
