@@ -239,3 +239,17 @@ def test_convert_from_timm_checks_a_narrow_swin_against_timms_model_of_its_sizes
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith(f"parity vs timm {name} (embed_dim=32, depths=(1, 1, 2, 1), ")
     assert last.endswith("(ok, tolerance 1e-04)")
+
+
+@requires_transformers
+def test_hf_swinv2_of_three_stages_with_transformers_default_pretrained_windows(tmp_path):
+    """transformers' Swinv2Config defaults pretrained_window_sizes to four zeros and reads
+    entry i for stage i, so a 3-stage folder carries one entry too many: the first three
+    count, as in transformers."""
+    three = dict(embed_dim=32, depths=[1, 1, 2], num_heads=[1, 2, 4])
+    source = _hf(2, **three)
+    assert list(source.config.pretrained_window_sizes) == [0, 0, 0, 0]
+    source.save_pretrained(tmp_path)
+    model = load_pretrained(tmp_path)
+    assert model.config.depths == (1, 1, 2) and model.config.pretrained_window_sizes == (0, 0, 0)
+    assert _rel(model, source) < RTOL

@@ -172,8 +172,9 @@ def from_hf_swin(
             raise CheckpointError(f"hidden_act {act!r} has no vitkit counterpart; expected one "
                                   f"of {', '.join(HF_ACTIVATIONS)}")  # fmt: skip
         options["act_layer"] = HF_ACTIVATIONS[act]
-        if "pretrained_window_sizes" in hf:
-            options["pretrained_window_sizes"] = tuple(hf["pretrained_window_sizes"])
+        if "pretrained_window_sizes" in hf:  # transformers reads entry i for stage i
+            stages = len(hf.get("depths", ())) or None
+            options["pretrained_window_sizes"] = tuple(hf["pretrained_window_sizes"][:stages])
     windows = coords_windows(sd)
     if windows is not None and "window_size" not in options:
         options["window_size"] = windows
