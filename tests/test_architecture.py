@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "weights": {"model", "data", "files"},
     "summary": {"model"},
     "plots": {"model", "files"},
-    "explain": {"data", "plots"},
+    "explain": {"model", "data", "plots"},
     "export": {"model", "files"},
     "convert": {"weights"},
     "serve": {"model", "data", "explain", "train"},
