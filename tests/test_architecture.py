@@ -1,6 +1,7 @@
-"""The layout's promise: imports flow one way (cli -> train -> weights / explain / export ->
-plots -> model, data; files and options below all), so there is no import cycle and each layer
-reads on its own."""
+"""The layout's promise: imports flow one way (cli -> serve / train -> inference -> weights /
+explain / export -> plots -> model, data; files and options below all), so there is no import
+cycle and each layer reads on its own; the server runs models through the inference room alone,
+never through the training package or the command line."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ ALLOWED: dict[str, set[str]] = {
     "summary": {"model"},
     "plots": {"model", "files"},
     "explain": {"model", "data", "plots"},
+    "inference": {"model", "data", "weights", "explain"},
     "export": {"model", "files"},
     "convert": {"weights"},
-    "serve": {"model", "data", "explain", "train"},
+    "serve": {"data", "explain", "inference"},
     "train": {"model", "data", "weights", "plots", "files", "options"},
     "cli": {
         "options",
@@ -32,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
         "weights",
         "convert",
         "train",
+        "inference",
         "explain",
         "plots",
         "export",

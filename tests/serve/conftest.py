@@ -18,10 +18,11 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def service_of(checkpoint: Path, precision: str = "fp32"):
     """The service of `checkpoint`, loaded as `vitkit serve` loads it."""
-    import vitkit
+    from vitkit.inference import load_for_inference
     from vitkit.serve.service import Service
 
-    return Service(vitkit.load(checkpoint), name=checkpoint.name, precision=precision)
+    predictor = load_for_inference(checkpoint, precision=precision, explanations=True)
+    return Service(predictor, name=checkpoint.name)
 
 
 @pytest.fixture(scope="module")

@@ -81,10 +81,11 @@ class Gated(nn.Module):
 
 def test_a_full_queue_answers_503_with_retry_after_then_serves(checkpoint):
     import vitkit
+    from vitkit.inference import Predictor
     from vitkit.serve.service import Service
 
     model = Gated(vitkit.load(checkpoint))
-    service = Service(model, name="gated", precision="fp32")
+    service = Service(Predictor(model, name="gated"))
     good = image_bytes(0)
     with running(_app(service, max_batch=1, max_wait_ms=0, max_queue=2)) as url:
 

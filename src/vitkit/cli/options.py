@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..data.data_config import DataConfig, data_config_flags
+from ..inference import Predictor, load_for_inference, with_overrides
 from ..model import ViTConfig
 from ..model.precision import PRECISIONS
 from ..options import option_fields
@@ -82,6 +83,28 @@ def model_run(parser: argparse.ArgumentParser, *, precision_flag: bool = True) -
     preparation(parser)
 
 
+def load_predictor(
+    args: argparse.Namespace,
+    *,
+    purpose: str,
+    explanations: bool = False,
+) -> Predictor:
+    """`inference.load_for_inference` of `--checkpoint` with what `model_run`'s flags say
+    (fp32 where the command has no `--precision`)."""
+    from ..train.config import resolve_device
+
+    return load_for_inference(
+        args.checkpoint,
+        device=resolve_device(args.device),
+        precision=getattr(args, "precision", "fp32"),
+        arch=args.arch,
+        num_heads=args.num_heads,
+        data_overrides=preparation_given(args),
+        purpose=purpose,
+        explanations=explanations,
+    )
+
+
 def weights_reading(parser: argparse.ArgumentParser, *, num_heads: bool = True) -> None:
     """`--arch`, `--num-heads`: what a state dict does not record (without `num_heads` where
     the command's model flags have their own `--num-heads`)."""
@@ -112,13 +135,12 @@ def preparation(parser: argparse.ArgumentParser) -> None:
 def prepared(data_config: DataConfig, args: argparse.Namespace) -> DataConfig:
     """`data_config` with the preparation flags given on the command line (`--crop-pct`
     alone crops the centre)."""
-    changes = given_options(args, DataConfig)
-    if "crop_pct" in changes:
-        changes.setdefault("crop_mode", "center")
-    try:
-        return data_config.replace(**changes)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"the image preparation flags: {err}") from None
+    return with_overrides(data_config, preparation_given(args))
+
+
+def preparation_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The data config options the preparation flags set."""
+    return given_options(args, DataConfig)
 
 
 def device(parser: argparse.ArgumentParser) -> None:

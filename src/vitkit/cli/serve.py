@@ -9,11 +9,9 @@ from typing import Any
 
 from ..serve.batcher import Batching
 from ..serve.limits import Limits
-from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import load_model
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -72,12 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.service import Service
 
     args.checkpoint = _weights(args)
-    device = resolve_device(args.device)
     sock = bind(args.host, args.port)  # a port in use is said before the model is read
     with sock:
-        # loaded in fp32: the service sets the precision (and keeps fp32 for int8 explanations)
-        model, _ = load_model(argparse.Namespace(**{**vars(args), "precision": "fp32"}), device)
-        service = Service(model, name=args.checkpoint, precision=args.precision)
+        predictor = options.load_predictor(args, purpose="serve", explanations=True)
+        service = Service(predictor)
         batching = Batching(
             max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue
         )
