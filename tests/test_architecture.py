@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": {"model", "data", "weights", "explain"},
     "export": {"model", "files"},
     "convert": {"weights"},
-    "serve": {"data", "explain", "inference"},
+    "serve": {"options", "data", "explain", "inference"},
     "train": {"model", "data", "weights", "plots", "files", "options"},
     "cli": {
         "options",

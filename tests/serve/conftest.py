@@ -30,9 +30,9 @@ def url(checkpoint) -> str:
     """A server of the tiny checkpoint with the default settings and small limits."""
     from vitkit.serve.app import create_app
     from vitkit.serve.batcher import Batching
-    from vitkit.serve.limits import Limits
+    from vitkit.serve.limits import MB, Limits
 
-    limits = Limits(max_upload_bytes=300_000, max_pixels=250_000, max_files=8, body_timeout_s=1)
+    limits = Limits(max_upload_mb=300_000 / MB, max_pixels=250_000, max_files=8, body_timeout_s=1)
     app = create_app(service_of(checkpoint), batching=Batching(max_wait_ms=2), limits=limits)
     with running(app) as base:
         yield base
