@@ -6,7 +6,12 @@ never through the training package or the command line."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import vitkit
 
@@ -81,6 +86,21 @@ def test_imports_flow_one_way():
             if target not in ALLOWED[part]:
                 wrong.append(f"{path.relative_to(SRC)} imports {target}")
     assert not wrong, wrong
+
+
+@pytest.mark.requires("starlette", "uvicorn", "multipart", extra="serve")
+def test_the_server_runs_models_through_the_inference_room_alone():
+    """Neither the training package nor the command line is the server's: not in its allowed
+    imports, and not loaded, even indirectly, by its modules (starlette's among them)."""
+    assert ALLOWED["serve"].isdisjoint({"train", "cli"})
+    modules = [f"vitkit.serve.{p.stem}" for p in sorted((SRC / "serve").glob("[a-z]*.py"))]
+    code = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in sys.modules if m.startswith(('vitkit.train', 'vitkit.cli'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr
 
 
 def test_every_part_is_listed():
