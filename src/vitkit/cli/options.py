@@ -19,29 +19,19 @@ if TYPE_CHECKING:
     from ..train.config import JobConfig
 
 
-def number_in(
-    low: float, high: float | None = None, *, integer: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a number (an integer with `integer`) in [low, high], else one line
-    naming the flag."""
+def int_in(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`, else one line naming the flag."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> int:
         try:
-            value = int(text) if integer else float(text)
+            value = int(text)
         except ValueError:
-            kind = "an integer" if integer else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-        if value != value or value < low or (high is not None and value > high):
-            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {value if integer else text}")
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         return value
 
     return parse
-
-
-def int_in(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low`, else one line naming the flag."""
-    return number_in(low, integer=True)  # type: ignore[return-value]
 
 
 def fraction(text: str) -> float:
@@ -91,7 +81,7 @@ def load_predictor(
 ) -> Predictor:
     """`inference.load_for_inference` of `--checkpoint` with what `model_run`'s flags say
     (fp32 where the command has no `--precision`)."""
-    from ..train.config import resolve_device
+    from ..train.config import resolve_device  # the training package only where a model loads
 
     return load_for_inference(
         args.checkpoint,
