@@ -14,7 +14,7 @@ from torch import nn
 
 import vitkit
 from vitkit.data.data_config import DataConfig
-from vitkit.explain import explanation_method
+from vitkit.explain import explain_image, explanation_method
 from vitkit.inference import Predictor, load_for_inference
 
 CLASSES = ["ant", "bee", "cat", "dog", "eel"]
@@ -124,6 +124,8 @@ def test_a_model_without_an_explanation_is_refused_by_name():
         "plain.pt holds a Plain, which has no attention to draw; explain takes a ViT or Swin "
         "checkpoint"
     )
+    with pytest.raises(ValueError, match=r"^Plain has no attention to draw; explain_image takes"):
+        explain_image(Plain(), io.BytesIO(_png()), predictor.data_config)
     with pytest.raises(ValueError, match=r"^the model has no data config; load it with"):
         Predictor(nn.Linear(2, 2))
 

@@ -80,9 +80,10 @@ def explain_image(
     view = image_to_tensor(resize_crop(decoded))  # (C, h, w) in [0, 1]
     x = Normalize(data_config.mean, data_config.std)(view)[None]  # (1, C, h, w)
     x = x.to(next(model.parameters()).device)
-    attention = explanation_method(model) == "attention"
+    method = explanation_method(model)
+    attention = method == "attention"
     rollout = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
-    maps = _maps(model, x, target=target, per_head=per_head, **rollout)
+    maps = _maps(model, method, x, target=target, per_head=per_head, **rollout)
     one = {key: value[0].cpu() for key, value in maps.items()}
     probabilities = torch.softmax(one["logits"].float(), dim=-1)
     (height, width), (h, w) = decoded.size[::-1], data_config.img_size
@@ -118,10 +119,15 @@ def explain_image(
 
 
 def _maps(
-    model: nn.Module, x: Tensor, *, target: int | None, per_head: bool, **rollout: Any
+    model: nn.Module,
+    method: str | None,
+    x: Tensor,
+    *,
+    target: int | None,
+    per_head: bool,
+    **rollout: Any,
 ) -> dict[str, Tensor]:
-    """The maps of a batch of normalised images, by the model's `explanation_method`."""
-    method = explanation_method(model)
+    """The maps of a batch of normalised images by `method`, the model's `explanation_method`."""
     if method == "attention":
         return attention_maps(model, x, **rollout, target=target)
     if method is None:
