@@ -1,12 +1,17 @@
-"""The layout's promise: imports flow one way (cli -> train -> weights / explain / export ->
-plots -> model, data; files and options below all), so there is no import cycle and each layer
-reads on its own."""
+"""The layout's promise: imports flow one way (cli -> serve / train -> inference -> weights /
+explain / export -> plots -> model, data; files and options below all), so there is no import
+cycle and each layer reads on its own; the server runs models through the inference room alone,
+never through the training package or the command line."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import vitkit
 
@@ -21,10 +26,11 @@ ALLOWED: dict[str, set[str]] = {
     "weights": {"model", "data", "files"},
     "summary": {"model"},
     "plots": {"model", "files"},
-    "explain": {"data", "plots"},
+    "explain": {"model", "data", "plots"},
+    "inference": {"model", "data", "weights", "explain"},
     "export": {"model", "files"},
     "convert": {"weights"},
-    "serve": {"model", "data", "explain", "train"},
+    "serve": {"options", "data", "explain", "inference"},
     "train": {"model", "data", "weights", "plots", "files", "options"},
     "cli": {
         "options",
@@ -33,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
         "weights",
         "convert",
         "train",
+        "inference",
         "explain",
         "plots",
         "export",
@@ -79,6 +86,21 @@ def test_imports_flow_one_way():
             if target not in ALLOWED[part]:
                 wrong.append(f"{path.relative_to(SRC)} imports {target}")
     assert not wrong, wrong
+
+
+@pytest.mark.requires("starlette", "uvicorn", "multipart", extra="serve")
+def test_the_server_runs_models_through_the_inference_room_alone():
+    """Neither the training package nor the command line is the server's: not in its allowed
+    imports, and not loaded, even indirectly, by its modules (starlette's among them)."""
+    assert ALLOWED["serve"].isdisjoint({"train", "cli"})
+    modules = [f"vitkit.serve.{p.stem}" for p in sorted((SRC / "serve").glob("[a-z]*.py"))]
+    code = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in sys.modules if m.startswith(('vitkit.train', 'vitkit.cli'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr
 
 
 def test_every_part_is_listed():

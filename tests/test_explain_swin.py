@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vitkit import SwinConfig, SwinTransformer
-from vitkit.explain import explain_image, grad_cam, takes_attention
+from vitkit.explain import explain_image, explanation_method, grad_cam
 
 # 32x32 images, patch 4: an 8x8 patch grid (4x4 windows), then a 4x4 last map of 8x8-pixel cells
 NARROW = dict(img_size=32, in_chans=1, embed_dim=32, depths=(1, 1), num_heads=(2, 4),
@@ -38,7 +38,7 @@ def test_a_frozen_model_in_training_mode_and_another_input_size():
     maps = grad_cam(model, torch.randn(1, 1, 64, 32), target=2)
     assert model.training and maps["relevance"].shape == (1, 8, 4)
     assert maps["signed"].abs().sum() > 0 and all(p.grad is None for p in model.parameters())
-    assert not takes_attention(model)
+    assert explanation_method(model) == "gradcam"
     with pytest.raises(ValueError, match="class 3 is out of range for a model with 3 classes"):
         grad_cam(model, torch.randn(1, 1, 32, 32), target=3)
     unpooled = SwinTransformer(SwinConfig(num_classes=3, global_pool="none", **NARROW))

@@ -290,6 +290,25 @@ def test_flag_mistakes_are_one_line():
     assert parser.parse_known_args(["--classes", "3"])[1] == ["--classes", "3"]  # no_flags
 
 
+def test_ranges_are_checked_as_parsed_when_asked():
+    """`check_ranges`: a number out of its option's range is refused by the parser, naming the
+    flag; without it the config's own check refuses it when built."""
+    assert _given(["--epochs", "0"]) == {"epochs": 0}
+    parser = _parser(check_ranges=True)
+    with pytest.raises(argparse.ArgumentError, match=r"^argument --epochs: must be >= 1, got 0$"):
+        parser.parse_args(["--epochs", "0"])
+    with pytest.raises(
+        argparse.ArgumentError, match=r"^argument --rate: must be in \[0, 1\], got nan$"
+    ):
+        parser.parse_args(["--rate", "nan"])
+    with pytest.raises(
+        argparse.ArgumentError, match=r"^argument --size: must be in \[1, 64\], got 65$"
+    ):
+        parser.parse_args(["--size", "4", "65"])  # each item, of a nested config's option too
+    given = given_options(parser.parse_args(["--epochs", "2", "--size", "64"]), Job)
+    assert given == {"epochs": 2, "inner": {"size": 64}}
+
+
 def test_help_groups_defaults_and_notes():
     text = _parser(notes={"epochs": "recipes may change it"}).format_help()
     titles = [line for line in text.splitlines() if line.endswith(":") and " " in line]

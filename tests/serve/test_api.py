@@ -133,7 +133,8 @@ def test_int8_predicts_and_explains_with_an_fp32_copy(checkpoint):
     from .conftest import service_of
 
     service = service_of(checkpoint, "int8")
-    assert service.precision == "int8" and service.explainer is not service.model
+    predictor = service.predictor
+    assert service.precision == "int8" and predictor.explainer is not predictor.model
     with running(create_app(service)) as url:
         image = {"content": IMAGES["wide.png"], "headers": {"Content-Type": "image/png"}}
         predicted = httpx.post(f"{url}/predict", **image).json()

@@ -81,10 +81,11 @@ class Gated(nn.Module):
 
 def test_a_full_queue_answers_503_with_retry_after_then_serves(checkpoint):
     import vitkit
+    from vitkit.inference import Predictor
     from vitkit.serve.service import Service
 
     model = Gated(vitkit.load(checkpoint))
-    service = Service(model, name="gated", precision="fp32")
+    service = Service(Predictor(model, name="gated"))
     good = image_bytes(0)
     with running(_app(service, max_batch=1, max_wait_ms=0, max_queue=2)) as url:
 
@@ -108,3 +109,24 @@ def test_a_full_queue_answers_503_with_retry_after_then_serves(checkpoint):
             assert [first.result(), *(q.result() for q in queued)] == [200, 200, 200]
         assert ask() == 200
         assert httpx.get(f"{url}/info").json()["batch_sizes"] == {"1": 4}
+
+
+def test_the_settings_are_checked_once_by_their_schema():
+    """`Batching` and `Limits` are option schemas: a value out of range is refused when built,
+    in one line naming it (the batcher takes them as checked); the upload limit is in MiB."""
+    from vitkit.serve.batcher import Batching
+    from vitkit.serve.limits import Limits
+
+    for wrong, message in (
+        (dict(max_batch=0), "max_batch must be >= 1, got 0"),
+        (dict(max_wait_ms=10_001), "max_wait_ms must be in [0, 10000], got 10001"),
+        (dict(max_queue=-3), "max_queue must be >= 1, got -3"),
+    ):
+        with pytest.raises(ValueError) as err:
+            Batching(**wrong)
+        assert str(err.value) == message
+    with pytest.raises(ValueError) as err:
+        Limits(max_upload_mb=0)
+    assert str(err.value) == "max_upload_mb must be >= 0.001, got 0"
+    assert Limits(max_upload_mb=2).max_upload_bytes == 2 * 1024 * 1024
+    assert Limits().max_upload_bytes == 20 * 1024 * 1024

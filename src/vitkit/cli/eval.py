@@ -16,11 +16,9 @@ from .. import data as data_lib
 from ..files import check_output
 from ..plots import plot_confusion, plot_per_class
 from ..train import evaluate, make_loader
-from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import class_names, load_model
 from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
@@ -75,9 +73,8 @@ class Pictures(NamedTuple):
 
 
 def run(args: argparse.Namespace) -> int:
-    device = resolve_device(args.device)
-    model, _ = load_model(args, device)
-    names = class_names(model)
+    predictor = options.load_predictor(args, purpose="eval")
+    model, names = predictor.model, predictor.class_names
     spec = args.data or model.meta.get("data")
     if not spec:
         raise UserError(f"{args.checkpoint} does not record its data; pass --data")
@@ -85,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     pictures = _pictures(args, spec, scored.part)
     for path in pictures:  # a FIFO or a folder is refused before the work
         check_output(path)
-    prepared = data_lib.Transformed(scored.dataset, data_lib.eval_transform(model.data_config))
+    prepared = data_lib.Transformed(scored.dataset, predictor.prepare)
     loader = make_loader(prepared, args.batch_size, train=False)
-    result = evaluate(model, loader, device=device, num_classes=model.num_classes)
+    result = evaluate(model, loader, device=predictor.device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):
         raise FloatingPointError(
             f"the loss of {args.checkpoint} on {scored.description} is {result['loss']}: its "

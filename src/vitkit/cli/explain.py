@@ -7,14 +7,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..explain import class_index, explain_image
+from ..explain import class_index
 from ..files import check_output
-from ..model import SwinTransformer, VisionTransformer
-from ..train.config import resolve_device
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import class_names, load_model
 from .status import ExitCode
 
 OPTION_FLAGS = options.WEIGHTS_FLAGS
@@ -66,38 +63,27 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    device = resolve_device(args.device)
     output = Path(args.output or f"{Path(args.image).stem}_explain.png")
     check_output(output)  # a FIFO or a folder is refused before the model is read
-    model, info = load_model(args, device)
-    if isinstance(model, SwinTransformer):
-        rollout = args.per_head or args.head_fusion != "mean" or args.discard_ratio
-        if rollout:
-            raise UserError(
-                f"{args.checkpoint} holds a Swin Transformer, explained by Grad-CAM on its last "
-                "stage: --per-head, --head-fusion and --discard-ratio are the ViT's attention "
-                "options; drop them"
-            )
-    elif not isinstance(model, VisionTransformer):
+    predictor = options.load_predictor(args, purpose="explain")
+    rollout = args.per_head or args.head_fusion != "mean" or args.discard_ratio
+    if predictor.explanation == "gradcam" and rollout:
         raise UserError(
-            f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}), which has no attention "
-            "to draw; explain takes a ViT or Swin checkpoint"
+            f"{args.checkpoint} is explained by Grad-CAM on its last stage: --per-head, "
+            "--head-fusion and --discard-ratio are the ViT's attention options; drop them"
         )
-    names = class_names(model)
+    names = predictor.class_names
     target = class_index(args.target, names) if args.target is not None else None
-    explained = explain_image(
-        model,
+    explained = predictor.explain(
         args.image,
-        model.data_config,
         target=target,
         head_fusion=args.head_fusion,
         discard_ratio=args.discard_ratio,
         per_head=args.per_head,
-        class_names=names,
         out=output,
     )
     probs, k, t = explained.probabilities, explained.predicted, explained.target
-    drawn = "Grad-CAM" if isinstance(model, SwinTransformer) else "attention maps"
+    drawn = "Grad-CAM" if predictor.explanation == "gradcam" else "attention maps"
     print(
         f"{args.image}: {names[k]} ({float(probs[k]):.4f}); explained class {names[t]} "
         f"({float(probs[t]):.4f}); {explained.caption}; {drawn} in {output}"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..data.data_config import DataConfig, data_config_flags
+from ..inference import Predictor, load_for_inference, with_overrides
 from ..model import ViTConfig
 from ..model.precision import PRECISIONS
 from ..options import option_fields
@@ -18,29 +19,19 @@ if TYPE_CHECKING:
     from ..train.config import JobConfig
 
 
-def number_in(
-    low: float, high: float | None = None, *, integer: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a number (an integer with `integer`) in [low, high], else one line
-    naming the flag."""
+def int_in(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`, else one line naming the flag."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> int:
         try:
-            value = int(text) if integer else float(text)
+            value = int(text)
         except ValueError:
-            kind = "an integer" if integer else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-        if value != value or value < low or (high is not None and value > high):
-            span = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"must be {span}, got {value if integer else text}")
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         return value
 
     return parse
-
-
-def int_in(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low`, else one line naming the flag."""
-    return number_in(low, integer=True)  # type: ignore[return-value]
 
 
 def fraction(text: str) -> float:
@@ -82,6 +73,28 @@ def model_run(parser: argparse.ArgumentParser, *, precision_flag: bool = True) -
     preparation(parser)
 
 
+def load_predictor(
+    args: argparse.Namespace,
+    *,
+    purpose: str,
+    explanations: bool = False,
+) -> Predictor:
+    """`inference.load_for_inference` of `--checkpoint` with what `model_run`'s flags say
+    (fp32 where the command has no `--precision`)."""
+    from ..train.config import resolve_device  # the training package only where a model loads
+
+    return load_for_inference(
+        args.checkpoint,
+        device=resolve_device(args.device),
+        precision=getattr(args, "precision", "fp32"),
+        arch=args.arch,
+        num_heads=args.num_heads,
+        data_overrides=preparation_given(args),
+        purpose=purpose,
+        explanations=explanations,
+    )
+
+
 def weights_reading(parser: argparse.ArgumentParser, *, num_heads: bool = True) -> None:
     """`--arch`, `--num-heads`: what a state dict does not record (without `num_heads` where
     the command's model flags have their own `--num-heads`)."""
@@ -112,13 +125,12 @@ def preparation(parser: argparse.ArgumentParser) -> None:
 def prepared(data_config: DataConfig, args: argparse.Namespace) -> DataConfig:
     """`data_config` with the preparation flags given on the command line (`--crop-pct`
     alone crops the centre)."""
-    changes = given_options(args, DataConfig)
-    if "crop_pct" in changes:
-        changes.setdefault("crop_mode", "center")
-    try:
-        return data_config.replace(**changes)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"the image preparation flags: {err}") from None
+    return with_overrides(data_config, preparation_given(args))
+
+
+def preparation_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The data config options the preparation flags set."""
+    return given_options(args, DataConfig)
 
 
 def device(parser: argparse.ArgumentParser) -> None:

@@ -7,11 +7,8 @@ import logging
 from typing import Any
 
 from .. import data as data_lib
-from ..train import predict
-from ..train.config import resolve_device
 from . import options
 from .commands import add_command
-from .loading import class_names, load_model
 from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
@@ -54,23 +51,21 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    device = resolve_device(args.device)
     paths = data_lib.find_images(args.images)  # a missing input is a usage error, at once
-    model, _ = load_model(args, device)
-    names = class_names(model)
+    predictor = options.load_predictor(args, purpose="predict")
+    names = predictor.class_names
     topk = _topk(args.topk, len(names))
-    prepare = data_lib.eval_transform(model.data_config)
     rows: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     for start in range(0, len(paths), BATCH):
         loaded = data_lib.load_images(
-            paths[start : start + BATCH], prepare, in_chans=model.data_config.input_size[0]
+            paths[start : start + BATCH], predictor.prepare, in_chans=predictor.in_chans
         )
         skipped.update(loaded.skipped)
         rows.update({path: {"image": path, "skipped": why} for path, why in loaded.skipped.items()})
         if not loaded.paths:
             continue
-        probs, indices = predict(model, loaded.images.to(device), topk=topk)
+        probs, indices = predictor.predict(loaded.images, topk)
         for path, p, ix in zip(loaded.paths, probs.tolist(), indices.tolist()):
             predictions = [
                 {"class": names[i], "index": i, "probability": round(q, 6)} for q, i in zip(p, ix)

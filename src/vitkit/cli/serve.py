@@ -7,23 +7,21 @@ import argparse
 import logging
 from typing import Any
 
+from ..options.flags import add_flags, given_options
 from ..serve.batcher import Batching
 from ..serve.limits import Limits
-from ..train.config import resolve_device
+from ..serve.server import Address
 from . import options
 from .commands import add_command
 from .errors import UserError
-from .loading import load_model
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
 
 OPTION_FLAGS = options.WEIGHTS_FLAGS
-MB = 1024 * 1024
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    batching, limits = Batching(), Limits()
     p = add_command(
         subparsers,
         "serve",
@@ -38,30 +36,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="a run folder (its model.safetensors) or any weights --checkpoint "
                    "takes")  # fmt: skip
     options.checkpoint(p, required=False)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default: 127.0.0.1, this machine only; "
-                   "0.0.0.0 for every network)")  # fmt: skip
-    p.add_argument("--port", type=options.number_in(0, 65535, integer=True), default=8000,
-                   metavar="N", help="the port (default: 8000; 0: a free one)")  # fmt: skip
-    group = p.add_argument_group("batching")
-    group.add_argument("--max-batch", type=options.int_in(1), default=batching.max_batch,
-                       metavar="N", help="images per forward pass, gathered from concurrent "
-                       f"requests (default: {batching.max_batch}; 1: no batching)")  # fmt: skip
-    group.add_argument("--max-wait-ms", type=options.number_in(0, 10_000),
-                       default=batching.max_wait_ms, metavar="T",
-                       help="how long the first image of a batch waits for "
-                       f"others, in milliseconds (default: {batching.max_wait_ms:g})")  # fmt: skip
-    group.add_argument("--max-queue", type=options.int_in(1), default=batching.max_queue,
-                       metavar="N", help="images waiting at most; beyond, requests get 503 with "
-                       f"Retry-After (default: {batching.max_queue})")  # fmt: skip
-    group = p.add_argument_group("limits on each request")
-    group.add_argument("--max-upload-mb", type=options.number_in(0.001), metavar="MB",
-                       default=limits.max_upload_bytes / MB, help="the largest request body "
-                       f"(default: {limits.max_upload_bytes / MB:g})")  # fmt: skip
-    group.add_argument("--max-pixels", type=options.int_in(1), metavar="N",
-                       default=limits.max_pixels, help="the most pixels (width x height) of "
-                       f"an image, read from its header before decoding (default: "
-                       f"{limits.max_pixels})")  # fmt: skip
+    add_flags(p, Address, check_ranges=True)
+    add_flags(p, Batching, check_ranges=True)
+    add_flags(p, Limits, exclude=Limits.FLAGLESS, check_ranges=True)
     options.model_run(p)
     return p
 
@@ -72,19 +49,16 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.service import Service
 
     args.checkpoint = _weights(args)
-    device = resolve_device(args.device)
-    sock = bind(args.host, args.port)  # a port in use is said before the model is read
+    at = Address(**given_options(args, Address))
+    batching = Batching(**given_options(args, Batching))
+    limits = Limits(**given_options(args, Limits))
+    sock = bind(at.host, at.port)  # a port in use is said before the model is read
     with sock:
-        # loaded in fp32: the service sets the precision (and keeps fp32 for int8 explanations)
-        model, _ = load_model(argparse.Namespace(**{**vars(args), "precision": "fp32"}), device)
-        service = Service(model, name=args.checkpoint, precision=args.precision)
-        batching = Batching(
-            max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue
-        )
-        limits = Limits(max_upload_bytes=round(args.max_upload_mb * MB), max_pixels=args.max_pixels)
+        predictor = options.load_predictor(args, purpose="serve", explanations=True)
         log.info("serving %s at %s (open it in a browser; Ctrl-C to stop)", args.checkpoint,
                  address(sock))  # fmt: skip
-        server(create_app(service, batching=batching, limits=limits)).run(sockets=[sock])
+        app = create_app(Service(predictor), batching=batching, limits=limits)
+        server(app).run(sockets=[sock])
     return ExitCode.OK
 
 

@@ -1,6 +1,7 @@
 """What the model looks at: a ViT's attention maps (rollout, class-specific relevance, the
 last block's class-token attention; attention.py), Grad-CAM for hierarchical models such as
-the Swin (gradcam.py), and one image file explained and drawn (image.py)."""
+the Swin (gradcam.py), which of them a model gets (method.py), and one image file explained
+and drawn (image.py)."""
 
 from .attention import (
     attention_maps,
@@ -11,10 +12,12 @@ from .attention import (
     gradient_relevance,
     readout_of,
 )
-from .gradcam import grad_cam, takes_attention
+from .gradcam import grad_cam
 from .image import Explanation, draw_explanation, explain_image
+from .method import MAPS, explanation_method
 
 __all__ = [
+    "MAPS",
     "Explanation",
     "attention_maps",
     "attention_rollout",
@@ -23,8 +26,8 @@ __all__ = [
     "draw_explanation",
     "explain_image",
     "explained_classes",
+    "explanation_method",
     "grad_cam",
     "gradient_relevance",
     "readout_of",
-    "takes_attention",
 ]

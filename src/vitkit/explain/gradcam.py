@@ -16,18 +16,10 @@ one cell per 32x32 pixels.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor, nn
 
 from .attention import explained_classes
-
-
-def takes_attention(model: nn.Module) -> bool:
-    """Whether `model`'s forward returns its attention maps (`return_attention=True`, a ViT):
-    those get rollout and relevance; other models with `forward_features` get Grad-CAM."""
-    return "return_attention" in inspect.signature(model.forward).parameters
 
 
 def grad_cam(

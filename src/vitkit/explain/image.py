@@ -19,7 +19,8 @@ from ..data.images import image_to_tensor, open_image
 from ..data.transforms import Normalize, eval_resize_crop
 from ..plots import pyplot, save_figure
 from .attention import attention_maps, readout_of
-from .gradcam import grad_cam, takes_attention
+from .gradcam import grad_cam
+from .method import explanation_method
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,8 @@ def explain_image(
     gives), compute the maps and, with `out`, draw them over exactly that view.
 
     Args:
-        model: a ViT whose forward takes `return_attention=True` (its attention maps), or a
-            hierarchical model with `forward_features` -> (B, h, w, C) and `forward_head`, a
-            Swin (its Grad-CAM, `grad_cam`: the rollout options do not apply).
+        model: a ViT (its attention maps) or a Swin (its Grad-CAM, `grad_cam`: the rollout
+            options do not apply), as `explanation_method` decides.
         image_path: the image file (EXIF orientation applied, converted to the model's
             channels).
         data_config: the model's preparation (size, resize, crop, normalisation).
@@ -80,17 +80,10 @@ def explain_image(
     view = image_to_tensor(resize_crop(decoded))  # (C, h, w) in [0, 1]
     x = Normalize(data_config.mean, data_config.std)(view)[None]  # (1, C, h, w)
     x = x.to(next(model.parameters()).device)
-    attention = takes_attention(model)
-    if attention:
-        rollout = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
-        maps = attention_maps(model, x, **rollout, target=target)
-    elif per_head:
-        raise ValueError(
-            f"{type(model).__name__} has no attention heads over the whole image to draw; its "
-            "map is Grad-CAM: leave per_head off"
-        )
-    else:
-        maps = grad_cam(model, x, target=target)
+    method = explanation_method(model)
+    attention = method == "attention"
+    rollout = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
+    maps = _maps(model, method, x, target=target, per_head=per_head, **rollout)
     one = {key: value[0].cpu() for key, value in maps.items()}
     probabilities = torch.softmax(one["logits"].float(), dim=-1)
     (height, width), (h, w) = decoded.size[::-1], data_config.img_size
@@ -123,6 +116,31 @@ def explain_image(
             caption=explanation.caption,
         )
     return explanation
+
+
+def _maps(
+    model: nn.Module,
+    method: str | None,
+    x: Tensor,
+    *,
+    target: int | None,
+    per_head: bool,
+    **rollout: Any,
+) -> dict[str, Tensor]:
+    """The maps of a batch of normalised images by `method`, the model's `explanation_method`."""
+    if method == "attention":
+        return attention_maps(model, x, **rollout, target=target)
+    if method is None:
+        raise ValueError(
+            f"{type(model).__name__} has no attention to draw; explain_image takes a ViT "
+            "(its attention maps) or a Swin (its Grad-CAM)"
+        )
+    if per_head:
+        raise ValueError(
+            f"{type(model).__name__} has no attention heads over the whole image to draw; its "
+            "map is Grad-CAM: leave per_head off"
+        )
+    return grad_cam(model, x, target=target)
 
 
 # -- drawing --------------------------------------------------------------------------------

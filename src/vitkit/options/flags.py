@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from . import Kind, Options, kinds, option_fields
+from . import Kind, Options, Range, kinds, option_fields
 
 
 def add_flags(
@@ -23,6 +23,7 @@ def add_flags(
     prefix: str = "",
     show_defaults: bool = True,
     generic: tuple[str, str] | None = None,
+    check_ranges: bool = False,
 ) -> None:
     """One flag per option of `config_cls`, in argument groups titled by its `GROUPS` (in that
     order). No flag has an argparse default: `given_options` returns only what was given.
@@ -36,6 +37,8 @@ def add_flags(
         prefix: put before each destination (the options of a dict option, `of=`).
         show_defaults: show each default in the help (not where a preset decides it).
         generic: (flag, help) of a repeatable KEY=VALUE flag for any option of the config.
+        check_ranges: refuse a number out of its option's range as the command line is
+            parsed, naming the flag (where no later step names it).
     """
     groups: dict[str | None, argparse._ArgumentGroup] = {}
 
@@ -58,11 +61,13 @@ def add_flags(
             nested = f"{prefix}{item.name}."
             _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
             add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
-                      show_defaults=False)  # fmt: skip
+                      show_defaults=False, check_ranges=check_ranges)  # fmt: skip
             continue
         shown = (choices or {}).get(item.name) or meta["choices"]
         text = _help(item, (notes or {}).get(item.name), show_defaults)
         kwargs = _flag_kwargs(item, kind, shown)
+        if check_ranges and meta["range"] is not None and "type" in kwargs:
+            kwargs["type"] = _in_range(kwargs["type"], meta["range"])
         dest = prefix + item.name
         target = group(meta["group"])
         target.add_argument(flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text,
@@ -121,6 +126,18 @@ def _parser(convert: type, what: str):
 
 
 _PARSERS = {int: _parser(int, "an integer"), float: _parser(float, "a number"), str: str}
+
+
+def _in_range(parse: Callable[[str], Any], bounds: Range) -> Callable[[str], Any]:
+    """An argparse type: `parse(text)`, refused in one line when out of `bounds`."""
+
+    def parse_in_range(text: str) -> Any:
+        value = parse(text)
+        if not bounds.holds(value):  # NaN holds no range
+            raise argparse.ArgumentTypeError(f"must be {bounds.phrase()}, got {text}")
+        return value
+
+    return parse_in_range
 
 
 def _key_value(text: str) -> tuple[str, Any]:

@@ -13,10 +13,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
+
+from ..options import AT_LEAST_ONE, Options, Range, option
 
 log = logging.getLogger(__name__)
 
@@ -24,25 +26,20 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Batching:
-    """How requests are batched.
+class Batching(Options):
+    """How requests are batched (each value checked when built, as every `Options`)."""
 
-    Args:
-        max_batch: images per forward pass (1: no batching).
-        max_wait_ms: how long the first image of a batch waits for others.
-        max_queue: images waiting at most; beyond, requests are answered 503.
-    """
+    GROUPS: ClassVar[dict[str, str]] = {"batching": "batching"}
 
-    max_batch: int = 16
-    max_wait_ms: float = 5.0
-    max_queue: int = 256
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_queue < 1 or self.max_wait_ms < 0:
-            raise ValueError(
-                f"batching needs max_batch >= 1, max_queue >= 1 and max_wait_ms >= 0, got "
-                f"{self.max_batch}, {self.max_queue} and {self.max_wait_ms}"
-            )
+    max_batch: int = option(16, "images per forward pass, gathered from concurrent requests; "
+                            "1 turns batching off", range=AT_LEAST_ONE, metavar="N",
+                            group="batching")  # fmt: skip
+    max_wait_ms: float = option(5.0, "how long the first image of a batch waits for others, "
+                                "in milliseconds", range=Range(0, 10_000), metavar="T",
+                                group="batching")  # fmt: skip
+    max_queue: int = option(256, "images waiting at most; beyond, requests get 503 with "
+                            "Retry-After", range=AT_LEAST_ONE, metavar="N",
+                            group="batching")  # fmt: skip
 
 
 class QueueFull(Exception):

@@ -7,11 +7,26 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..options import Options, Range, option
 
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 30  # what requests in flight get after SIGTERM before they are cut
+
+
+@dataclass(frozen=True, kw_only=True)
+class Address(Options):
+    """Where the server listens (`bind`)."""
+
+    GROUPS: ClassVar[dict[str, str]] = {"address": "where the server listens"}
+
+    host: str = option("127.0.0.1", "the address to listen on: 127.0.0.1 is this machine "
+                       "only, 0.0.0.0 every network", group="address")  # fmt: skip
+    port: int = option(8000, "the port, 0 for a free one", range=Range(0, 65535), metavar="N",
+                       group="address")  # fmt: skip
 
 
 def bind(host: str, port: int) -> socket.socket:

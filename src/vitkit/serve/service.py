@@ -1,10 +1,9 @@
-"""The model a server answers with, loaded once: images prepared as `vitkit predict` prepares
-them (`data.eval_transform` of the weights' data config), class scores from the same
-`train.predict`, explanations from `explain.explain_image` and drawn as one overlay PNG."""
+"""The model a server answers with, loaded once (`inference.Predictor`): images prepared as
+`vitkit predict` prepares them, class scores from the same `Predictor.predict`, explanations
+from `Predictor.explain`, drawn as one overlay PNG."""
 
 from __future__ import annotations
 
-import copy
 import io
 import logging
 from collections.abc import Sequence
@@ -13,17 +12,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..data import eval_transform
-from ..explain import Explanation, class_index, explain_image
-from ..model import SwinTransformer, VisionTransformer
-from ..model.precision import model_device, set_precision
-from ..train import predict
+from ..explain import MAPS as EXPLANATION_MAPS
+from ..explain import Explanation, class_index
+from ..inference import Predictor
 
 log = logging.getLogger(__name__)
 
-MAPS = ("relevance", "rollout", "cls_attention")  # the maps /explain draws, by name
+MAPS = EXPLANATION_MAPS["attention"]  # the maps /explain draws, by name (the first by default)
 OVERLAY_SIDE = 224  # the overlay's shorter side in pixels: small views are enlarged to it
 
 
@@ -31,45 +28,31 @@ class Service:
     """A classifier loaded once, for every request.
 
     Args:
-        model: a classifier with a `data_config` (as `weights.load_any` gives), in fp32.
-        name: what answers name the model by (e.g. the checkpoint's path).
-        precision: 'fp32', 'bf16' or 'int8' (`model.precision.set_precision`); int8 models
-            have no gradients, so explanations run on an fp32 copy kept for them.
+        predictor: `inference.load_for_inference` with `explanations=True` (an int8 model
+            then keeps an fp32 copy to explain with), or `inference.Predictor` of a model in
+            hand.
+        name: what answers name the model by (default: the predictor's name, its weights).
     """
 
-    def __init__(self, model: nn.Module, *, name: str, precision: str = "fp32") -> None:
-        if getattr(model, "data_config", None) is None:
-            raise ValueError(
-                "the model has no data config; load it with vitkit.load or vitkit.load_pretrained "
-                "(or set model.data_config) so that images are prepared as for its weights"
-            )
-        self.name = name
-        self.data_config = model.data_config
-        self.class_names: list[str] = list(getattr(model, "meta", {}).get("class_names") or [])
-        self.class_names = self.class_names or [str(i) for i in range(model.num_classes)]
-        explainable = isinstance(model, (VisionTransformer, SwinTransformer))
-        keep_fp32 = explainable and precision == "int8"
-        self.explainer: nn.Module | None = copy.deepcopy(model).eval() if keep_fp32 else None
-        self.precision = set_precision(model, precision)
-        self.model = model
-        if explainable and self.explainer is None:
-            self.explainer = model
-        self.device = model_device(model)
-        self._prepare = eval_transform(self.data_config)
+    def __init__(self, predictor: Predictor, *, name: str | None = None) -> None:
+        self.predictor = predictor
+        self.name = name or predictor.name
+        self.class_names = predictor.class_names
+        self.data_config = predictor.data_config
+        self.precision = predictor.precision
 
     @property
     def in_chans(self) -> int:
-        return self.data_config.input_size[0]
+        return self.predictor.in_chans
 
     def prepare(self, image: Image.Image) -> Tensor:
         """A decoded image -> the normalised (C, H, W) tensor the model takes."""
-        return self._prepare(image)
+        return self.predictor.prepare(image)
 
     def predict(self, images: Tensor, topk: Sequence[int]) -> list[list[dict[str, Any]]]:
         """Each image's `topk[i]` most probable classes, most probable first, as `vitkit
         predict --json` lists them: {class, index, probability (6 decimals)}."""
-        with torch.inference_mode():
-            probs, indices = predict(self.model, images.to(self.device), topk=max(topk))
+        probs, indices = self.predictor.predict(images, max(topk))
         return [
             [
                 {"class": self.class_names[i], "index": i, "probability": round(q, 6)}
@@ -85,21 +68,17 @@ class Service:
     def explain(
         self, data: bytes, name: str, target: int | None, map_name: str = "relevance"
     ) -> Explanation:
-        """The maps of one image's bytes (already checked by `uploads.decode_image`); a Swin
-        has one, `relevance` (its Grad-CAM), which `map_name` must then name."""
-        if self.explainer is None:
+        """The maps of one image's bytes (already checked by `uploads.decode_image`);
+        `map_name` must be one the model's explanation gives (a Swin's Grad-CAM: relevance)."""
+        maps = self.predictor.maps
+        if maps and map_name not in maps:  # Grad-CAM's one map
             raise ValueError(
-                f"{self.name} is no ViT or Swin (a timm CNN has no attention to draw); /explain "
-                "needs a ViT or Swin checkpoint"
-            )
-        if isinstance(self.explainer, SwinTransformer) and map_name != "relevance":
-            raise ValueError(
-                f"{self.name} is a Swin Transformer: its map is Grad-CAM, map=relevance; "
-                f"{map_name} is a ViT's attention map"
+                f"{self.name} has no attention over the whole image: its map is Grad-CAM, "
+                f"map={maps[0]}; {map_name} is a ViT's attention map"
             )
         file = io.BytesIO(data)
         file.name = name
-        return explain_image(self.explainer, file, self.data_config, target=target)
+        return self.predictor.explain(file, target=target)
 
     def info(self) -> dict[str, Any]:
         """What /info says of the model."""
@@ -108,8 +87,8 @@ class Service:
             "classes": self.class_names,
             "data_config": self.data_config.to_dict(),
             "precision": self.precision,
-            "device": str(self.device),
-            "explain": self.explainer is not None,
+            "device": str(self.predictor.device),
+            "explain": self.predictor.explanation is not None,
         }
 
 

@@ -7,7 +7,7 @@ Imports flow one way: `cli` -> `train` -> `weights`, `explain` -> `model`, `data
 from .config import PretrainConfig, TrainConfig
 from .distributed import ShardSampler, make_loader
 from .fit import FitResult, fit
-from .loop import NonFiniteLossError, evaluate, predict, train_one_epoch
+from .loop import NonFiniteLossError, evaluate, train_one_epoch
 from .losses import distill_loss, soft_cross_entropy
 from .optim import ModelEma, Schedule, lr_at, param_groups
 from .recipes import PRESETS, RECIPES, resolve_config
@@ -42,7 +42,6 @@ __all__ = [
     "lr_at",
     "make_loader",
     "param_groups",
-    "predict",
     "resolve_config",
     "run_training",
     "save_state",

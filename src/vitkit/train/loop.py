@@ -1,4 +1,4 @@
-"""One epoch of training, evaluation and prediction: plain functions over a `RunState`.
+"""One epoch of training and evaluation: plain functions over a `RunState`.
 
 As in DeiT's `engine.py`: `train_one_epoch(state, loader)` takes each batch through the task
 (mixing, the loss), accumulates gradients, steps the optimiser on the schedule and counts;
@@ -224,23 +224,6 @@ def per_class_scores(confusion: Tensor) -> dict[str, list[float] | list[int]]:
         "f1": f1.tolist(),
         "support": actual.long().tolist(),
     }
-
-
-@torch.no_grad()
-def predict(model: nn.Module, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
-    """Top-k class probabilities and indices for a batch (B, C, H, W) of normalised images."""
-    model.eval()
-    logits = model(images).float()
-    bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
-    if bad:
-        raise FloatingPointError(
-            f"the model's outputs are not finite (NaN or inf) for image(s) {bad[:10]} of the "
-            "batch; the checkpoint's weights or the images are broken"
-        )
-    probs = F.softmax(logits, dim=-1)
-    k = min(topk, probs.shape[-1])
-    values, indices = probs.topk(k, dim=-1)  # (B, k)
-    return values, indices
 
 
 def steps_per_epoch(batches: int, accum_steps: int) -> int:
