@@ -33,10 +33,13 @@ from .rand_augment import RandAugment, parse_rand_augment
 from .sources import (
     SOURCES,
     EvaluationSet,
+    Source,
     detect_source,
     evaluation_set,
     load_data,
     register_source,
+    source_named,
+    sources_help,
 )
 from .transforms import build_transform, eval_resize_crop, eval_transform
 
@@ -54,6 +57,7 @@ __all__ = [
     "RandAugment",
     "ReducedImage",
     "SeededItems",
+    "Source",
     "Splits",
     "Subset",
     "TensorImages",
@@ -74,6 +78,8 @@ __all__ = [
     "parse_rand_augment",
     "read_image",
     "register_source",
+    "source_named",
+    "sources_help",
     "split_indices",
     "unreadable_files",
 ]

@@ -10,7 +10,7 @@ from .fit import FitResult, fit
 from .loop import NonFiniteLossError, evaluate, predict, train_one_epoch
 from .losses import distill_loss, soft_cross_entropy
 from .optim import ModelEma, Schedule, lr_at, param_groups
-from .recipes import PRESETS, RECIPES, resolve_config
+from .recipes import RECIPES, resolve_config
 from .run_folder import BEST_FILE, EMA_FILE, LAST_FILE, METRICS_FILE, STATE_FILE
 from .setup import TrainingSetup, run_training, training_setup
 from .signals import StopFlag
@@ -21,7 +21,6 @@ __all__ = [
     "EMA_FILE",
     "LAST_FILE",
     "METRICS_FILE",
-    "PRESETS",
     "RECIPES",
     "STATE_FILE",
     "EpochState",
