@@ -1,4 +1,5 @@
-"""Data: named sources split with a fixed seed, image decoding, datasets and transforms.
+"""Data: named sources split with a fixed seed (map-style or streams), image decoding, datasets
+and transforms.
 
 Imports nothing from the rest of vitkit: the model, the weights and the training job build on it.
 """
@@ -41,6 +42,15 @@ from .sources import (
     source_named,
     sources_help,
 )
+from .streams import (
+    StreamPart,
+    StreamSource,
+    as_stream,
+    first_items,
+    is_stream,
+    limited,
+    transformed,
+)
 from .transforms import build_transform, eval_resize_crop, eval_transform
 
 __all__ = [
@@ -59,9 +69,12 @@ __all__ = [
     "SeededItems",
     "Source",
     "Splits",
+    "StreamPart",
+    "StreamSource",
     "Subset",
     "TensorImages",
     "Transformed",
+    "as_stream",
     "build_transform",
     "collate",
     "corrupt_count",
@@ -70,7 +83,10 @@ __all__ = [
     "eval_transform",
     "evaluation_set",
     "find_images",
+    "first_items",
     "folder_layout",
+    "is_stream",
+    "limited",
     "load_data",
     "load_images",
     "none_readable",
@@ -81,5 +97,6 @@ __all__ = [
     "source_named",
     "sources_help",
     "split_indices",
+    "transformed",
     "unreadable_files",
 ]
