@@ -29,6 +29,10 @@ class StreamSource(IterableDataset):
     """A source read in order. Subclasses give `__iter__` and `__len__` (a hint: an epoch
     of training reads `len(self)` items, wrapping around a source that ends sooner).
 
+    The engine reads raw items through `part` and makes each it keeps an (image, label)
+    with `apply` (a reader may leave decoding to it, so that what is dropped is never
+    decoded); by default the raw items are those of `__iter__` and `apply` keeps them.
+
     Attributes:
         shuffle_buffer: how many items a training epoch is shuffled through.
     """
@@ -60,7 +64,7 @@ class TransformedStream(StreamSource):
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[Any]:
-        return map(self.apply, iter(self.dataset))
+        return map(self.apply, self.part(0, 1))
 
     def part(self, index: int, count: int) -> Iterator[Any]:
         return self.dataset.part(index, count)
@@ -83,7 +87,11 @@ class LimitedStream(StreamSource):
         return min(self.limit, len(self.dataset))
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.dataset), self.limit)
+        return map(self.apply, self.part(0, 1))
+
+    def part(self, index: int, count: int) -> Iterator[Any]:
+        first = itertools.islice(self.dataset.part(0, 1), self.limit)
+        return itertools.islice(first, index, None, count)
 
     def apply(self, item: Any) -> Any:
         return self.dataset.apply(item)
@@ -159,8 +167,9 @@ class StreamPart(IterableDataset):
     Training: an epoch is `ceil(len(stream) / world_size)` items on every rank (equal steps;
     a rank whose part ends sooner starts it again). The rank's part is split between its
     loader workers by batch (worker `w` of `W` makes batches `w, w + W, ...`, the loader's
-    round-robin order), each worker reading every `W`-th item of the part through its own
-    buffer shuffled with (seed, epoch, rank, worker). Each item's augmentation is seeded from
+    round-robin order), each worker taking the items of its batches' places in the part's
+    order (every `W`-th block of a batch) through its own buffer, shuffled with (seed, epoch,
+    rank, worker). Each item's augmentation is seeded from
     (seed, epoch, its place in the rank's epoch), as `SeededItems` seeds a map-style item.
     `set_epoch(epoch, start)` resumes after `start` samples: the workers' roles rotate so
     that the next batch comes first, and each reads its part again up to where it was,
@@ -212,11 +221,11 @@ class StreamPart(IterableDataset):
         lane = (worker + done) % workers  # the worker that made batch `done` goes first
         mine = range(lane, batches, workers)
         places = [k * size + j for k in mine for j in range(min(size, self.per_rank - k * size))]
-        raw = itertools.islice(_cycled(stream, self.rank, self.world_size), lane, None, workers)
+        epoch = itertools.islice(_cycled(stream, self.rank, self.world_size), self.per_rank)
+        raw = (item for place, item in enumerate(epoch) if (place // size) % workers == lane)
         order = random.Random(item_seed(self.seed, self.epoch, -1 - self.rank * workers - lane))
-        shuffled = _buffered(raw, stream.shuffle_buffer, order)
         first = self.rank * self.per_rank  # each rank's places are its own
-        for place, item in zip(places, shuffled, strict=False):
+        for place, item in zip(places, _buffered(raw, stream.shuffle_buffer, order), strict=True):
             if place < self.start:
                 continue
             with seeded(item_seed(self.seed, self.epoch, first + place)):
