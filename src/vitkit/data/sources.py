@@ -69,9 +69,6 @@ class Source:
     model: str | None = None
     recipe: str | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Splits:
-        return self.load(*args, **kwargs)
-
 
 SOURCES: dict[str, Source] = {}
 
@@ -405,7 +402,7 @@ def load_data(
         skip_corrupt: skip unreadable image files (warned, counted) instead of raising.
     """
     kind, path = detect_source(spec)
-    return SOURCES[kind](
+    return SOURCES[kind].load(
         path,
         val_fraction=val_fraction,
         test_fraction=test_fraction,

@@ -17,9 +17,10 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from .datasets import item_seed, seeded
+from .datasets import Subset, Transformed, item_seed, seeded
 from .images import DataError
 
 SHUFFLE_BUFFER = 1024  # items a training stream is shuffled through (webdataset's default)
@@ -104,8 +105,6 @@ def is_stream(dataset: Dataset) -> bool:
 
 def transformed(dataset: Dataset, transform: Callable[[Any], Any] | None) -> Dataset:
     """`dataset` with `transform` applied to its images, map-style or a stream."""
-    from .datasets import Transformed
-
     if is_stream(dataset):
         return TransformedStream(as_stream(dataset), transform)
     return Transformed(dataset, transform)
@@ -114,10 +113,6 @@ def transformed(dataset: Dataset, transform: Callable[[Any], Any] | None) -> Dat
 def limited(dataset: Dataset, limit: int, seed: int) -> Dataset:
     """At most `limit` items of `dataset`: a seeded random choice of a map-style one (kept in
     order), the first `limit` of a stream."""
-    import torch
-
-    from .datasets import Subset
-
     if is_stream(dataset):
         return LimitedStream(as_stream(dataset), limit)
     if limit >= len(dataset):

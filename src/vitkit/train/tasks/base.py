@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ...data import Splits
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ class Task:
             refuses to overwrite and `--overwrite` clears.
         last_file: the file of the last finished epoch's weights, if any (named after a
             failure).
-        train_set, val_set: its data (set by `setup`).
+        splits, train_set, val_set: its data (set by `setup`).
         meta: the metadata its files and `config.json` carry.
     """
 
@@ -47,6 +49,7 @@ class Task:
     run_files: tuple[str, ...] = ()
     last_file: str | None = None
     model: nn.Module
+    splits: Splits
     train_set: Dataset
     val_set: Dataset
     meta: dict[str, Any]

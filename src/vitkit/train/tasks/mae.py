@@ -1,9 +1,11 @@
 """Masked-autoencoder pretraining (`vitkit pretrain`; He et al., "Masked Autoencoders Are
-Scalable Vision Learners", CVPR 2022): the loss of `model.mae.MaskedAutoencoder` on the
-training images (labels unused), MAE's optimiser (AdamW with betas (0.9, 0.95)), and per
-epoch `encoder.safetensors` (a plain vitkit ViT with its data config, what `vitkit train
---pretrained` fine-tunes) and `reconstructions.png`. Validation is the MAE loss on the
-validation split with the same masks every epoch; the best epoch has the lowest."""
+Scalable Vision Learners", CVPR 2022): its set-up (a fresh ViT encoder sized to the data, from
+the pieces in `setup.py`: no pretrained weights, no CNN), the loss of
+`model.mae.MaskedAutoencoder` on the training images (labels unused), MAE's optimiser (AdamW
+with betas (0.9, 0.95)), and per epoch `encoder.safetensors` (a plain vitkit ViT with its data
+config, what `vitkit train --pretrained` fine-tunes) and `reconstructions.png`. Validation is
+the MAE loss on the validation split with the same masks every epoch; the best epoch has the
+lowest."""
 
 from __future__ import annotations
 
