@@ -146,3 +146,27 @@ def test_mae_respects_the_run_lock(tmp_path):
         with pytest.raises(RunLockedError, match="is in use by a live vitkit run"):
             run_job(MaeTask, mae_config(epochs=1), out)
     assert not (out / "state.pt").exists()
+
+
+def test_mae_sets_itself_up_without_the_classifier_s_builders(monkeypatch):
+    """MAE's set-up builds a fresh encoder: it never enters the CNN builder, the teacher
+    loader, pretrained weights or the timm architecture check."""
+    import vitkit.train.tasks.classification as classification
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("MAE's set-up entered a classifier's builder")
+
+    for name in ("create_timm_classifier", "load_teacher", "load_pretrained", "check_arch",
+                 "training_setup", "build_model"):  # fmt: skip
+        monkeypatch.setattr(classification, name, refuse)
+    tiny = {"embed_dim": 16, "depth": 1, "num_heads": 2}
+    config = PretrainConfig(model="vit_digits", model_opts=tiny, decoder_dim=16,
+                            decoder_depth=1, decoder_heads=2)  # fmt: skip
+    task = MaeTask.setup(config)
+    assert task.model.encoder.num_classes == 0 and task.sample.shape == (4, 1, 8, 8)
+    assert task.meta == {"data": "digits", "model_name": "vit_digits", "mean": list(task.mean),
+                         "std": list(task.std)}  # fmt: skip
+    with pytest.raises(TypeError, match="MAE pretraining takes a PretrainConfig"):
+        MaeTask.setup(vitkit.train.TrainConfig(model="vit_digits"))
+    with pytest.raises(ValueError, match="MAE pretrains a ViT encoder; timm:resnet18 is a CNN"):
+        MaeTask.setup(config.replace(model="timm:resnet18"))

