@@ -163,7 +163,8 @@ def test_mnist_needs_a_folder_and_mnist_5k_reads_csv(tmp_path):
 
 def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, capsys):
     from vitkit.cli import main
-    from vitkit.train import PRESETS, RECIPES
+    from vitkit.data import SOURCES
+    from vitkit.train import RECIPES
 
     fake_fashion(tmp_path / "fm", n_train=100, n_test=30)
     code = main(
@@ -179,7 +180,7 @@ def test_cli_trains_on_fashion_mnist_from_data_dir_with_its_preset(tmp_path, cap
     assert (tmp_path / "run" / "model.safetensors").is_file()
     # no --model: the source's preset model and recipe, with the command line over them
     record = json.loads((tmp_path / "run" / "config.json").read_text())
-    model_name, recipe_name = PRESETS["fashion-mnist"]
+    model_name, recipe_name = SOURCES["fashion-mnist"].model, SOURCES["fashion-mnist"].recipe
     recipe = TrainConfig(**RECIPES[recipe_name]).to_dict()
     assert record["settings"]["recipe"] == recipe_name == "fashion-mnist"
     assert record["settings"]["model"] == model_name == "vit_mnist_hybrid"

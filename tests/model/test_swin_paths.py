@@ -14,6 +14,7 @@ import torch
 from _helpers import optional_import, perturb, relative_error, requires_timm
 from vitkit import SwinBackbone, create_model
 from vitkit.train.optim import freeze_layers, layer_ids, param_groups
+from vitkit.train.tasks import ClassificationTask
 
 timm = optional_import("timm")
 RTOL = 1e-5
@@ -187,7 +188,7 @@ def test_a_training_step_on_a_swin_keeps_the_frozen_layers(options):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     config = TrainConfig(epochs=1, batch_size=4, lr=1e-2, warmup_epochs=0, mixup=0.0,
                          cutmix=0.0, **options)  # fmt: skip
-    state = new_run_state(model, config, batches_per_epoch=1)
+    state = new_run_state(ClassificationTask(model, config), config, batches_per_epoch=1)
     train_one_epoch(state, [(torch.randn(4, 1, 64, 64), torch.arange(4))])
     trained = {id(p) for g in state.optimizer.param_groups for p in g["params"]}
     for name, param in model.named_parameters():

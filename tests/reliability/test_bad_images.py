@@ -32,6 +32,7 @@ from vitkit.data import (
     read_image,
 )
 from vitkit.train import TrainConfig, fit
+from vitkit.train.tasks import ClassificationTask
 
 LIMIT = 100  # PIL.Image.MAX_IMAGE_PIXELS in these tests: a 12x12 image is already "huge"
 
@@ -80,7 +81,10 @@ def test_bad_files_are_skipped_counted_and_warned_once_in_training(tmp_path, cap
     train = ImageFiles(samples, in_chans=3, img_size=(8, 8), skip_corrupt=True)
     with caplog.at_level(logging.WARNING, logger="vitkit.data"):
         result = fit(
-            tiny_model(in_chans=3),
+            ClassificationTask(
+                tiny_model(in_chans=3),
+                TrainConfig(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, mixup=0, cutmix=0),
+            ),
             train,
             ImageFiles(samples[:4], in_chans=3, img_size=(8, 8)),
             TrainConfig(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, mixup=0, cutmix=0),

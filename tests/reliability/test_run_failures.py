@@ -30,6 +30,7 @@ from vitkit.train import (
     fit,
     load_state,
 )
+from vitkit.train.tasks import ClassificationTask
 
 RUN_FILES = (STATE_FILE, LAST_FILE, BEST_FILE, METRICS_FILE)
 
@@ -84,7 +85,12 @@ def temp_files(folder: Path) -> list[str]:
 def reference(tmp_path_factory, digits) -> Path:
     """An uninterrupted run of `config()` (EMA on, to check that it resumes too)."""
     out = tmp_path_factory.mktemp("reference")
-    fit(tiny_model(drop_path_rate=0.1), *digits, config(ema=0.9), out_dir=out)
+    fit(
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config(ema=0.9)),
+        *digits,
+        config(ema=0.9),
+        out_dir=out,
+    )
     return out
 
 
@@ -100,7 +106,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_files(tmp_path, digits):
 
     with pytest.raises(NonFiniteLossError) as err:
         fit(
-            tiny_model(),
+            ClassificationTask(tiny_model(), config()),
             FaultyAfter(train, len(train), nan_image),  # NaN images from epoch 2 on
             val,
             config(),
@@ -202,7 +208,7 @@ def test_a_full_disk_during_training_then_resume(tmp_path, monkeypatch, digits, 
     monkeypatch.setattr(os, "fsync", fsync)
     with pytest.raises(DiskFullError) as err:
         fit(
-            tiny_model(drop_path_rate=0.1),
+            ClassificationTask(tiny_model(drop_path_rate=0.1), config(ema=0.9)),
             *digits,
             config(ema=0.9),
             out_dir=tmp_path,
@@ -215,7 +221,7 @@ def test_a_full_disk_during_training_then_resume(tmp_path, monkeypatch, digits, 
     assert snapshot(tmp_path) == saved and temp_files(tmp_path) == []
     full["disk"] = False
     fit(
-        tiny_model(drop_path_rate=0.1),
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config(ema=0.9)),
         *digits,
         config(ema=0.9),
         out_dir=tmp_path,
@@ -266,7 +272,7 @@ def test_a_crash_loses_at_most_save_every_steps(tmp_path, digits, reference):
     run = config(ema=0.9, save_every=2)
     with pytest.raises(RuntimeError, match="the machine went away"):
         fit(
-            tiny_model(drop_path_rate=0.1),
+            ClassificationTask(tiny_model(drop_path_rate=0.1), run),
             FaultyAfter(train, len(train) + 4 * 32, crash),
             val,
             run,
@@ -275,7 +281,14 @@ def test_a_crash_loses_at_most_save_every_steps(tmp_path, digits, reference):
     state = load_state(tmp_path / STATE_FILE)
     assert (state["epoch"], state["step"], state["epoch_state"]["batches"]) == (1, 8, 3)
     torch.manual_seed(123)  # the resumed run must not depend on the global seed
-    fit(tiny_model(drop_path_rate=0.1), train, val, run, out_dir=tmp_path, resume=True)
+    fit(
+        ClassificationTask(tiny_model(drop_path_rate=0.1), run),
+        train,
+        val,
+        run,
+        out_dir=tmp_path,
+        resume=True,
+    )
     for name in (LAST_FILE, BEST_FILE, "ema.safetensors"):
         assert_same_weights(tmp_path / name, reference / name)
 
@@ -394,7 +407,13 @@ def test_a_full_disk_inside_torch_save_is_one_line(tmp_path, monkeypatch, digits
     monkeypatch.setattr(os, "fdopen", fdopen)
     with pytest.raises(DiskFullError) as err:
         model = vitkit.create_model("vit_digits", embed_dim=64, depth=1, num_heads=2)
-        fit(model, *digits, config(), out_dir=tmp_path, on_epoch_end=on_epoch_end)
+        fit(
+            ClassificationTask(model, config()),
+            *digits,
+            config(),
+            out_dir=tmp_path,
+            on_epoch_end=on_epoch_end,
+        )
     assert str(err.value) == (
         f"no space left on device while writing {tmp_path / STATE_FILE}; free space and continue "
         "with --resume; the previous file is intact"

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from vitkit import load
 from vitkit.train import LAST_FILE, STATE_FILE, StopFlag, TrainConfig, fit, load_state
 from vitkit.train.signals import stop_on_signals
+from vitkit.train.tasks import ClassificationTask
 
 
 @pytest.mark.slow
@@ -117,14 +118,27 @@ def test_a_worker_the_stop_signal_ended_is_a_stop_not_a_failure(tmp_path, digits
     train, val = digits
     config = TrainConfig(epochs=2, batch_size=32, lr=2e-3, warmup_epochs=0)
     stop = StopFlag()
-    result = fit(tiny_model(), WorkerEndedAt(train, stop, 32 + 5), val, config,
-                 out_dir=tmp_path / "run", stop=stop)  # fmt: skip
+    result = fit(
+        ClassificationTask(tiny_model(), config),
+        WorkerEndedAt(train, stop, 32 + 5),
+        val,
+        config,
+        out_dir=tmp_path / "run",
+        stop=stop,
+    )
     assert result.interrupted and result.history == []
     assert load_state(tmp_path / "run" / STATE_FILE)["epoch_state"]["batches"] == 1
     never = StopFlag()
     failing = WorkerEndedAt(train, StopFlag(), 32 + 5)
     with pytest.raises(RuntimeError, match="^DataLoader worker"):
-        fit(tiny_model(), failing, val, config, out_dir=tmp_path / "other", stop=never)
+        fit(
+            ClassificationTask(tiny_model(), config),
+            failing,
+            val,
+            config,
+            out_dir=tmp_path / "other",
+            stop=never,
+        )
 
 
 def test_stops_in_mid_epoch_twice_in_a_row_resume_to_the_same_weights(tmp_path, digits):
@@ -134,15 +148,35 @@ def test_stops_in_mid_epoch_twice_in_a_row_resume_to_the_same_weights(tmp_path, 
     uninterrupted run's (5 batches of 32 an epoch)."""
     train, val = digits
     config = TrainConfig(epochs=3, batch_size=32, lr=2e-3, warmup_epochs=1, mixup=0.8)
-    fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=tmp_path / "reference")
+    fit(
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config),
+        train,
+        val,
+        config,
+        out_dir=tmp_path / "reference",
+    )
     out = tmp_path / "run"
     for resume, at, where in [(False, 2 * 32, (0, 2)), (True, 3 * 32 + 4 * 32, (1, 4))]:
         stop = StopFlag()
-        result = fit(tiny_model(drop_path_rate=0.1), StopAt(train, stop, at), val, config,
-                     out_dir=out, resume=resume, stop=stop)  # fmt: skip
+        result = fit(
+            ClassificationTask(tiny_model(drop_path_rate=0.1), config),
+            StopAt(train, stop, at),
+            val,
+            config,
+            out_dir=out,
+            resume=resume,
+            stop=stop,
+        )
         state = load_state(out / STATE_FILE)
         assert result.interrupted and len(result.history) == where[0]
         assert (state["epoch"], state["epoch_state"]["batches"]) == where
-    fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=out, resume=True)
+    fit(
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config),
+        train,
+        val,
+        config,
+        out_dir=out,
+        resume=True,
+    )
     ours, theirs = load(out / LAST_FILE).state_dict(), load(tmp_path / "reference" / LAST_FILE)
     assert all(torch.equal(v, theirs.state_dict()[k]) for k, v in ours.items())

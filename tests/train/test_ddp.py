@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from vitkit import create_model
     from vitkit.data import Transformed, load_data
-    from vitkit.train import TrainConfig, fit
+    from vitkit.train import ClassificationTask, TrainConfig, fit
 
     out = sys.argv[1]
     dist.init_process_group("gloo")
@@ -42,8 +42,9 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(1 + rank)  # each rank draws its own augmentations
     config = TrainConfig(epochs=4, batch_size=32, lr=4e-3, warmup_epochs=0.5, mixup=0.0,
                          cutmix=0.0, seed=0)
-    result = fit(model, Transformed(splits.train, norm), Transformed(splits.val, norm), config,
-                 out_dir=out, meta={"class_names": splits.class_names})
+    task = ClassificationTask(model, config, meta={"class_names": splits.class_names})
+    result = fit(task, Transformed(splits.train, norm), Transformed(splits.val, norm), config,
+                 out_dir=out)
     torch.save(model.state_dict(), f"{out}/rank{rank}.pt")
     with open(f"{out}/history{rank}.json", "w") as f:
         json.dump(result.history, f)
@@ -176,9 +177,7 @@ MAE_SCRIPT = textwrap.dedent(
     import json, sys
     import torch
     import torch.distributed as dist
-    from vitkit.train import PretrainConfig, fit
-    from vitkit.train.pretrain import pretraining_setup
-    from vitkit.train.tasks import MaeTask
+    from vitkit.train import MaeTask, PretrainConfig, fit
 
     out = sys.argv[1]
     dist.init_process_group("gloo")
@@ -186,13 +185,9 @@ MAE_SCRIPT = textwrap.dedent(
     config = PretrainConfig(model="vit_digits", model_opts={"embed_dim": 32, "depth": 2,
                          "num_heads": 2}, epochs=3, batch_size=32, lr=2e-3, warmup_epochs=0.5,
                          decoder_dim=16, decoder_depth=1, decoder_heads=2, accum_steps=2)
-    setup = pretraining_setup(config)
-    torch.manual_seed(rank)  # each rank draws its own masks
-    sample = torch.stack([setup.val_set[i][0] for i in range(2)])
-    task = MaeTask(setup.mae, config, sample=sample, mean=setup.splits.mean,
-                   std=setup.splits.std)
-    result = fit(task, setup.train_set, setup.val_set, config, out_dir=out)
-    torch.save(setup.mae.state_dict(), f"{out}/rank{rank}.pt")
+    task = MaeTask.setup(config)  # seeds each rank's masks with seed + rank
+    result = fit(task, task.train_set, task.val_set, config, out_dir=out)
+    torch.save(task.model.state_dict(), f"{out}/rank{rank}.pt")
     with open(f"{out}/history{rank}.json", "w") as f:
         json.dump(result.history, f)
     dist.destroy_process_group()

@@ -13,6 +13,7 @@ from torch import nn
 from _helpers import FixedLogits
 from vitkit import create_model, load
 from vitkit.data import Subset, TensorImages, Transformed, load_data
+from vitkit.inference import predict
 from vitkit.train import (
     LAST_FILE,
     RECIPES,
@@ -28,8 +29,8 @@ from vitkit.train import (
     lr_at,
     make_loader,
     param_groups,
-    predict,
 )
+from vitkit.train.tasks import ClassificationTask
 
 
 def tiny_model(**kw):
@@ -110,7 +111,12 @@ def test_a_short_run_warms_up_over_a_tenth_of_it_at_most(caplog):
 def test_a_one_step_run_trains_at_the_peak_rate(digits):
     """160 images in one batch, one epoch, DeiT's 5 warm-up epochs: the step is at lr."""
     train, val = digits
-    rows = fit(tiny_model(), train, val, cfg(epochs=1, batch_size=160, warmup_epochs=5)).history
+    rows = fit(
+        ClassificationTask(tiny_model(), cfg(epochs=1, batch_size=160, warmup_epochs=5)),
+        train,
+        val,
+        cfg(epochs=1, batch_size=160, warmup_epochs=5),
+    ).history
     assert rows[0]["lr"] == 2e-3
 
 
@@ -166,12 +172,11 @@ def test_fit_writes_run_files_and_learns(tmp_path, digits):
     model = tiny_model()
     rows = []
     result = fit(
-        model,
+        ClassificationTask(model, cfg(epochs=4, lr=5e-3), meta={"class_names": list("0123456789")}),
         train,
         val,
         cfg(epochs=4, lr=5e-3),
         out_dir=tmp_path,
-        meta={"class_names": list("0123456789")},
         on_epoch_end=rows.append,
     )
     assert [r["epoch"] for r in result.history] == [1, 2, 3, 4] and rows == result.history
@@ -199,7 +204,13 @@ def _weights(path):
 def test_resume_gives_the_same_weights(tmp_path, digits, stop_at):
     train, val = digits
     config = cfg(epochs=3, mixup=0.8, cutmix=1.0, ema=0.9, accum_steps=2, clip_grad=1.0)
-    fit(tiny_model(drop_path_rate=0.1), train, val, config, out_dir=tmp_path / "full")
+    fit(
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config),
+        train,
+        val,
+        config,
+        out_dir=tmp_path / "full",
+    )
 
     stop = StopFlag()
     calls = {"n": 0}
@@ -221,7 +232,7 @@ def test_resume_gives_the_same_weights(tmp_path, digits, stop_at):
             stop.set("test")
 
     first = fit(
-        tiny_model(drop_path_rate=0.1),
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config),
         train,
         val,
         config,
@@ -238,7 +249,12 @@ def test_resume_gives_the_same_weights(tmp_path, digits, stop_at):
         assert state["epoch"] == 1 and state["epoch_state"] is None
     torch.manual_seed(123)  # the resumed run must not depend on the global seed
     second = fit(
-        tiny_model(drop_path_rate=0.1), train, val, config, out_dir=tmp_path / "cut", resume=True
+        ClassificationTask(tiny_model(drop_path_rate=0.1), config),
+        train,
+        val,
+        config,
+        out_dir=tmp_path / "cut",
+        resume=True,
     )
     assert not second.interrupted and len(second.history) == 3
     full, resumed = _weights(tmp_path / "full" / LAST_FILE), _weights(tmp_path / "cut" / LAST_FILE)
@@ -255,11 +271,27 @@ def test_resume_gives_the_same_weights(tmp_path, digits, stop_at):
 def test_resume_without_state_and_with_another_model(tmp_path, digits):
     train, val = digits
     with pytest.raises(FileNotFoundError, match="no training state"):
-        fit(tiny_model(), train, val, cfg(epochs=1), out_dir=tmp_path, resume=True)
-    fit(tiny_model(), train, val, cfg(epochs=1), out_dir=tmp_path)
+        fit(
+            ClassificationTask(tiny_model(), cfg(epochs=1)),
+            train,
+            val,
+            cfg(epochs=1),
+            out_dir=tmp_path,
+            resume=True,
+        )
+    fit(
+        ClassificationTask(tiny_model(), cfg(epochs=1)), train, val, cfg(epochs=1), out_dir=tmp_path
+    )
     other = create_model("vit_digits", embed_dim=32, depth=1, num_heads=2)
     with pytest.raises(ValueError, match="does not match the model .*wrong shape"):
-        fit(other, train, val, cfg(epochs=2), out_dir=tmp_path, resume=True)
+        fit(
+            ClassificationTask(other, cfg(epochs=2)),
+            train,
+            val,
+            cfg(epochs=2),
+            out_dir=tmp_path,
+            resume=True,
+        )
 
 
 def test_ema_update_math():
@@ -291,24 +323,56 @@ def test_fit_with_a_teacher(digits, mode):
     train, val = digits
     teacher = tiny_model()
     student = tiny_model(distilled=True)
-    result = fit(student, train, val, cfg(epochs=1, distill=mode), teacher=teacher)
+    result = fit(
+        ClassificationTask(student, cfg(epochs=1, distill=mode), teacher=teacher),
+        train,
+        val,
+        cfg(epochs=1, distill=mode),
+    )
     assert len(result.history) == 1 and math.isfinite(result.history[0]["train_loss"])
     with pytest.raises(ValueError, match="needs a student built with distilled=True"):
-        fit(tiny_model(), train, val, cfg(epochs=1, distill=mode), teacher=teacher)
+        fit(
+            ClassificationTask(tiny_model(), cfg(epochs=1, distill=mode), teacher=teacher),
+            train,
+            val,
+            cfg(epochs=1, distill=mode),
+        )
     with pytest.raises(ValueError, match="needs a teacher model"):
-        fit(student, train, val, cfg(epochs=1, distill=mode))
+        fit(
+            ClassificationTask(student, cfg(epochs=1, distill=mode)),
+            train,
+            val,
+            cfg(epochs=1, distill=mode),
+        )
     with pytest.raises(ValueError, match="the teacher predicts 7 classes, the student 10; "):
-        fit(student, train, val, cfg(epochs=1, distill=mode), teacher=tiny_model(num_classes=7))
+        fit(
+            ClassificationTask(
+                student, cfg(epochs=1, distill=mode), teacher=tiny_model(num_classes=7)
+            ),
+            train,
+            val,
+            cfg(epochs=1, distill=mode),
+        )
 
 
 def test_bf16_autocast_on_cpu(digits):
     train, val = digits
-    result = fit(tiny_model(), train, val, cfg(epochs=1, amp="bf16"))
+    result = fit(
+        ClassificationTask(tiny_model(), cfg(epochs=1, amp="bf16")),
+        train,
+        val,
+        cfg(epochs=1, amp="bf16"),
+    )
     assert math.isfinite(result.history[0]["val_loss"])
 
 
 @pytest.mark.slow
 def test_fit_with_torch_compile(digits):
     train, val = digits
-    result = fit(tiny_model(), train, val, cfg(epochs=1, compile=True))
+    result = fit(
+        ClassificationTask(tiny_model(), cfg(epochs=1, compile=True)),
+        train,
+        val,
+        cfg(epochs=1, compile=True),
+    )
     assert math.isfinite(result.history[0]["val_loss"])

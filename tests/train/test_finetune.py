@@ -13,6 +13,7 @@ from vitkit.train import LAST_FILE, RECIPES, StopFlag, TrainConfig, fit, param_g
 from vitkit.train.fit import new_run_state
 from vitkit.train.loop import train_one_epoch
 from vitkit.train.optim import freeze_layers, layer_ids
+from vitkit.train.tasks import ClassificationTask
 
 try:  # the parity tests with timm are marked requires_timm
     import timm
@@ -99,7 +100,7 @@ def test_each_step_sets_each_groups_rate_to_the_schedule_times_its_scale(digits)
     train, _ = digits
     model = tiny_model()
     config = cfg(epochs=2, warmup_epochs=1, layer_decay=0.5)
-    state = new_run_state(model, config, batches_per_epoch=3)
+    state = new_run_state(ClassificationTask(model, config), config, batches_per_epoch=3)
     batches = [(torch.stack([train[i][0] for i in range(4)]), torch.arange(4))] * 2
     train_one_epoch(state, batches)
     assert state.step == 2
@@ -112,7 +113,7 @@ def test_each_step_sets_each_groups_rate_to_the_schedule_times_its_scale(digits)
 def _one_step(model, config, digits):
     """One optimiser step of `fit`'s state on a batch: returns the state."""
     train, _ = digits
-    state = new_run_state(model, config, batches_per_epoch=1)
+    state = new_run_state(ClassificationTask(model, config), config, batches_per_epoch=1)
     images = torch.stack([train[i][0] for i in range(8)])
     train_one_epoch(state, [(images, torch.tensor([train[i][1] for i in range(8)]))])
     return state
@@ -144,7 +145,7 @@ def test_frozen_run_saves_the_full_model_and_resumes_to_the_same_weights(tmp_pat
     train, val = digits
     config = cfg(epochs=2, freeze=1, layer_decay=0.7)
     start = tiny_model().state_dict()
-    fit(tiny_model(), train, val, config, out_dir=tmp_path / "full")
+    fit(ClassificationTask(tiny_model(), config), train, val, config, out_dir=tmp_path / "full")
     saved = load(tmp_path / "full" / LAST_FILE).state_dict()
     assert saved.keys() == start.keys()
     for name in ("cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.0.attn.qkv.weight"):
@@ -152,10 +153,24 @@ def test_frozen_run_saves_the_full_model_and_resumes_to_the_same_weights(tmp_pat
     assert not torch.equal(saved["blocks.1.attn.qkv.weight"], start["blocks.1.attn.qkv.weight"])
 
     stop = StopFlag()
-    first = fit(tiny_model(), train, val, config, out_dir=tmp_path / "cut", stop=stop,
-                on_epoch_end=lambda row: stop.set("test"))  # fmt: skip
+    first = fit(
+        ClassificationTask(tiny_model(), config),
+        train,
+        val,
+        config,
+        out_dir=tmp_path / "cut",
+        stop=stop,
+        on_epoch_end=lambda row: stop.set("test"),
+    )
     assert first.interrupted and len(first.history) == 1
-    resumed = fit(tiny_model(), train, val, config, out_dir=tmp_path / "cut", resume=True)
+    resumed = fit(
+        ClassificationTask(tiny_model(), config),
+        train,
+        val,
+        config,
+        out_dir=tmp_path / "cut",
+        resume=True,
+    )
     assert len(resumed.history) == 2
     again = load(tmp_path / "cut" / LAST_FILE).state_dict()
     assert all(torch.equal(saved[k], again[k]) for k in saved)
@@ -179,9 +194,9 @@ def test_gradient_checkpointing_trains_to_the_same_weights(digits):
     train, val = digits
     plain, checkpointed = tiny_model(drop_path_rate=0.2), tiny_model(drop_path_rate=0.2)
     torch.manual_seed(1)
-    fit(plain, train, val, cfg())
+    fit(ClassificationTask(plain, cfg()), train, val, cfg())
     torch.manual_seed(1)
-    fit(checkpointed, train, val, cfg(grad_ckpt=True))
+    fit(ClassificationTask(checkpointed, cfg(grad_ckpt=True)), train, val, cfg(grad_ckpt=True))
     assert checkpointed.grad_checkpointing and not plain.grad_checkpointing
     for (name, a), b in zip(plain.state_dict().items(), checkpointed.state_dict().values()):
         assert torch.equal(a, b), name

@@ -326,7 +326,12 @@ def test_a_sharded_run_stopped_after_a_save_every_save_resumes_as_if_uninterrupt
 
     config = TrainConfig(**{**BASE, "train_limit": 96, "epochs": 1, "fsdp": True, "save_every": 1})
     setup = training_setup(config)
-    whole = fit(setup.model, setup.train_set, setup.val_set, config.replace(fsdp=False))
+    whole = fit(
+        ClassificationTask(setup.model, config.replace(fsdp=False)),
+        setup.train_set,
+        setup.val_set,
+        config.replace(fsdp=False),
+    )
 
     written = []
     real_save = sharded_module.save_sharded
@@ -350,13 +355,26 @@ def test_a_sharded_run_stopped_after_a_save_every_save_resumes_as_if_uninterrupt
 
     out = tmp_path / "run"
     with distributed("cpu", alone=True):
-        cut = fit(training_setup(config).model, setup.train_set, setup.val_set, config,
-                  out_dir=out, stop=stop, progress=progress)  # fmt: skip
+        cut = fit(
+            ClassificationTask(training_setup(config).model, config),
+            setup.train_set,
+            setup.val_set,
+            config,
+            out_dir=out,
+            stop=stop,
+            progress=progress,
+        )
         assert cut.interrupted
         assert written == ["state-0-0.dcp", "state-0-1.dcp"]  # the stop's save kept the step's
         assert load_state(out / "state.pt")["sharded"] == "state-0-1.dcp"
-        resumed = fit(training_setup(config).model, setup.train_set, setup.val_set, config,
-                      out_dir=out, resume=True)  # fmt: skip
+        resumed = fit(
+            ClassificationTask(training_setup(config).model, config),
+            setup.train_set,
+            setup.val_set,
+            config,
+            out_dir=out,
+            resume=True,
+        )
     assert [p.name for p in out.glob("state-*.dcp")] == ["state-1-0.dcp"]
     assert resumed.history[0]["train_loss"] == pytest.approx(
         whole.history[0]["train_loss"], rel=1e-5

@@ -15,6 +15,7 @@ from vitkit import create_model
 from vitkit.data import TensorImages
 from vitkit.train import TrainConfig, evaluate, fit, make_loader, run_training
 from vitkit.train.logs import LoggerUnavailableError
+from vitkit.train.tasks import ClassificationTask
 
 
 def tiny_model():
@@ -33,7 +34,7 @@ def cfg(**kw):
 
 
 def test_metrics_csv_holds_the_rows_of_metrics_jsonl(tmp_path, digits):
-    fit(tiny_model(), *digits, cfg(ema=0.9), out_dir=tmp_path)
+    fit(ClassificationTask(tiny_model(), cfg(ema=0.9)), *digits, cfg(ema=0.9), out_dir=tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     with open(tmp_path / "metrics.csv", newline="") as f:
         table = list(csv.DictReader(f))
@@ -46,7 +47,13 @@ def test_tensorboard_gets_every_metric_of_every_epoch(tmp_path, digits):
     pytest.importorskip("tensorboard", reason="the optional tensorboard package is absent")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = fit(tiny_model(), *digits, cfg(), out_dir=tmp_path, loggers=("tensorboard",))
+    result = fit(
+        ClassificationTask(tiny_model(), cfg()),
+        *digits,
+        cfg(),
+        out_dir=tmp_path,
+        loggers=("tensorboard",),
+    )
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     tags = events.Tags()["scalars"]
@@ -61,14 +68,20 @@ def test_tensorboard_gets_every_metric_of_every_epoch(tmp_path, digits):
 def test_tensorboard_missing_is_one_line_before_anything_runs(tmp_path, digits, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard fails
     with pytest.raises(LoggerUnavailableError) as err:
-        fit(tiny_model(), *digits, cfg(), out_dir=tmp_path / "run", loggers=("tensorboard",))
+        fit(
+            ClassificationTask(tiny_model(), cfg()),
+            *digits,
+            cfg(),
+            out_dir=tmp_path / "run",
+            loggers=("tensorboard",),
+        )
     assert str(err.value) == (
         "logging to tensorboard needs the tensorboard package, which is not installed: pip "
         "install tensorboard (or pip install 'vitkit[tensorboard]')"
     )
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="unknown logger 'wandb'; expected one of tensorboard"):
-        fit(tiny_model(), *digits, cfg(), loggers=("wandb",))
+        fit(ClassificationTask(tiny_model(), cfg()), *digits, cfg(), loggers=("wandb",))
 
 
 def test_run_training_returns_a_machine_readable_summary(tmp_path):

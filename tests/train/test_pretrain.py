@@ -15,9 +15,8 @@ from safetensors.torch import load_file
 
 import vitkit
 from vitkit import cli
-from vitkit.train import PretrainConfig, load_state
+from vitkit.train import MaeTask, PretrainConfig, load_state, run_job
 from vitkit.train.lock import RunLockedError, run_lock
-from vitkit.train.pretrain import run_pretraining
 from vitkit.train.run_folder import read_run_config
 
 TINY = ["--model-opt", "embed_dim=32", "--model-opt", "depth=2", "--model-opt", "num_heads=2"]
@@ -91,7 +90,7 @@ def test_mae_with_bf16_accumulation_save_every_and_a_sigterm_resumes_bit_for_bit
 ):
     """bf16 autocast, 2 batches per step, a state every 3 steps; SIGTERM in the middle of
     epoch 2 saves the state there, and resuming ends with the uninterrupted run's weights."""
-    full = run_pretraining(mae_config(), tmp_path / "full")
+    full = run_job(MaeTask, mae_config(), tmp_path / "full")
     assert not full.result.interrupted and full.task == "mae"
     assert [r["epoch"] for r in full.result.history] == [1, 2]
     assert full.result.best_metric == "val_loss"
@@ -117,7 +116,7 @@ def test_mae_with_bf16_accumulation_save_every_and_a_sigterm_resumes_bit_for_bit
         return Bar()
 
     monkeypatch.setattr(fit_module, "save_state", counted)
-    cut = run_pretraining(mae_config(), tmp_path / "cut", progress=progress)
+    cut = run_job(MaeTask, mae_config(), tmp_path / "cut", progress=progress)
     assert cut.result.interrupted and len(cut.result.history) == 1
     # 10 batches = 5 steps an epoch: saved at the start, at steps 3, 6 (mid-epoch), after epoch
     # 1, and at the stop (epoch 2, after batch 4 = step 7)
@@ -127,7 +126,7 @@ def test_mae_with_bf16_accumulation_save_every_and_a_sigterm_resumes_bit_for_bit
     monkeypatch.undo()
 
     torch.manual_seed(123)  # the resumed run must not depend on the global seed
-    resumed = run_pretraining(read_run_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
+    resumed = run_job(MaeTask, read_run_config(tmp_path / "cut"), tmp_path / "cut", resume=True)
     assert [r["epoch"] for r in resumed.result.history] == [1, 2]
     a = load_file(tmp_path / "full" / "encoder.safetensors")
     b = load_file(tmp_path / "cut" / "encoder.safetensors")
@@ -145,5 +144,29 @@ def test_mae_respects_the_run_lock(tmp_path):
     out.mkdir()
     with run_lock(out):
         with pytest.raises(RunLockedError, match="is in use by a live vitkit run"):
-            run_pretraining(mae_config(epochs=1), out)
+            run_job(MaeTask, mae_config(epochs=1), out)
     assert not (out / "state.pt").exists()
+
+
+def test_mae_sets_itself_up_without_the_classifier_s_builders(monkeypatch):
+    """MAE's set-up builds a fresh encoder: it never enters the CNN builder, the teacher
+    loader, pretrained weights or the timm architecture check."""
+    import vitkit.train.tasks.classification as classification
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("MAE's set-up entered a classifier's builder")
+
+    for name in ("create_timm_classifier", "load_teacher", "load_pretrained", "check_arch",
+                 "training_setup", "build_model"):  # fmt: skip
+        monkeypatch.setattr(classification, name, refuse)
+    tiny = {"embed_dim": 16, "depth": 1, "num_heads": 2}
+    config = PretrainConfig(model="vit_digits", model_opts=tiny, decoder_dim=16,
+                            decoder_depth=1, decoder_heads=2)  # fmt: skip
+    task = MaeTask.setup(config)
+    assert task.model.encoder.num_classes == 0 and task.sample.shape == (4, 1, 8, 8)
+    assert task.meta == {"data": "digits", "model_name": "vit_digits", "mean": list(task.mean),
+                         "std": list(task.std)}  # fmt: skip
+    with pytest.raises(TypeError, match="MAE pretraining takes a PretrainConfig"):
+        MaeTask.setup(vitkit.train.TrainConfig(model="vit_digits"))
+    with pytest.raises(ValueError, match="MAE pretrains a ViT encoder; timm:resnet18 is a CNN"):
+        MaeTask.setup(config.replace(model="timm:resnet18"))

@@ -1,4 +1,4 @@
-"""The model a run gets when none is named: the built-in sources' presets, else one sized to a
+"""The model a run gets when none is named: the built-in sources' own, else one sized to a
 look at the data's images (`recipes.default_choice`, `data.survey`)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from vitkit import cli, load
-from vitkit.data import SOURCES, DataError
+from vitkit.data import SOURCES, DataError, Source
 from vitkit.data.survey import survey_images
-from vitkit.train import PRESETS, RECIPES, PretrainConfig, resolve_config
+from vitkit.train import RECIPES, PretrainConfig, resolve_config
 from vitkit.train.recipes import default_choice, default_model
 
 LOGGER = "vitkit.train.recipes"
@@ -131,10 +131,10 @@ def test_a_cifar_archive_is_32x32_rgb_by_its_format(tmp_path, caplog):
         ]
 
 
-@pytest.mark.parametrize("source", sorted(PRESETS))
+@pytest.mark.parametrize("source", sorted(n for n, s in SOURCES.items() if s.model))
 def test_the_built_in_sources_keep_their_presets(source, caplog):
     config, lines = _resolved(caplog, {"data": source})
-    model, recipe = PRESETS[source]
+    model, recipe = SOURCES[source].model, SOURCES[source].recipe
     assert (config.model, config.recipe) == (model, recipe) and lines == []
     assert config.model_opts == RECIPES[recipe].get("model_opts", {})  # no size, no channels
     assert default_model(source) == model
@@ -227,7 +227,8 @@ def test_data_with_nothing_to_go_by_keeps_the_old_default(tmp_path, monkeypatch,
     assert survey_images("folder", tmp_path / "d").describe() == (
         "4 RGB images, median 20x20 of 1 read"
     )
-    monkeypatch.setitem(SOURCES, "mine", SOURCES["digits"])  # in memory: not looked at
+    # in memory, with no facts of its own: not looked at
+    monkeypatch.setitem(SOURCES, "mine", Source("mine", SOURCES["digits"].load))
     config, lines = _resolved(caplog, {"data": "mine"})
     assert (config.model, config.recipe) == ("vit_digits", "small")
     assert lines == [

@@ -12,9 +12,8 @@ import stat
 import pytest
 
 from vitkit.files import SpecialFileError
-from vitkit.train import TrainConfig, run_training
+from vitkit.train import MaeTask, TrainConfig, run_job, run_training
 from vitkit.train.lock import LOCK_FILE, run_lock
-from vitkit.train.pretrain import run_pretraining
 from vitkit.train.run_folder import (
     RunFolderError,
     clear_out,
@@ -71,7 +70,7 @@ def test_resume_from_python_takes_runtime_options_and_more_epochs(tmp_path, capl
 
 def test_a_run_resumes_only_with_its_own_job(finished):
     with pytest.raises(RunFolderError) as err:
-        run_pretraining(read_run_config(finished), finished, resume=True)
+        run_job(MaeTask, read_run_config(finished), finished, resume=True)
     assert str(err.value) == (
         f"{finished} holds a classification run, not a mae run; resume it with its own command"
     )

@@ -30,12 +30,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.pretrain import run_pretraining
+    from ..train import MaeTask, run_job
     from ..train.run_folder import ENCODER_FILE
 
     config, out = run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
-    outcome = run_pretraining(
-        config, out, resume=args.resume, overwrite=args.overwrite,
+    outcome = run_job(
+        MaeTask, config, out, resume=args.resume, overwrite=args.overwrite,
         progress=progress_bar(not args.no_progress),
     )  # fmt: skip
     result = outcome.result

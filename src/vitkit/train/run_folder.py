@@ -15,9 +15,8 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,10 +34,6 @@ from .config import PretrainConfig, TrainConfig
 from .distributed import barrier, distributed, world
 from .lock import run_lock
 from .sharded import sharded_folders
-
-if TYPE_CHECKING:
-    from .fit import FitResult
-    from .state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -70,42 +65,11 @@ EVAL_FILES = ("confusion*.png", "per_class*.png", "eval*.json")
 TENSORBOARD_FILES = "events.out.tfevents.*"
 
 
-@dataclass
-class RunOutcome:
-    """How a run ended: its `fit` result and, when it finished, the test metrics (a
-    classification run); `rank` is this process's (only rank 0 reports)."""
-
-    result: FitResult
-    test: dict[str, Any] | None
-    out: Path
-    rank: int = 0
-    task: str = "classification"
-
-    def summary(self) -> dict[str, Any]:
-        """A JSON-ready summary of the run (what `vitkit train --json` prints): the job, the
-        folder, the epochs done, the best epoch by the task's metric, the last epoch's row,
-        the test metrics and the files the folder holds."""
-        result = self.result
-        test = None
-        if self.test is not None:
-            test = {k: self.test[k] for k in ("loss", "acc1", "acc5", "count") if k in self.test}
-        return {
-            "task": self.task,
-            "out": str(self.out),
-            "interrupted": result.interrupted,
-            "epochs": len(result.history),
-            "best": {
-                "metric": result.best_metric,
-                "value": result.best,
-                "epoch": result.best_epoch,
-            },  # fmt: skip
-            "last": result.history[-1] if result.history else None,
-            "test": test,
-            "skipped_images": result.corrupt_images,
-            "files": sorted(p.name for p in self.out.iterdir() if p.name in _ALL_RUN_FILES)
-            if self.out.is_dir()
-            else [],
-        }
+def run_files(out: Path) -> list[str]:
+    """The names of the run files `out` holds, sorted."""
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name in _ALL_RUN_FILES)
 
 
 class RunFolderError(ValueError):
@@ -311,18 +275,3 @@ def write_record(
     }
     text = json.dumps(record, indent=2) + "\n"
     atomic_write(out / CONFIG_FILE, lambda f: f.write(text), mode="w")
-
-
-def kept_files(state: RunState) -> str:
-    """The files a failed run leaves, and the point of training each holds."""
-    if state.out is None or world()[0] != 0:
-        return "none (no out_dir)"
-    done, batches = state.saved_at
-    if batches:
-        when = f"epoch {done + 1} after batch {batches}"
-    else:
-        when = f"end of epoch {done}" if done else "before the first epoch"
-    files = [f"{state.out / STATE_FILE} ({when})"]
-    if state.history:
-        files.append(f"{state.out / LAST_FILE} (epoch {state.history[-1]['epoch']})")
-    return ", ".join(files)

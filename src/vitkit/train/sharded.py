@@ -87,8 +87,8 @@ def shard(model: nn.Module, *, amp: str, device: torch.device) -> nn.Module:
     fsdp = require_fsdp()
     if not dist.is_initialized():
         raise RuntimeError(
-            "fsdp shards over a process group: run it through run_training / run_pretraining "
-            "(they join one, also alone) or call torch.distributed.init_process_group first"
+            "fsdp shards over a process group: run it through run_job (it joins one, also "
+            "alone) or call torch.distributed.init_process_group first"
         )
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -1,4 +1,5 @@
-"""The task interface of the training engine: what `fit` asks of the job it runs."""
+"""The task interface of the training engine: what `fit` asks of the job it runs, and what
+`run_job` asks to set one up and finish it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from ...data import Splits
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +19,8 @@ log = logging.getLogger(__name__)
 class Task:
     """A job the engine trains. The engine owns the loop (loaders, schedule, AMP, gradient
     accumulation, clipping, DDP, torch.compile, the state file, stops and resumes); a task
-    owns what differs between jobs.
+    owns what differs between jobs: its set-up (`setup(config)`: model, data, loss, metadata),
+    its steps, and the files it writes.
 
     Attributes:
         name: how the run folder's `config.json` records the job ('classification', 'mae').
@@ -26,6 +31,12 @@ class Task:
         counts_correct: whether `loss` counts correct predictions (a `train_acc1` metric).
         find_unused_parameters: DistributedDataParallel's flag (parameters the loss skips).
         files: the file names the task writes into the run folder.
+        run_files: every file of its run folder (the engine's among them): what a new run
+            refuses to overwrite and `--overwrite` clears.
+        last_file: the file of the last finished epoch's weights, if any (named after a
+            failure).
+        splits, train_set, val_set: its data (set by `setup`).
+        meta: the metadata its files and `config.json` carry.
     """
 
     name = "task"
@@ -35,7 +46,31 @@ class Task:
     counts_correct = False
     find_unused_parameters = False
     files: tuple[str, ...] = ()
+    run_files: tuple[str, ...] = ()
+    last_file: str | None = None
     model: nn.Module
+    splits: Splits
+    train_set: Dataset
+    val_set: Dataset
+    meta: dict[str, Any]
+
+    @classmethod
+    def setup(cls, config: Any) -> Task:
+        """The task of a run of `config`: its model (seeded, on `config.device`), its data and
+        everything its loss needs; called inside the run (in its process group)."""
+        raise NotImplementedError
+
+    def recorded_model(self) -> nn.Module:
+        """The model `config.json` describes."""
+        return self.model
+
+    def log_start(self, out: Path) -> None:
+        """Log what the run trains, into `out`."""
+
+    def finish(self, out: Path, result: Any) -> dict[str, Any] | None:
+        """After a run that was not cut short (`result`, the `fit.FitResult`; the engine is
+        above the tasks): the test metrics, if the task has them."""
+        return None
 
     def prepare(self, config: Any) -> None:
         """Before the optimiser takes the parameters and DDP wraps them: gradient

@@ -1,25 +1,173 @@
-"""Image classification (`vitkit train`): Mixup / CutMix and label smoothing, DeiT's
-distillation through a teacher, an EMA of the weights, layer decay, freezing and linear
-probing; the best epoch is the highest validation top-1."""
+"""Image classification (`vitkit train`): its set-up (the model: a registered ViT, pretrained
+weights of any format `load_pretrained` reads, or a timm CNN; a distillation teacher), Mixup /
+CutMix and label smoothing, DeiT's distillation, an EMA of the weights, layer decay, freezing
+and linear probing; the best epoch is the highest validation top-1, whose weights are scored
+on the test split at the end (`test.json`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
-from ...data import Mixup
+from ...data import Mixup, Splits, transformed
+from ...data.data_config import DataConfig
+from ...files import atomic_write
+from ...model import VisionTransformer, ViTConfig, get_config, to_2tuple
+from ...model.onednn_support import native_bf16
+from ...model.vit.onednn import MIN_FEATURES
+from ...weights import inspect, load_pretrained, load_state_dict
 from ...weights.checkpoint import save
+from ...weights.cnn import create_timm_classifier, is_timm_name
+from ...weights.timm import check_arch
+from ..config import TrainConfig
+from ..distributed import barrier, make_loader, world
 from ..loop import evaluate
 from ..losses import distill_loss, soft_cross_entropy
 from ..optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
-from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE
+from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE, RUN_FILES, TEST_FILE
+from ..setup import fresh_vit, load_splits, transforms
+from ..sharded import load_full
+from ..teacher import load_teacher
 from .base import Task
 
+if TYPE_CHECKING:
+    from ..fit import FitResult
+
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingSetup:
+    """What `vitkit train` builds before it trains: the config, the data splits, the model
+    (seeded, on the CPU) and the transformed train / val / test datasets."""
+
+    config: TrainConfig
+    splits: Splits
+    model: VisionTransformer
+    train_set: Dataset
+    val_set: Dataset
+    test_set: Dataset
+
+
+def training_setup(config: TrainConfig) -> TrainingSetup:
+    """The data, model and datasets of a classification run (benchmarks and notebooks call it
+    too; resolve a config with the recipes first: `recipes.resolve_config({"data":
+    "fashion-mnist"})`)."""
+    if config.model is None and not config.pretrained:
+        raise ValueError("training_setup needs a model name; build the config with resolve_config")
+    cnn = config.model is not None and is_timm_name(config.model)
+    base = get_config(config.model if config.model and not cnn else "vit_base_patch16_224")
+    opts = config.model_opts
+    # Image files decode to the model's channels; pretrained weights and CNNs take RGB unless
+    # the in_chans option says otherwise.
+    default_chans = 3 if config.pretrained or cnn else base.in_chans
+    splits = load_splits(
+        config,
+        in_chans=opts.get("in_chans", default_chans),
+        img_size=opts.get("img_size", base.img_size),
+    )
+    model = build_model(config, splits)
+    if config.pretrained:  # the weights' own normalisation, as they were trained with
+        splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
+    train_tf, eval_tf = transforms(
+        config, splits, model.data_config, rand_augment=config.aa, reprob=config.reprob
+    )
+    return TrainingSetup(
+        config=config,
+        splits=splits,
+        model=model,
+        train_set=transformed(splits.train, train_tf),
+        val_set=transformed(splits.val, eval_tf),
+        test_set=transformed(splits.test, eval_tf),
+    )
+
+
+def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
+    """The registered model with the config's model options, sized to the data; or, with
+    `config.pretrained`, the architecture of those weights (any format `load_pretrained`
+    reads), with a new head for the data's classes, the position grid resampled to the
+    `img_size` option and the other model options applied; or a timm CNN.
+    `model.data_config` says how its inputs are prepared."""
+    options = dict(config.model_opts)
+    if config.distill != "none":
+        options.setdefault("distilled", True)
+    if config.model is not None and is_timm_name(config.model):
+        return _cnn_model(config, splits, options)
+    if config.pretrained:
+        return _pretrained_model(config, splits, options)
+    return fresh_vit(config.model, splits, options)
+
+
+def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
+    """A timm CNN (`--model timm:NAME`) for the data: a distillation teacher to train. The
+    `img_size` and `in_chans` options size the data; the others go to timm."""
+    if config.pretrained:
+        raise ValueError(
+            f"--pretrained loads ViT weights; {config.model} is a CNN: train it from scratch"
+        )
+    if options.pop("distilled", None):
+        raise ValueError(f"distillation trains a ViT student; {config.model} is a CNN")
+    img_size, _ = options.pop("img_size", None), options.pop("in_chans", None)
+    model = create_timm_classifier(
+        config.model, num_classes=splits.num_classes, in_chans=splits.in_chans, **options
+    )
+    size = to_2tuple(img_size, "img_size") if img_size else splits.img_size or (224, 224)
+    model.data_config = DataConfig(
+        input_size=(splits.in_chans, *size), mean=splits.mean, std=splits.std,
+        interpolation="bilinear", crop_mode="squash",
+    )  # fmt: skip
+    return model
+
+
+def _pretrained_model(
+    config: TrainConfig, splits: Splits, options: dict[str, Any]
+) -> VisionTransformer:
+    """The weights of `config.pretrained` for the data; the `in_chans` option says how the
+    images were read (the weights decide the model's channels). A `model` named beside them
+    is their architecture: what the weights do not record comes from it, and a name whose
+    sizes differ from the weights' is refused (`ArchMismatchError`), never ignored."""
+    options.pop("in_chans", None)
+    img_size = options.pop("img_size", None)
+    if config.model is not None:
+        info = inspect(config.pretrained, arch=config.model, overrides=options)
+        if isinstance(info.config, ViTConfig):  # a Swin's arch is checked when read
+            check_arch(info.config, config.model, options)
+    model = load_pretrained(
+        config.pretrained,
+        num_classes=splits.num_classes,
+        img_size=img_size,
+        pos_resample=config.pos_resample,
+        arch=config.model,
+        **options,
+    )
+    if model.config.in_chans != splits.in_chans:
+        raise ValueError(
+            f"{config.pretrained} takes {model.config.in_chans}-channel images but the data has "
+            f"{splits.in_chans}; use data with {model.config.in_chans} channels"
+            + (" (--in-chans for image folders)" if splits.img_size is None else "")
+        )
+    return model.train()
+
+
+def bf16_would_help(config: TrainConfig, model: nn.Module, device: str | torch.device) -> bool:
+    """Whether to suggest `--amp bf16`: fp32 by default on a CPU with native bf16, for a model
+    wide enough that its products dominate (oneDNN's MIN_FEATURES; the 64-wide digits model
+    gains nothing)."""
+    width = getattr(model, "num_features", 0)
+    return (
+        config.amp is None
+        and torch.device(device).type == "cpu"
+        and width >= MIN_FEATURES
+        and native_bf16()
+    )
 
 
 class DistillForward(nn.Module):
@@ -53,6 +201,8 @@ class ClassificationTask(Task):
     log_keys = ("train_loss", "val_loss", "val_acc1", "val_acc5")
     counts_correct = True
     files = (BEST_FILE, LAST_FILE, EMA_FILE)
+    run_files = RUN_FILES
+    last_file = LAST_FILE
 
     def __init__(
         self,
@@ -76,6 +226,89 @@ class ClassificationTask(Task):
             num_classes=model.num_classes,
         )
         self.ema: ModelEma | None = None
+
+    @classmethod
+    def setup(cls, config: TrainConfig) -> ClassificationTask:
+        """The task of a run: its data (`training_setup`), the model on `config.device`, the
+        teacher of a distillation and the metadata its files carry."""
+        if not isinstance(config, TrainConfig):
+            raise TypeError(
+                f"classification takes a TrainConfig, got {type(config).__name__}; build it "
+                "with resolve_config(values)"
+            )
+        built = training_setup(config)
+        splits, device = built.splits, config.device
+        model = built.model.to(device)
+        torch.manual_seed(config.seed + world()[0])
+        teacher = None
+        if config.teacher:
+            teacher = load_teacher(
+                config.teacher,
+                weights=config.teacher_weights,
+                student_mean=splits.mean,
+                student_std=splits.std,
+                student_size=model.data_config.img_size,
+                device=device,
+            )
+        meta = {
+            "class_names": splits.class_names,
+            "mean": list(splits.mean),
+            "std": list(splits.std),
+            "data": config.data_spec(),
+            "model_name": config.model,
+            "split_seed": config.seed,
+            "val_fraction": config.val_fraction,
+            "test_fraction": config.test_fraction,
+        }
+        task = cls(model, config, teacher=teacher, meta=meta)
+        task.splits = splits
+        task.train_set, task.val_set, task.test_set = (
+            built.train_set, built.val_set, built.test_set,
+        )  # fmt: skip
+        return task
+
+    def log_start(self, out: Path) -> None:
+        config, splits = self.config, self.splits
+        log.info(
+            "training %s on %s: %d train / %d val / %d test images, %d classes, %s, %s, "
+            "lr %.2e, %d %s -> %s",
+            f"{config.pretrained} (fine-tuned)" if config.pretrained else config.model,
+            splits.name,
+            len(splits.train),
+            len(splits.val),
+            len(splits.test),
+            splits.num_classes,
+            f"recipe {config.recipe}" if config.recipe else "no recipe",
+            config.device,
+            config.peak_lr(world()[1]),
+            config.epochs,
+            "epoch" if config.epochs == 1 else "epochs",
+            out,
+        )
+        if bf16_would_help(config, self.model, config.device):
+            log.info(
+                "this CPU multiplies bf16 natively (AMX / AVX-512 BF16): --amp bf16 trained "
+                "ViT-S/16 3x and ViT-B/16 5x faster than fp32 here (docs/results.md)"
+            )
+
+    def finish(self, out: Path, result: FitResult) -> dict[str, Any]:
+        """The best epoch's weights on the test split, written to `test.json` (rank 0)."""
+        config, model = self.config, self.model
+        barrier()
+        if (out / BEST_FILE).is_file():
+            load_full(model, load_state_dict(out / BEST_FILE))
+        loader = make_loader(self.test_set, config.batch_size, train=False)
+        test = evaluate(model, loader, device=config.device, amp=config.amp_on(config.device))
+        if world()[0] == 0:
+            row = {
+                "test_loss": test["loss"],
+                "test_acc1": test["acc1"],
+                "test_acc5": test["acc5"],
+                "best_epoch": result.best_epoch,
+            }
+            text = json.dumps(row) + "\n"
+            atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
+        return test
 
     def prepare(self, config: Any) -> None:
         """Freeze what the config freezes (frozen parameters stay out of the optimiser), then
