@@ -9,10 +9,11 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..data import Splits, build_transform, limited, load_data
 from ..data.data_config import DataConfig
-from ..model import VisionTransformer, create_model, to_2tuple
+from ..model import create_model, to_2tuple
 from .config import JobConfig
 
 
@@ -37,8 +38,8 @@ def load_splits(config: JobConfig, *, in_chans: int, img_size: Any) -> Splits:
     return splits
 
 
-def fresh_vit(name: str, splits: Splits, options: dict[str, Any]) -> VisionTransformer:
-    """The registered ViT `name` with the model `options`, sized to the data (its channels,
+def fresh_model(name: str, splits: Splits, options: dict[str, Any]) -> nn.Module:
+    """The registered model `name` with the model `options`, sized to the data (its channels,
     classes and native size unless the options say otherwise); `model.data_config` says how
     its inputs are prepared."""
     options = dict(options)

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from ...data import Mixup, Splits, transformed
 from ...data.data_config import DataConfig
 from ...files import atomic_write
-from ...model import VisionTransformer, ViTConfig, get_config, to_2tuple
+from ...model import ViTConfig, get_config, to_2tuple
 from ...model.onednn_support import native_bf16
 from ...model.vit.onednn import MIN_FEATURES
 from ...weights import inspect, load_pretrained, load_state_dict
@@ -33,7 +33,7 @@ from ..loop import evaluate
 from ..losses import distill_loss, soft_cross_entropy
 from ..optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
 from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE, RUN_FILES, TEST_FILE
-from ..setup import fresh_vit, load_splits, transforms
+from ..setup import fresh_model, load_splits, transforms
 from ..sharded import load_full
 from ..teacher import load_teacher
 from .base import Task
@@ -51,7 +51,7 @@ class TrainingSetup:
 
     config: TrainConfig
     splits: Splits
-    model: VisionTransformer
+    model: nn.Module
     train_set: Dataset
     val_set: Dataset
     test_set: Dataset
@@ -90,7 +90,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
     )
 
 
-def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
+def build_model(config: TrainConfig, splits: Splits) -> nn.Module:
     """The registered model with the config's model options, sized to the data; or, with
     `config.pretrained`, the architecture of those weights (any format `load_pretrained`
     reads), with a new head for the data's classes, the position grid resampled to the
@@ -103,7 +103,7 @@ def build_model(config: TrainConfig, splits: Splits) -> VisionTransformer:
         return _cnn_model(config, splits, options)
     if config.pretrained:
         return _pretrained_model(config, splits, options)
-    return fresh_vit(config.model, splits, options)
+    return fresh_model(config.model, splits, options)
 
 
 def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
@@ -127,9 +127,7 @@ def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> 
     return model
 
 
-def _pretrained_model(
-    config: TrainConfig, splits: Splits, options: dict[str, Any]
-) -> VisionTransformer:
+def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
     """The weights of `config.pretrained` for the data; the `in_chans` option says how the
     images were read (the weights decide the model's channels). A `model` named beside them
     is their architecture: what the weights do not record comes from it, and a name whose

@@ -27,7 +27,7 @@ from ..distributed import all_reduce, world
 from ..loop import autocast
 from ..optim import param_groups
 from ..run_folder import ENCODER_FILE, PICTURE_FILE, PRETRAIN_FILES
-from ..setup import fresh_vit, load_splits, transforms
+from ..setup import fresh_model, load_splits, transforms
 from ..sharded import lockstep
 from .base import Task
 
@@ -94,7 +94,7 @@ class MaeTask(Task):
             in_chans=config.model_opts.get("in_chans", base.in_chans),
             img_size=config.model_opts.get("img_size", base.img_size),
         )
-        encoder = fresh_vit(config.model, splits, config.model_opts)
+        encoder = fresh_model(config.model, splits, config.model_opts)
         train_tf, eval_tf = transforms(config, splits, encoder.data_config)
         encoder.reset_classifier(0)
         mae = build_mae(
