@@ -64,6 +64,32 @@ def test_the_lock_is_exclusive_and_released(tmp_path):
     with run_lock(tmp_path):  # released on leaving the block
         owner = json.loads((tmp_path / LOCK_FILE).read_text())
         assert owner["pid"] == os.getpid() and owner["started"]
+    assert not (tmp_path / LOCK_FILE).exists()  # removed with the lock
+
+
+def test_a_finished_run_leaves_no_lock_file(finished):
+    assert LOCK_FILE not in {p.name for p in finished.iterdir()}
+
+
+def test_a_lock_file_renamed_away_while_locking_is_locked_again_by_name(tmp_path, monkeypatch):
+    """A run that finishes removes its file while it holds the lock; a second run that opened
+    the old file just before must not hold a lock on a file nobody else can find."""
+    from vitkit.train import lock
+
+    opened = []
+    real_open = lock._open_lock_file
+
+    def open_then_replace(path):
+        fd = real_open(path)
+        if not opened:  # the first file is removed and made anew under the same name
+            path.unlink()
+            path.write_text("")
+        opened.append(os.fstat(fd).st_ino)
+        return fd
+
+    monkeypatch.setattr(lock, "_open_lock_file", open_then_replace)
+    with run_lock(tmp_path) as path:
+        assert len(opened) == 2 and os.stat(path).st_ino == opened[1] != opened[0]
 
 
 def test_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
@@ -82,8 +108,9 @@ def test_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    assert (out / LOCK_FILE).exists()  # a killed run leaves its file
     assert cli.main(train(out)) == 0  # the OS released the dead process's lock
-    assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert not (out / LOCK_FILE).exists()  # taken over, and removed at the end
 
 
 def test_overwrite_removes_the_run_files_and_nothing_else(finished, tmp_path):

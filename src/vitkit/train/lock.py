@@ -1,12 +1,13 @@
 """One writer per run folder: an OS lock that a second run, or a `--resume` of a live one, meets.
 
 The lock is `fcntl.flock` on `.vitkit.lock` in the folder, which holds the owner's PID, host and
-start time for the message; anything but a regular file with its name is refused, never
-opened for writing. The operating system releases it when the process ends, however it
-ends (kill -9 included), so a killed run's folder is taken over by the next run without any
-clean-up. A forked child (a DataLoader worker, which outlives a killed run by seconds) closes
-its copy of the descriptor, so that the lock dies with the run itself. Reading commands (eval,
-predict, explain) take no lock: every file a run writes appears whole (`files.atomic_write`).
+start time for the message; anything but a regular file with its name is refused, never opened
+for writing. The run removes the file when it ends; the operating system releases the lock when
+the process ends, however it ends (kill -9 included), so a killed run's folder, its lock file
+left behind, is taken over by the next run without any clean-up. A forked child (a DataLoader
+worker, which outlives a killed run by seconds) closes its copy of the descriptor, so that the
+lock dies with the run itself. Reading commands (eval, predict, explain) take no lock: every
+file a run writes appears whole (`files.atomic_write`).
 """
 
 from __future__ import annotations
@@ -56,17 +57,11 @@ def _close_held_locks_on_fork() -> None:
 @contextlib.contextmanager
 def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
     """Hold the folder's run lock for the block; `RunLockedError` naming the live process when
-    another one holds it. The folder must exist."""
+    another one holds it. The folder must exist. The lock file is removed when the block ends
+    (a run killed with SIGKILL leaves it, and the next run takes it over)."""
     path = Path(folder) / LOCK_FILE
-    fd = _open_lock_file(path)
+    fd = _locked_file(path)
     try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                if err.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-                    raise
-                raise RunLockedError(_held_message(Path(folder), _read_owner(fd))) from None
         owner = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -79,7 +74,42 @@ def run_lock(folder: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         _held.discard(fd)
+        if _names_this_file(path, fd):  # still ours: remove it while the lock is held
+            with contextlib.suppress(OSError):
+                path.unlink()
         os.close(fd)  # releases the lock
+
+
+def _locked_file(path: Path) -> int:
+    """The lock file, opened and locked. A finishing run removes its file while it holds the
+    lock, so a file locked after its name was removed is tried again by name."""
+    while True:
+        fd = _open_lock_file(path)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                owner = _read_owner(fd)
+                os.close(fd)
+                if err.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise
+                raise RunLockedError(_held_message(path.parent, owner)) from None
+        if _names_this_file(path, fd):
+            return fd
+        os.close(fd)
+
+
+def _names_this_file(path: Path, fd: int) -> bool:
+    """Whether `path` is still the regular file open as `fd`."""
+    try:
+        named = os.lstat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return stat.S_ISREG(named.st_mode) and (named.st_dev, named.st_ino) == (
+        held.st_dev,
+        held.st_ino,
+    )
 
 
 def _open_lock_file(path: Path) -> int:
