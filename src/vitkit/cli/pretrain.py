@@ -20,6 +20,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "pretrain",
+        usage="%(prog)s [FLAGS]",  # the flags, grouped, are listed below
         description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25% of "
         "the patches, a light decoder rebuilds the rest. Takes the data, model, optimisation "
         "and run options of `vitkit train` and the MAE group; writes encoder.safetensors for "

@@ -38,7 +38,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "train",
-        description="Train a ViT. Options left unset take the recipe's value (the data's own "
+        usage="%(prog)s [FLAGS]",  # the flags, grouped, are listed below
+        description="Train a classifier (a ViT, a Swin Transformer: `vitkit models`). Options "
+        "left unset take the recipe's value (the data's own "
         "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
         "all.",
     )

@@ -23,6 +23,7 @@ def add_flags(
     prefix: str = "",
     show_defaults: bool = True,
     generic: tuple[str, str] | None = None,
+    groups: dict[str | None, argparse._ArgumentGroup] | None = None,
 ) -> None:
     """One flag per option of `config_cls`, in argument groups titled by its `GROUPS` (in that
     order). No flag has an argparse default: `given_options` returns only what was given.
@@ -36,8 +37,10 @@ def add_flags(
         prefix: put before each destination (the options of a dict option, `of=`).
         show_defaults: show each default in the help (not where a preset decides it).
         generic: (flag, help) of a repeatable KEY=VALUE flag for any option of the config.
+        groups: the argument groups made so far, by key (a dict option's flags join the
+            group of the same key).
     """
-    groups: dict[str | None, argparse._ArgumentGroup] = {}
+    groups = {} if groups is None else groups
 
     def group(key: str | None) -> argparse._ArgumentGroup:
         if key not in groups:
@@ -58,7 +61,7 @@ def add_flags(
             nested = f"{prefix}{item.name}."
             _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
             add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
-                      show_defaults=False)  # fmt: skip
+                      show_defaults=False, groups=groups)  # fmt: skip
             continue
         shown = (choices or {}).get(item.name) or meta["choices"]
         text = _help(item, (notes or {}).get(item.name), show_defaults)
@@ -86,6 +89,10 @@ def flag_of(item: dataclasses.Field) -> str:
     return "--" + (item.metadata["flag"] or item.name.replace("_", "-"))
 
 
+# The metavar of a number without its own: short, so that the help fits beside the flag.
+_METAVARS = {int: "N", float: "X"}
+
+
 def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | None) -> dict:
     """argparse's action, type, nargs and metavar for an option of this kind: booleans as
     --x / --no-x (a preset or a file may have set either), tuples as several values."""
@@ -94,6 +101,7 @@ def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | N
     metavar = item.metadata["metavar"]
     if metavar is None:
         metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
+        metavar = metavar or _METAVARS.get(kind.alternatives[0].base)
         metavar = metavar or (item.metadata["flag"] or item.name).replace("-", "_").upper()
     pair = kind.tuple_type
     if pair is None:

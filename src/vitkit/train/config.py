@@ -6,7 +6,10 @@ Each option is a field declared once with `option()` (`vitkit/options`): its typ
 help and allowed range or choices. From these come the flags of each command (so each
 `--help` lists what that job honours), the checks of a settings file, the validation of any
 value and the recipe presets (named sets of overrides, `recipes.py`). The model options are
-`ViTConfig`'s own fields, gathered in `model_opts` and checked by its schema.
+the fields of the chosen architecture's own config (`ViTConfig`, `SwinConfig`, ...: the schema
+`model_options_schema` finds), gathered in `model_opts` as `--model-opt KEY=VALUE` and checked
+by that schema; only the few every architecture has (`SharedModelOptions`: image size,
+channels, drop-path rate) have flags of their own, so that no family's knobs crowd `--help`.
 
 Values resolve in this order: a flag given on the command line, then a `--config` file, then
 the recipe of the data (DeiT's, Touvron et al. 2021, Table 9, unless the data has its own),
@@ -16,12 +19,12 @@ then the field's default (for a model option: the preset's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..data import SOURCES, parse_rand_augment
-from ..model import ViTConfig
+from ..model import SwinConfig, SwinCrConfig, ViTConfig, get_config
 from ..options import (
     AT_LEAST_ONE,
     FRACTION,
@@ -29,15 +32,75 @@ from ..options import (
     OFF_AT_ZERO,
     POSITIVE,
     PROBABILITY,
+    REQUIRED,
     Options,
     Range,
-    check_options,
+    check_value,
+    close_names,
+    from_text,
     option,
     option_names,
 )
 from ..weights.cnn import is_timm_name
 
 AMP_MODES = ("none", "bf16", "fp16")
+# The title of each architecture's schema, for messages (a family's record will carry it).
+_TITLES = {ViTConfig: "ViT", SwinConfig: "Swin Transformer", SwinCrConfig: "Swin Transformer V2-cr"}
+
+
+def model_options_schema(name: str | None) -> type[Options]:
+    """The option schema of model `name`'s architecture: the config class of its preset
+    (`ViTConfig`, `SwinConfig`, `SwinCrConfig`); `ViTConfig` without a name (every default
+    model is a ViT, and pretrained weights are read as one until loaded)."""
+    return ViTConfig if name is None else type(get_config(name))
+
+
+def architecture_title(schema: type[Options]) -> str:
+    """How messages name the architecture of `schema` ('Swin Transformer')."""
+    return _TITLES.get(schema, schema.__name__)
+
+
+def check_model_options(model: str | None, values: dict[str, Any]) -> dict[str, Any]:
+    """The model options `values` for model `model`, typed and checked by its architecture's
+    schema (text such as '2,2,2,2' in the option's type); an unknown name is one TypeError
+    naming the architecture, the name and the close names among its options."""
+    schema = model_options_schema(model)
+    known = option_names(schema)
+    for key in values:
+        if key not in known:
+            close = close_names(key, known)
+            shown = f"the {architecture_title(schema)} {model}" if model else "a ViT"
+            raise TypeError(
+                f"unknown option {key!r} for {shown}"
+                + (f"; close: {', '.join(close)}" if close else "")
+                + f"; see vitkit models {model or 'vit_base_patch16_224'} --options"
+            )
+    return {k: check_value(schema, k, from_text(schema, k, v)) for k, v in values.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedModelOptions(Options):
+    """The model options every architecture has, which `train` and `pretrain` take as flags
+    of their own (`--img-size 32`); any other goes through `--model-opt KEY=VALUE`. Checked,
+    with the rest, by the chosen architecture's schema; the preset gives the defaults."""
+
+    NOUN = "model option"
+    GROUPS: ClassVar[dict[str, str]] = {"model": "model"}
+
+    img_size: int | tuple[int, int] = option(
+        REQUIRED, "input size: N or H W; default: the data's, else the preset's",
+        metavar="N", group="model",
+    )  # fmt: skip
+    in_chans: int = option(
+        REQUIRED, "input channels: how image files are read, 1 or 3; default: the data's",
+        metavar="N", group="model",
+    )  # fmt: skip
+    drop_path_rate: float = option(
+        REQUIRED, "stochastic depth rate at the last block; default: the preset's",
+        metavar="RATE", group="model",
+    )  # fmt: skip
+
+
 DISTILL_MODES = ("none", "hard", "soft")
 LOGGERS = ("tensorboard",)  # where epoch rows go besides metrics.jsonl / metrics.csv (logs.py)
 
@@ -119,12 +182,11 @@ class JobConfig(Options):
     )
     model_opts: dict[str, Any] = option(
         {},
-        "any model option below by name, the value as JSON or text, e.g. depth=6 (repeatable; "
-        "num_classes comes from the data)",
+        "an option of the model's architecture (`vitkit models NAME --options`), e.g. depth=6 "
+        "or depths=2,2,6,2 (repeatable; num_classes comes from the data)",
         group="model",
         flag="model-opt",
-        of=ViTConfig,
-        no_flags=("num_classes",),
+        of=SharedModelOptions,
     )
 
     # -- optimisation
@@ -218,7 +280,7 @@ class JobConfig(Options):
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices
         if not is_timm_name(self.model):  # a timm CNN's options are timm's to check
-            opts = check_options(ViTConfig, self.model_opts, "model option")
+            opts = check_model_options(self.model, self.model_opts)
             object.__setattr__(self, "model_opts", opts)
         if self.model_opts.get("in_chans", 1) not in (1, 3):
             raise ValueError(
