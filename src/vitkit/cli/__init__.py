@@ -42,13 +42,14 @@ def _command_in(arguments: Sequence[str]) -> str | None:
     return next((a for a in arguments if not a.startswith("-")), None)
 
 
-def _option_flags(command: str | None) -> dict[str, str]:
-    """The flags command `command` gives the library's options (its module's
-    `OPTION_FLAGS`), so that an error's hint names them."""
-    module = (
-        sys.modules.get(f"{__name__}.{COMMANDS[command].module}") if command in COMMANDS else None
-    )
-    return dict(getattr(module, "OPTION_FLAGS", {}))
+def _option_flags(args: Any) -> dict[str, str]:
+    """How the command line that was parsed gives the library's options, so that an error's
+    hint names its flags (none before it was parsed)."""
+    if args is None:
+        return {}
+    from .options import option_flags  # the flag machinery, only when an error needs it
+
+    return option_flags(args)
 
 
 @contextlib.contextmanager
@@ -77,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in arguments
     with _sigterm_interrupts():
+        args = None
         try:
             args = build_parser(only=[_command_in(arguments)]).parse_args(arguments)
             logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -93,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as err:
             if debug:
                 raise
-            code, message = describe(err, _option_flags(_command_in(arguments)))
+            code, message = describe(err, _option_flags(args))
             print(f"vitkit: error: {message}", file=sys.stderr)
             return int(code)
 

@@ -24,7 +24,6 @@ from .loading import class_names, load_model
 from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
 SPLITS = ("test", "val", "train", "all")
 TABLE_ROWS = 20  # classes in the printed table; --json and the picture have every class
 

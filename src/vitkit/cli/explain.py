@@ -17,8 +17,6 @@ from .errors import UserError
 from .loading import class_names, load_model
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(

@@ -11,9 +11,7 @@ from ..train.config import PretrainConfig
 from .commands import add_command
 from .output import json_text
 from .status import ExitCode
-from .train import OPTION_FLAGS, progress_bar, run_arguments, run_config
-
-__all__ = ["OPTION_FLAGS", "register", "run"]
+from .train import progress_bar, run_arguments, run_config
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

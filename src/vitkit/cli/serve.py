@@ -18,7 +18,6 @@ from .status import ExitCode
 
 log = logging.getLogger("vitkit")
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
 MB = 1024 * 1024
 
 

@@ -24,15 +24,6 @@ from .status import ExitCode
 
 log = logging.getLogger("vitkit")
 
-# The flags that give the library's options on this command line (`MissingOptionError`).
-OPTION_FLAGS = {
-    "num_heads": "--model-opt num_heads=N",
-    "act_layer": "--model-opt act_layer=NAME",
-    "norm_eps": "--model-opt norm_eps=EPS",
-    "no_embed_class": "--model-opt no_embed_class=true",
-    "arch": "--model NAME",
-}
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(

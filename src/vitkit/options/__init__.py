@@ -312,6 +312,34 @@ def close_names(name: str, known: Sequence[str], n: int = 3) -> list[str]:
     return longer[:n] or difflib.get_close_matches(name, list(known), n=n)
 
 
+def placeholder(config_cls: type, name: str, *, python: bool = False) -> str:
+    """How a hint writes a value of option `name` of `config_cls`: by its type and metadata
+    (a pair '(h, w)' in Python, true / false, the metavar, NAME for a choice, N for an
+    integer, X for a number), as Python with `python`, else as command-line text."""
+    kind, meta = kinds(config_cls)[name], option_fields(config_cls)[name].metadata
+    pair = kind.tuple_type
+    if python and pair is not None and pair.length == 2:
+        return "(h, w)"
+    if kind.has(bool):
+        return "True / False" if python else "true / false"
+    if isinstance(meta["metavar"], str):
+        return meta["metavar"]
+    if meta["choices"] is not None:
+        return "NAME"
+    return "N" if kind.has(int) else "X" if kind.has(float) else "VALUE"
+
+
+def keyword_forms(*schemas: type) -> dict[str, str]:
+    """How a hint writes each option of `schemas` as a Python keyword argument ('num_heads=N';
+    the first schema that has a name gives it): derived from the schemas, so that a new
+    option needs no table of spellings."""
+    forms: dict[str, str] = {}
+    for schema in schemas:
+        for name in option_names(schema):
+            forms.setdefault(name, f"{name}={placeholder(schema, name, python=True)}")
+    return forms
+
+
 def from_text(config_cls: type, name: str, value: Any) -> Any:
     """A value written as text (`--model-opt depths=2,2,2,2`) in the type of the option
     `name` of `config_cls`: numbers, true / false / null, and comma-separated lists for a

@@ -10,7 +10,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from . import Kind, Options, kinds, option_fields
+from . import Kind, Options, kinds, option_fields, option_names, placeholder
 
 
 def add_flags(
@@ -205,3 +205,29 @@ def _from_flag(value: Any, kind: Kind, flag: str) -> Any:
     if pair is not None and pair.length is not None and len(value) != pair.length:
         raise ValueError(f"{flag} takes 1 or {pair.length} values, got {len(value)}")
     return tuple(value)
+
+
+def flag_forms(
+    parser: argparse.ArgumentParser, generic: type[Options] | None = None
+) -> dict[str, str]:
+    """How this command line gives each option a hint may name, from the parser's own flags:
+    option name -> '--num-heads N' (a dict option's flags by the inner name); with `generic`,
+    the options of that schema without a flag of their own through the parser's KEY=VALUE
+    flag ('--model-opt num_heads=N')."""
+    forms: dict[str, str] = {}
+    pairs = None
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        name = action.dest.rpartition(".")[2]
+        if name == "*":
+            pairs = pairs or action.option_strings[0]
+            continue
+        metavar = action.metavar if isinstance(action.metavar, str) else None
+        takes = action.nargs != 0 and metavar
+        forms.setdefault(name, f"{action.option_strings[0]} {metavar}" if takes else
+                         action.option_strings[0])  # fmt: skip
+    if generic is not None and pairs is not None:
+        for name in option_names(generic):
+            forms.setdefault(name, f"{pairs} {name}={placeholder(generic, name)}")
+    return forms

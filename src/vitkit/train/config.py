@@ -179,6 +179,8 @@ class JobConfig(Options):
         "its images, logged); with pretrained weights, their architecture, checked against "
         "them (default: theirs)",
         group="model",
+        metavar="NAME",
+        reads_as="arch",  # the library's name where weights are read (hints name --model)
     )
     model_opts: dict[str, Any] = option(
         {},

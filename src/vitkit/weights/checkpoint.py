@@ -15,6 +15,7 @@ import pickle
 import re
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..data.data_config import DataConfig
 from ..files import atomic_write
 from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_swin
 from ..model.config import to_2tuple
+from ..options import Options, keyword_forms, option
 from .cnn import TIMM_KEY, timm_metadata
 
 log = logging.getLogger(__name__)
@@ -42,17 +44,19 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be used, with the reason and the fix."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class WeightsReading(Options):
+    """What `load_pretrained` takes, besides the model options, for weights that do not record
+    their architecture: the schema of the hints that name them (`MissingOptionError`)."""
+
+    arch: str | None = option(
+        None, "the timm model name of the weights", metavar="'<timm model name>'"
+    )
+    hf_config: str | None = option(None, "a Hugging Face config.json", metavar="PATH")
+
+
 # How a hint writes each option of the Python API (a command line writes its own flags).
-OPTION_FORMS = {
-    "num_heads": "num_heads=N",
-    "arch": "arch='<timm model name>'",
-    "act_layer": "act_layer=",
-    "norm_eps": "norm_eps=",
-    "img_size": "img_size=(h, w)",
-    "no_embed_class": "no_embed_class=True / False",
-    "in_chans": "in_chans=",
-    "patch_size": "patch_size=",
-}
+OPTION_FORMS = keyword_forms(WeightsReading, ViTConfig)
 
 
 class MissingOptionError(CheckpointError):
