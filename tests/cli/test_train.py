@@ -380,3 +380,21 @@ def test_a_run_folder_of_the_previous_release_resumes(tmp_path, run_cli):
     assert settings == {**old["settings"], "epochs": 2}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2]
+
+
+def test_a_checkpoints_metadata_is_the_run_meta_schema(trained):
+    """What training writes beside the config is what `RunMeta` declares, and reads back
+    typed: the split evaluation repeats comes from it, with its defaults stated once."""
+    from vitkit.weights.checkpoint import CheckpointError, RunMeta
+
+    meta = load(trained / "model.safetensors").meta
+    assert set(meta) <= set(RunMeta.__dataclass_fields__)
+    read = RunMeta.read(meta, "model.safetensors")
+    assert (read.data, read.model_name, len(read.class_names)) == ("digits", "vit_digits", 10)
+    assert read.split() == {"val_fraction": 0.1, "test_fraction": 0.2, "seed": 0}
+    assert RunMeta.read({"class_names": ["a", "b"], "other": 1}, "w").split() == read.split()
+    with pytest.raises(CheckpointError) as err:
+        RunMeta.read({"test_fraction": 2}, "w.safetensors")
+    assert str(err.value) == (
+        "w.safetensors has invalid metadata: test_fraction must be in [0, 1), got 2"
+    )

@@ -565,3 +565,22 @@ def test_resume_may_raise_the_epochs_never_lower_them(tmp_path, capsys, caplog):
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert json.loads((out / "config.json").read_text())["settings"]["epochs"] == 3
     assert json.loads((out / "test.json").read_text())["best_epoch"] in (1, 2, 3)
+
+
+def test_the_split_fractions_are_defined_once():
+    """Every loader, the jobs' options and a checkpoint's record default to the same split
+    (the folder loader once held out 0.1 for testing where the rest said 0.2)."""
+    import inspect
+
+    from vitkit.data import datasets, folders, sources
+    from vitkit.weights.checkpoint import RunMeta
+
+    defaults = {"val_fraction": datasets.VAL_FRACTION, "test_fraction": datasets.TEST_FRACTION}
+    assert defaults == {"val_fraction": 0.1, "test_fraction": 0.2}
+    loaders = [folders.load_image_folder, *vars(sources).values()]
+    for loader in [f for f in loaders if inspect.isfunction(f)]:
+        for name, parameter in inspect.signature(loader).parameters.items():
+            if name in defaults and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == defaults[name], (loader.__name__, name)
+    for schema in (TrainConfig, PretrainConfig, RunMeta):
+        assert {n: getattr(schema(), n) for n in defaults} == defaults

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..data import SOURCES, parse_rand_augment
+from ..data.datasets import TEST_FRACTION, VAL_FRACTION
 from ..model import SwinConfig, SwinCrConfig, ViTConfig, get_config
 from ..options import (
     AT_LEAST_ONE,
@@ -142,11 +143,13 @@ class JobConfig(Options):
         metavar="FOLDER",
         since=True,
     )
-    val_fraction: float = option(0.1, "share of the data held out for validation", group="data",
-                                 range=FRACTION)  # fmt: skip
-    test_fraction: float = option(
-        0.2, "share held out for testing (data without a test set)", group="data", range=FRACTION
+    val_fraction: float = option(
+        VAL_FRACTION, "share of the data held out for validation", group="data", range=FRACTION
     )
+    test_fraction: float = option(
+        TEST_FRACTION, "share held out for testing (data without a test set)", group="data",
+        range=FRACTION,
+    )  # fmt: skip
     train_limit: int | None = option(
         None,
         "train on a seeded random subset of N training images (a small-label regime); "
