@@ -444,6 +444,26 @@ def test_a_bad_model_option_in_a_config_file_is_one_line(tmp_path, capsys):
     )
 
 
+def test_a_settings_file_takes_the_architectures_own_keys(tmp_path, capsys):
+    """A --config file's model options are the --model-opt keys, checked against the model
+    it names (or the command line's), typed by that schema."""
+    swin = "swin_tiny_patch4_window7_224"
+    path = tmp_path / "swin.json"
+    path.write_text(json.dumps({"model": swin, "model_opts": {"depths": [1, 1, 1, 1],
+                                                             "window_size": "4"}}))  # fmt: skip
+    values = read_settings(path, TrainConfig)
+    config = resolve_config({"model_opts": {"embed_dim": 32}}, values)
+    assert config.model == swin
+    assert config.model_opts == {"drop_path_rate": 0.1, "depths": (1, 1, 1, 1),
+                                 "window_size": 4, "embed_dim": 32}  # fmt: skip
+    path.write_text(json.dumps({"model_opts": {"depths": [1, 1, 1, 1]}}))
+    code, _, err = run(capsys, "train", "--config", path, "--out", tmp_path / "run")
+    assert code == 2 and err == (
+        "vitkit: error: unknown option 'depths' for the ViT vit_digits; close: depth; see "
+        "vitkit models vit_digits --options\n"
+    )
+
+
 def test_config_file_that_is_missing_or_combined_with_resume(tmp_path, capsys):
     path = tmp_path / "nope.json"
     code, _, err = run(capsys, "train", "--config", path, "--out", tmp_path / "run")
