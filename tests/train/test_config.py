@@ -1,7 +1,8 @@
 """The job configs (`TrainConfig`, `PretrainConfig`) are the one declaration of a training
 option: each command's flags, settings files (`--config`, the config.json read on
-`--resume`), validation and recipes all come from their fields; the model options are
-`ViTConfig`'s, as typed flags."""
+`--resume`), validation and recipes all come from their fields; the model options are those
+of the chosen model's architecture (`--model-opt KEY=VALUE`, checked by its schema), with
+flags only for the few every architecture has."""
 
 from __future__ import annotations
 
