@@ -45,6 +45,8 @@ from ..options import (
 from ..weights.cnn import is_timm_name
 
 AMP_MODES = ("none", "bf16", "fp16")
+DISTILL_MODES = ("none", "hard", "soft")
+LOGGERS = ("tensorboard",)  # where epoch rows go besides metrics.jsonl / metrics.csv (logs.py)
 # The title of each architecture's schema, for messages (a family's record will carry it).
 _TITLES = {ViTConfig: "ViT", SwinConfig: "Swin Transformer", SwinCrConfig: "Swin Transformer V2-cr"}
 
@@ -100,10 +102,6 @@ class SharedModelOptions(Options):
         REQUIRED, "stochastic depth rate at the last block; default: the preset's",
         metavar="RATE", group="model",
     )  # fmt: skip
-
-
-DISTILL_MODES = ("none", "hard", "soft")
-LOGGERS = ("tensorboard",)  # where epoch rows go besides metrics.jsonl / metrics.csv (logs.py)
 
 
 @dataclass(frozen=True, kw_only=True)
