@@ -42,7 +42,9 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "export", "export a checkpoint to ONNX, a torch.export program, or an HF / timm folder"
     ),
-    "models": Command("models", "list the registered model names"),
+    "models": Command(
+        "models", "list the registered model names, or the options of one (NAME --options)"
+    ),
     "summary": Command(
         "summary",
         "per-layer shapes, parameters and FLOPs of a model, or its forward pass stage by stage "
