@@ -15,12 +15,15 @@ from vitkit.options import (
     AT_LEAST_ONE,
     POSITIVE,
     PROBABILITY,
+    REQUIRED,
     Options,
     Range,
     SettingsError,
     check_names,
     check_options,
     check_value,
+    close_names,
+    from_text,
     kind_of,
     option,
     option_names,
@@ -320,6 +323,84 @@ def test_help_groups_defaults_and_notes():
     assert "--inner-opt KEY=VALUE\n" in main and "an inner option by name" in main
     assert "--bias, --no-bias" in text
     assert "a kind\n" in text  # a nested option's default is not shown (a preset decides it)
-    assert "--classes" not in text and "--extra EXTRA" in text
+    assert "--classes" not in text and "--extra N " in text  # a number's metavar is short
     hidden = _parser(exclude=("extra",), choices={"epochs": (1, 2)}).format_help()
     assert "--extra" not in hidden and "--epochs {1,2}" in hidden
+
+
+# -- text values, close names and the type as a table shows it ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, text, value",
+    [
+        ("size", "5", 5),
+        ("size", "5,7", (5, 7)),
+        ("size", "(5, 7)", (5, 7)),
+        ("layers", "8,16", (8, 16)),
+        ("layers", "8", (8,)),  # one item of a list
+        ("layers", "", ()),
+        ("scale", "0.5", 0.5),
+        ("scale", "null", None),
+        ("bias", "false", False),
+        ("kind", "y", "y"),  # text the option takes as it is
+        ("classes", "many", "many"),  # left for check_value to refuse
+    ],
+)
+def test_text_takes_the_options_type(name, text, value):
+    assert from_text(Inner, name, text) == value
+
+
+def test_text_of_the_wrong_type_is_refused_by_the_check():
+    with pytest.raises(TypeError, match=r"^size must be an integer or a list of 2 integers, got "):
+        check_value(Inner, "size", from_text(Inner, "size", "5,x"))
+    with pytest.raises(ValueError, match=r"^layers must be >= 1, got \(8, 0\)$"):
+        check_value(Inner, "layers", from_text(Inner, "layers", "8,0"))
+
+
+def test_close_names_prefer_what_the_name_begins():
+    known = ("depth", "depths", "embed_dim", "drop_rate", "drop_path_rate")
+    assert close_names("dep", known) == ["depth", "depths"]
+    assert close_names("depht", known) == ["depth", "depths"]
+    assert close_names("embeddim", known) == ["embed_dim"]
+    assert close_names("zzz", known) == []
+
+
+@pytest.mark.parametrize(
+    "hint, text",
+    [
+        (int, "int"),
+        (float | None, "float | None"),
+        (tuple[int, int], "tuple[int, int]"),
+        (int | tuple[int, ...], "int | tuple[int, ...]"),
+    ],
+)
+def test_a_kind_spelled_as_a_table_shows_it(hint, text):
+    assert kind_of(hint).spelled() == text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shared(Options):
+    GROUPS = {"main": "main"}
+
+    width: int = option(REQUIRED, "a width", group="main")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer(Options):
+    GROUPS = {"main": "main options", "run": "how it runs"}
+
+    opts: dict[str, Any] = option({}, "any option", of=Shared, flag="opt", group="main")
+    fast: bool = option(False, "go fast", group="run")
+
+
+def test_a_dict_options_flags_join_the_group_of_the_same_key():
+    parser = argparse.ArgumentParser(prog="job")
+    add_flags(parser, Outer)
+    text = parser.format_help()
+    titles = [line for line in text.splitlines() if line.endswith(":") and line[0] != " "]
+    assert titles == ["options:", "main options:", "how it runs:"]
+    main = text[text.index("main options:") : text.index("how it runs:")]
+    assert "--opt KEY=VALUE" in main and "--width N" in main
+    args = parser.parse_args(["--width", "3", "--opt", "height=2"])
+    assert given_options(args, Outer) == {"opts": {"width": 3, "height": 2}}

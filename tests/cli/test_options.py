@@ -65,3 +65,44 @@ def test_the_weights_commands_declare_checkpoint_and_device_with_help(command):
     assert flags["--checkpoint"].help
     if command != "export":
         assert flags["--device"].help.startswith("where the model runs")
+
+
+# -- how a hint names an option: derived from the command's own flags --------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train"], {"num_heads": "--model-opt num_heads=N", "arch": "--model NAME",
+                     "act_layer": "--model-opt act_layer=NAME",
+                     "norm_eps": "--model-opt norm_eps=X",
+                     "no_embed_class": "--model-opt no_embed_class=true / false",
+                     "img_size": "--img-size N", "in_chans": "--in-chans N"}),
+        (["pretrain"], {"num_heads": "--model-opt num_heads=N", "arch": "--model NAME"}),
+        (["convert", "--from", "timm", "a", "b"],
+         {"num_heads": "--num-heads N", "arch": "--arch NAME", "hf_config": "--hf-config JSON"}),
+        (["eval", "--checkpoint", "w"], {"num_heads": "--num-heads N", "arch": "--arch NAME"}),
+        (["summary", "vit_digits"], {"num_heads": "--num-heads N", "arch": "--arch NAME",
+                                     "norm_eps": "--norm-eps X"}),
+    ],
+)  # fmt: skip
+def test_hints_name_the_flags_the_command_line_has(argv, expected):
+    from vitkit.cli.options import option_flags
+
+    forms = option_flags(cli.build_parser().parse_args(argv))
+    assert {name: forms.get(name) for name in expected} == expected
+    if argv[0] in ("convert", "eval"):
+        assert "act_layer" not in forms  # no flag gives it: the hint leaves it to Python
+
+
+def test_python_hints_are_derived_from_the_schemas():
+    from vitkit.weights.checkpoint import OPTION_FORMS
+
+    assert {name: OPTION_FORMS[name] for name in (
+        "num_heads", "arch", "hf_config", "img_size", "no_embed_class", "act_layer", "norm_eps",
+    )} == {
+        "num_heads": "num_heads=N", "arch": "arch='<timm model name>'",
+        "hf_config": "hf_config=PATH", "img_size": "img_size=(h, w)",
+        "no_embed_class": "no_embed_class=True / False", "act_layer": "act_layer=NAME",
+        "norm_eps": "norm_eps=X",
+    }  # fmt: skip

@@ -26,7 +26,7 @@ def test_the_reference_has_a_section_and_a_row_for_every_command_and_flag():
         assert f"\n## vitkit {name}\n" in page
         assert f"| `{name}` | " in page
     train = page.split("\n## vitkit train\n")[1].split("\n## ")[0]
-    assert "| `--lr LR` | " in train
+    assert "| `--lr X` | " in train
     assert "| `--strict, --no-strict` | " in train
     assert "| `--recipe {deit,small,fashion-mnist,mnist,mnist-5k,finetune}` | " in train
     predict = page.split("\n## vitkit predict\n")[1].split("\n## ")[0]

@@ -272,3 +272,129 @@ def test_pretrain_json_prints_the_run_summary_alone(tmp_path, run_cli):
     summary = json.loads(printed)
     assert code == 0 and (summary["task"], summary["epochs"], summary["test"]) == ("mae", 1, None)
     assert "encoder.safetensors" in summary["files"]
+
+
+# -- model options: the chosen architecture's own schema -------------------------------------
+
+SWIN = "swin_tiny_patch4_window7_224"
+# A run folder's config.json as the release before per-architecture model options wrote it
+# (`vitkit train --epochs 1` on the digits).
+OLD_RUN_CONFIG = Path(__file__).parent / "fixtures" / "old_run_config.json"
+
+
+def test_a_swin_trains_on_the_digits_with_its_own_options(tmp_path, run_cli):
+    out = tmp_path / "swin"
+    code, printed, _ = run_cli(
+        "train", "--model", SWIN, "--model-opt", "depths=2,2,2,2", "--model-opt",
+        "window_size=4", "--img-size", "32", "--epochs", "1", "--out", out, "--no-progress",
+    )  # fmt: skip
+    assert code == 0 and printed.splitlines()[-1].startswith("test accuracy: ")
+    record = json.loads((out / "config.json").read_text())
+    assert record["settings"]["model_opts"] == {
+        "drop_path_rate": 0.1, "depths": [2, 2, 2, 2], "window_size": 4, "img_size": 32,
+    }  # fmt: skip
+    model = load(out / "model.safetensors")
+    assert isinstance(model, vitkit.SwinTransformer)
+    assert (model.config.depths, model.config.window_size, model.config.img_size) == (
+        (2, 2, 2, 2), 4, 32,
+    )  # fmt: skip
+    assert [len(stage.blocks) for stage in model.layers] == [2, 2, 2, 2]
+
+
+def test_an_option_of_another_architecture_is_one_line_naming_the_close_one(tmp_path, run_cli):
+    code, printed, err = run_cli(
+        "train", "--model", SWIN, "--model-opt", "depth=2", "--out", tmp_path / "run"
+    )
+    assert (code, printed) == (2, "")
+    assert err == (
+        f"vitkit: error: unknown option 'depth' for the Swin Transformer {SWIN}; close: depths; "
+        f"see vitkit models {SWIN} --options\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_value_is_checked_by_the_architectures_schema(tmp_path, run_cli):
+    argv = ["train", "--out", tmp_path / "run", "--model", SWIN]
+    code, _, err = run_cli(*argv, "--model-opt", "window_size=0")
+    assert (code, err) == (2, "vitkit: error: window_size must be in [1, 65536], got 0\n")
+    code, _, err = run_cli(*argv, "--model-opt", "depths=2,two")
+    assert (code, err) == (
+        2,
+        'vitkit: error: depths must be a list of integers, got [2, "two"] (tuple)\n',
+    )
+    code, _, err = run_cli("train", "--out", tmp_path / "run", "--model-opt", "depth=0")
+    assert (code, err) == (2, "vitkit: error: depth must be in [1, 1024], got 0\n")
+
+
+def test_a_vit_option_builds_that_model(tmp_path, run_cli):
+    out = tmp_path / "vit"
+    code, _, _ = run_cli("train", "--out", out, "--epochs", "1", "--model-opt", "depth=2",
+                         "--model-opt", "embed_dim=16", "--model-opt", "num_heads=2",
+                         "--no-progress")  # fmt: skip
+    assert code == 0
+    model = load(out / "model.safetensors")
+    assert len(model.blocks) == 2 and model.config.embed_dim == 16
+
+
+def _options_table(printed: str) -> dict[str, tuple[str, str, str]]:
+    """`vitkit models NAME --options`' rows: option -> (type, default, help), cut at the
+    header's columns."""
+    header, *rows = printed.splitlines()[1:]
+    at = [header.index(word) for word in ("type", "default", "help")]
+    return {row[: at[0]].strip(): (row[at[0] : at[1]].strip(), row[at[1] : at[2]].strip(),
+                                   row[at[2] :]) for row in rows}  # fmt: skip
+
+
+def test_models_options_lists_the_architectures_options_with_the_models_values(run_cli):
+    code, printed, _ = run_cli("models", SWIN, "--options")
+    assert code == 0 and printed.startswith(f"{SWIN}: options of the Swin Transformer, set ")
+    rows = _options_table(printed)
+    assert list(rows) == list(vitkit.SwinConfig.__dataclass_fields__)
+    assert rows["depths"] == ("tuple[int, ...] in [1, 1024]", "2,2,6,2", "blocks per stage")
+    assert rows["window_size"][:2] == ("int | tuple[int, ...] in [1, 65536]", "7")
+    assert rows["global_pool"][:2] == ("avg|max|avgmax|none", "avg")
+    assert rows["qkv_bias"][:2] == ("bool", "true")
+    code, printed, _ = run_cli("models", "vit_digits", "--options")
+    vit = _options_table(printed)
+    assert "depths" not in vit and vit["depth"] == (
+        "int in [1, 1024]",
+        "4",
+        "number of encoder blocks",
+    )
+    assert vit["img_size"][1] == "8" and vit["fc_norm"][:2] == ("bool | None", "null")
+    code, _, err = run_cli("models", "vit_*", "--options")
+    assert code == 2 and err.startswith("vitkit: error: --options lists the options of one model")
+
+
+def test_a_run_folder_of_the_previous_release_resumes(tmp_path, run_cli):
+    """A run whose config.json main's code wrote (the fixture) resumes: its settings load as
+    they are and a raised --epochs trains on."""
+    out = tmp_path / "old"
+    assert run_cli("train", "--epochs", "1", "--out", out, "--no-progress")[0] == 0
+    old = json.loads(OLD_RUN_CONFIG.read_text())
+    (out / "config.json").write_text(json.dumps(old))
+    code, printed, _ = run_cli("train", "--out", out, "--resume", "--epochs", "2",
+                               "--no-progress")  # fmt: skip
+    assert code == 0 and printed.splitlines()[-1].startswith("test accuracy: ")
+    settings = json.loads((out / "config.json").read_text())["settings"]
+    assert settings == {**old["settings"], "epochs": 2}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2]
+
+
+def test_a_checkpoints_metadata_is_the_run_meta_schema(trained):
+    """What training writes beside the config is what `RunMeta` declares, and reads back
+    typed: the split evaluation repeats comes from it, with its defaults stated once."""
+    from vitkit.weights.checkpoint import CheckpointError, RunMeta
+
+    meta = load(trained / "model.safetensors").meta
+    assert set(meta) <= set(RunMeta.__dataclass_fields__)
+    read = RunMeta.read(meta, "model.safetensors")
+    assert (read.data, read.model_name, len(read.class_names)) == ("digits", "vit_digits", 10)
+    assert read.split() == {"val_fraction": 0.1, "test_fraction": 0.2, "seed": 0}
+    assert RunMeta.read({"class_names": ["a", "b"], "other": 1}, "w").split() == read.split()
+    with pytest.raises(CheckpointError) as err:
+        RunMeta.read({"test_fraction": 2}, "w.safetensors")
+    assert str(err.value) == (
+        "w.safetensors has invalid metadata: test_fraction must be in [0, 1), got 2"
+    )

@@ -47,7 +47,7 @@ def test_its_flags_override_a_weights_data_config():
     data_config_flags(parser)
     help_text = parser.format_help()
     assert "image preparation (default: the weights'):" in help_text
-    assert "--input-size" not in help_text and "--crop-pct CROP_PCT" in help_text
+    assert "--input-size" not in help_text and "--crop-pct X" in help_text
     assert "--interpolation {nearest,bilinear,bicubic,lanczos}" in help_text
     args = parser.parse_args(["--mean", "0.4", "--std", "0.1", "0.2", "0.3", "--crop-pct", "0.9"])
     given = given_options(args, DataConfig)

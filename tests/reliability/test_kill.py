@@ -223,7 +223,7 @@ def test_the_lock_of_a_killed_run_dies_with_it_while_its_forked_children_live(tm
 # Every per-image and per-batch random step at once, with 2 loader workers: random-resized
 # crops, flips, RandAugment, random erasing, Mixup / CutMix and drop path; 6 steps an epoch.
 AUGMENTED = (
-    "--epochs", "2", "--batch-size", "8", "--img-size", "16", "--patch-size", "4",
+    "--epochs", "2", "--batch-size", "8", "--img-size", "16", "--model-opt", "patch_size=4",
     "--in-chans", "3", "--model-opt", "embed_dim=32", "--model-opt", "depth=1",
     "--model-opt", "num_heads=2", "--lr", "5e-3", "--crop-scale", "0.3", "1.0",
     "--hflip", "0.5", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.5", "--mixup", "0.8",

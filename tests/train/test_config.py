@@ -1,7 +1,8 @@
 """The job configs (`TrainConfig`, `PretrainConfig`) are the one declaration of a training
 option: each command's flags, settings files (`--config`, the config.json read on
-`--resume`), validation and recipes all come from their fields; the model options are
-`ViTConfig`'s, as typed flags."""
+`--resume`), validation and recipes all come from their fields; the model options are those
+of the chosen model's architecture (`--model-opt KEY=VALUE`, checked by its schema), with
+flags only for the few every architecture has."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from vitkit.train import RECIPES, PretrainConfig, TrainConfig, resolve_config
 from vitkit.train.config import JobConfig
 from vitkit.train.recipes import RECIPE_OPTIONS
 
-TINY = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--lr", "5e-3", "--batch-size",
-        "64", "--warmup-epochs", "0.5", "--no-progress"]  # fmt: skip
+TINY = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2",
+        "--lr", "5e-3", "--batch-size", "64", "--warmup-epochs", "0.5",
+        "--no-progress"]  # fmt: skip
 RUN = [*TINY, "--epochs", "1"]
 # The options only a classifier's training has, and only MAE's.
 CLASSIFIER_ONLY = {
@@ -76,29 +78,30 @@ def test_each_job_has_its_own_options():
     assert not {"img_size", "in_chans", "drop_path"} & shared  # model options now
 
 
-def test_train_help_lists_its_options_and_every_model_option(capsys):
+# The model options every architecture has: the only ones with flags of their own.
+SHARED_MODEL_FLAGS = {"--img-size", "--in-chans", "--drop-path-rate"}
+
+
+def test_train_help_has_the_shared_model_flags_only_and_is_short(capsys):
     text = parser_of("train").format_help()
     flags = flags_of("train")
-    model_flags = {"--" + n.replace("_", "-") for n in option_names(ViTConfig)}
-    assert model_flags - {"--num-classes"} <= flags and "--num-classes" not in flags
-    assert "--model-opt" in flags and "--class-token" in flags and "--no-class-token" in flags
+    vit_only = {"--" + n.replace("_", "-") for n in option_names(ViTConfig)} - SHARED_MODEL_FLAGS
+    assert SHARED_MODEL_FLAGS | {"--model-opt"} <= flags and not vit_only & flags
+    assert not {"--depth", "--embed-dim", "--window-size", "--class-token", "--no-class-token",
+                "--num-classes"} & flags  # fmt: skip
     for name in CLASSIFIER_ONLY - {"distill"}:
         assert "--" + name.replace("_", "-") in flags, name
     assert not {"--mask-ratio", "--decoder-dim", "--decoder-depth", "--norm-pix"} & flags
     assert not {"--drop-path", "--no-norm-pix"} & flags
-    assert "--epochs EPOCHS       passes over the training data (--resume may raise it)" in text
-    assert (
-        "--weight-decay WEIGHT_DECAY\n                        AdamW weight decay (default: 0.05)"
-        in text
-    )
+    assert len(text.splitlines()) < 170  # was 401 with every ViT option a flag
+    assert text.startswith("usage: vitkit train [FLAGS]\n")
+    assert "--epochs N            passes over the training data (--resume may raise it)" in text
+    assert "--weight-decay X      AdamW weight decay (default: 0.05)" in text
     assert "--no-crop             resize instead of random crops" in text
-    assert "from 0 at the first (recipes may change it)" in text  # --drop-path-rate
+    assert "default: the preset's (recipes may change it)" in " ".join(text.split())
     titles = [line[:-1] for line in text.splitlines() if line.endswith(":") and line[0] != " "]
     assert titles == [
-        "options", "data", "model", "model shape (default: the preset's)",
-        "model regularisation (default: the preset's)",
-        "model architecture (default: the preset's)",
-        "optimisation (unset: the recipe's value)",
+        "options", "data", "model", "optimisation (unset: the recipe's value)",
         "augmentation and regularisation (unset: the recipe's value)",
         "fine-tuning (with --pretrained)", "distillation (DeiT)", "how the run executes",
         "this invocation",
@@ -110,40 +113,55 @@ def test_pretrain_help_has_no_classifier_options():
     classifier = {"--" + n.replace("_", "-") for n in CLASSIFIER_ONLY}
     assert not classifier & flags
     assert {"--mask-ratio", "--decoder-dim", "--norm-pix", "--no-norm-pix", "--amp",
-            "--accum-steps", "--save-every", "--compile", "--depth"} <= flags  # fmt: skip
+            "--accum-steps", "--save-every", "--compile", *SHARED_MODEL_FLAGS} <= flags  # fmt: skip
+    assert "--depth" not in flags
     text = parser_of("pretrain").format_help()
     assert "fine-tuning (with --pretrained):" not in text and "distillation (DeiT):" not in text
 
 
 def test_the_command_line_sets_only_what_it_names():
     args = cli.build_parser().parse_args(
-        ["train", "--epochs", "3", "--img-size", "8", "--depth", "2", "--no-crop",
-         "--no-class-token", "--model-opt", "global_pool=avg", "--patch-size", "2", "4"]
+        ["train", "--epochs", "3", "--img-size", "8", "--model-opt", "depth=2", "--no-crop",
+         "--model-opt", "class_token=false", "--model-opt", "global_pool=avg", "--model-opt",
+         "patch_size=2,4", "--drop-path-rate", "0.2"]
     )  # fmt: skip
-    assert given_options(args, TrainConfig) == {
+    given = given_options(args, TrainConfig)
+    assert given == {
         "epochs": 3,
         "model_opts": {
             "img_size": 8,
             "depth": 2,
             "class_token": False,
             "global_pool": "avg",
-            "patch_size": (2, 4),
+            "patch_size": "2,4",  # typed by the model's schema once the model is known
+            "drop_path_rate": 0.2,
         },  # fmt: skip
         "crop_scale": None,
     }
+    assert resolve_config(given).model_opts["patch_size"] == (2, 4)
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--depth", "2", "--model-opt", "depth=3"],
-         "--depth and --model-opt depth=... both set depth; give it once"),
-        (["--depth", "x"], "--depth must be an integer, got 'x'; see `vitkit train --help`"),
+        (["--img-size", "8", "--model-opt", "img_size=16"],
+         "--img-size and --model-opt img_size=... both set img_size; give it once"),
+        (["--in-chans", "x"], "--in-chans must be an integer, got 'x'; see `vitkit train --help`"),
         (["--model-opt", "depth=x"], 'depth must be an integer, got "x" (str)'),
-        (["--mlp-ratio", "0"], "mlp_ratio must be > 0, got 0.0"),
-        (["--model-opt", "dept=3"], "unknown model option 'dept' (did you mean depth?); valid"),
+        (["--model-opt", "depth=0"], "depth must be in [1, 1024], got 0"),
+        (["--model-opt", "mlp_ratio=0"], "mlp_ratio must be > 0, got 0"),
+        (["--model-opt", "dept=3"], "unknown option 'dept' for the ViT vit_digits; close: depth; "
+         "see vitkit models vit_digits --options"),
         (["--img-size", "8", "8", "8"], "--img-size takes 1 or 2 values, got 3"),
-        (["--global-pool", "gem"], "unknown global_pool 'gem'; expected one of 'token', 'avg'"),
+        (["--model-opt", "global_pool=gem"],
+         "unknown global_pool 'gem'; expected one of 'token', 'avg'"),
+        (["--model", "swin_tiny_patch4_window7_224", "--model-opt", "depth=2"],
+         "unknown option 'depth' for the Swin Transformer swin_tiny_patch4_window7_224; close: "
+         "depths; see vitkit models swin_tiny_patch4_window7_224 --options\n"),
+        (["--model", "swin_tiny_patch4_window7_224", "--model-opt", "depths=2,0,2,2"],
+         "depths must be in [1, 1024], got (2, 0, 2, 2)\n"),
+        (["--model", "swin_tiny_patch4_window7_224", "--model-opt", "global_blocks=2"],
+         "unknown option 'global_blocks' for the Swin Transformer"),
     ],
 )  # fmt: skip
 def test_a_bad_model_option_is_one_line(tmp_path, capsys, argv, message):
@@ -247,8 +265,12 @@ def test_types_are_checked_and_pairs_become_tuples():
         TrainConfig(epochs="3")
     with pytest.raises(TypeError, match=r"^mixup must be a number, got true \(bool\)$"):
         TrainConfig(mixup=True)
-    with pytest.raises(TypeError, match=r"^unknown model option 'dpth' \(did you mean depth\?\)"):
+    with pytest.raises(TypeError, match=r"^unknown option 'dpth' for a ViT; close: depth; see"):
         TrainConfig(model_opts={"dpth": 1})
+    swin = TrainConfig(model="swin_tiny_patch4_window7_224", model_opts={"depths": [1, 1, 2, 1]})
+    assert swin.model_opts == {"depths": (1, 1, 2, 1)}
+    with pytest.raises(TypeError, match=r"^unknown option 'window_sizes' for the Swin Trans"):
+        TrainConfig(model="swin_tiny_patch4_window7_224", model_opts={"window_sizes": 4})
     config = TrainConfig(model_opts={"img_size": [8, 6]}, crop_scale=[0.5, 1])
     assert config.model_opts == {"img_size": (8, 6)} and config.crop_scale == (0.5, 1)
     with pytest.raises(TypeError, match=r"^unknown setting 'mask_ratio' .*; valid options: data,"):
@@ -365,7 +387,8 @@ def test_a_runs_config_reproduces_its_settings(tmp_path, capsys, first):
 def test_flags_override_the_file(tmp_path, capsys, first):
     out = tmp_path / "run"
     argv = ["--config", first / "config.json", "--out", out, "--seed", "0", "--mixup", "0.8"]
-    code, _, _ = run(capsys, "train", *argv, "--drop-rate", "0.0", "--depth", "2")
+    code, _, _ = run(capsys, "train", *argv, "--model-opt", "drop_rate=0.0", "--model-opt",
+                     "depth=2")  # fmt: skip
     assert code == 0
     saved = settings_of(first)
     opts = {**saved["model_opts"], "drop_rate": 0.0, "depth": 2}  # key by key over the file's
@@ -419,6 +442,26 @@ def test_a_bad_model_option_in_a_config_file_is_one_line(tmp_path, capsys):
     code, _, err = run(capsys, "train", "--config", path, "--out", tmp_path / "run", *RUN)
     assert code == 2 and err == (
         'vitkit: error: img_size must be an integer or a list of 2 integers, got [8, "8"] (list)\n'
+    )
+
+
+def test_a_settings_file_takes_the_architectures_own_keys(tmp_path, capsys):
+    """A --config file's model options are the --model-opt keys, checked against the model
+    it names (or the command line's), typed by that schema."""
+    swin = "swin_tiny_patch4_window7_224"
+    path = tmp_path / "swin.json"
+    path.write_text(json.dumps({"model": swin, "model_opts": {"depths": [1, 1, 1, 1],
+                                                             "window_size": "4"}}))  # fmt: skip
+    values = read_settings(path, TrainConfig)
+    config = resolve_config({"model_opts": {"embed_dim": 32}}, values)
+    assert config.model == swin
+    assert config.model_opts == {"drop_path_rate": 0.1, "depths": (1, 1, 1, 1),
+                                 "window_size": 4, "embed_dim": 32}  # fmt: skip
+    path.write_text(json.dumps({"model_opts": {"depths": [1, 1, 1, 1]}}))
+    code, _, err = run(capsys, "train", "--config", path, "--out", tmp_path / "run")
+    assert code == 2 and err == (
+        "vitkit: error: unknown option 'depths' for the ViT vit_digits; close: depth; see "
+        "vitkit models vit_digits --options\n"
     )
 
 
@@ -483,8 +526,8 @@ def test_an_older_runs_config_json_resumes(tmp_path, capsys, first):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "run"
-    tiny = ["--embed-dim", "16", "--depth", "1", "--model-opt", "num_heads=2", "--img-size", "8",
-            "8"]  # both forms  # fmt: skip
+    tiny = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2",
+            "--img-size", "8", "8"]  # fmt: skip
     assert cli.main(["train", "--out", str(out), "--epochs", "1", *tiny, "--no-progress"]) == 0
     return out
 
@@ -498,13 +541,13 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
         "seed (saved 0, given 3), lr (saved unset, given 0.1): keep the saved values, or start "
         f"a new run from {finished / 'config.json'} with the new ones"
     )
-    code = cli.main(["train", "--out", str(finished), "--resume", "--depth", "2"])
+    code = cli.main(["train", "--out", str(finished), "--resume", "--model-opt", "depth=2"])
     assert (
         code == 2
         and "it cannot change model_opts.depth (saved 1, given 2)" in capsys.readouterr().err
     )
     argv = ["train", "--out", str(finished), "--resume", "--threads", "1", "--no-progress"]
-    assert cli.main([*argv, "--depth", "1", "--model-opt", "img_size=[8, 8]"]) == 0  # as saved
+    assert cli.main([*argv, "--model-opt", "depth=1", "--model-opt", "img_size=8,8"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -515,7 +558,7 @@ def test_resume_refuses_changed_settings_and_takes_runtime_ones(finished, capsys
         (["--bogus"], "unknown flag --bogus; see `vitkit train --help`"),
         (
             ["--mask-ratio", "0.5"],
-            "unknown flag --mask-ratio (did you mean --mlp-ratio?); see `vitkit train --help`",
+            "unknown flag --mask-ratio (did you mean --val-fraction?); see `vitkit train --help`",
         ),
     ],
 )
@@ -529,7 +572,7 @@ def test_resume_may_raise_the_epochs_never_lower_them(tmp_path, capsys, caplog):
     """A finished 1-epoch run resumed with --epochs 2 trains one more epoch, records the new
     count in config.json and says what it took; fewer epochs than saved are refused."""
     out = tmp_path / "run"
-    tiny = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2"]
+    tiny = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2"]
     assert cli.main(["train", "--out", str(out), "--epochs", "2", *tiny, "--no-progress"]) == 0
     capsys.readouterr()
     code = cli.main(["train", "--out", str(out), "--resume", "--epochs", "1"])
@@ -543,3 +586,22 @@ def test_resume_may_raise_the_epochs_never_lower_them(tmp_path, capsys, caplog):
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert json.loads((out / "config.json").read_text())["settings"]["epochs"] == 3
     assert json.loads((out / "test.json").read_text())["best_epoch"] in (1, 2, 3)
+
+
+def test_the_split_fractions_are_defined_once():
+    """Every loader, the jobs' options and a checkpoint's record default to the same split
+    (the folder loader once held out 0.1 for testing where the rest said 0.2)."""
+    import inspect
+
+    from vitkit.data import datasets, folders, sources
+    from vitkit.weights.checkpoint import RunMeta
+
+    defaults = {"val_fraction": datasets.VAL_FRACTION, "test_fraction": datasets.TEST_FRACTION}
+    assert defaults == {"val_fraction": 0.1, "test_fraction": 0.2}
+    loaders = [folders.load_image_folder, *vars(sources).values()]
+    for loader in [f for f in loaders if inspect.isfunction(f)]:
+        for name, parameter in inspect.signature(loader).parameters.items():
+            if name in defaults and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == defaults[name], (loader.__name__, name)
+    for schema in (TrainConfig, PretrainConfig, RunMeta):
+        assert {n: getattr(schema(), n) for n in defaults} == defaults

@@ -21,7 +21,8 @@ from vitkit.train.recipes import default_choice, default_model
 
 LOGGER = "vitkit.train.recipes"
 # A model small enough to train an epoch in a second, whatever the default chose.
-TINY = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--batch-size", "8"]
+TINY = ["--model-opt", "embed_dim=16", "--model-opt", "depth=1", "--model-opt", "num_heads=2",
+        "--batch-size", "8"]  # fmt: skip
 
 
 def _folder(root: Path, size: tuple[int, int], mode: str = "RGB", per_class: int = 3,

@@ -214,4 +214,4 @@ def test_check_parity_in_python(tmp_path):
     assert loose.line().endswith(" of a random batch of 2 (ok, tolerance 1e-03)")
     unnamed = convert.check_parity(model, tmp_path / "w.pth", "timm")
     assert (unnamed.scope, unnamed.ok, unnamed.failed) == ("mapping", False, False)
-    assert unnamed.line().endswith(": pass arch=NAME to check against timm")
+    assert unnamed.line().endswith(": pass arch='<timm model name>' to check against timm")

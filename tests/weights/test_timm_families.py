@@ -144,17 +144,17 @@ def test_post_norm_blocks_come_from_the_name():
         (
             "vit_base_patch16_clip_224",
             r"^the weights have CLIP-style norm_pre, whose act_layer and norm_eps they do not "
-            r"record; pass arch='<timm model name>' or act_layer= and norm_eps=$",
+            r"record; pass arch='<timm model name>' or act_layer=NAME and norm_eps=X$",
         ),
         (
             "vit_base_patch16_siglip_224",
             r"^the weights have an attention-pool \(SigLIP\) head, whose act_layer they do not "
-            r"record; pass arch='<timm model name>' or act_layer=$",
+            r"record; pass arch='<timm model name>' or act_layer=NAME$",
         ),
         (
             "aimv2_large_patch14_224",
             r"^the weights have RMSNorm, whose norm_eps they do not record; pass "
-            r"arch='<timm model name>' or norm_eps=$",
+            r"arch='<timm model name>' or norm_eps=X$",
         ),
     ],
 )

@@ -42,13 +42,14 @@ def _command_in(arguments: Sequence[str]) -> str | None:
     return next((a for a in arguments if not a.startswith("-")), None)
 
 
-def _option_flags(command: str | None) -> dict[str, str]:
-    """The flags command `command` gives the library's options (its module's
-    `OPTION_FLAGS`), so that an error's hint names them."""
-    module = (
-        sys.modules.get(f"{__name__}.{COMMANDS[command].module}") if command in COMMANDS else None
-    )
-    return dict(getattr(module, "OPTION_FLAGS", {}))
+def _option_flags(args: Any) -> dict[str, str]:
+    """How the command line that was parsed gives the library's options, so that an error's
+    hint names its flags (none before it was parsed)."""
+    if args is None:
+        return {}
+    from .options import option_flags  # the flag machinery, only when an error needs it
+
+    return option_flags(args)
 
 
 @contextlib.contextmanager
@@ -81,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(build_parser(only=()).format_help(), end="")  # `vitkit` alone: the commands
         return ExitCode.OK
     with _sigterm_interrupts():
+        args = None
         try:
             args = build_parser(only=[_command_in(arguments)]).parse_args(arguments)
             logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             command = _command_in(arguments)
             extra = COMMANDS[command].extra if command in COMMANDS else None
-            code, message = describe(err, _option_flags(command), extra)
+            code, message = describe(err, _option_flags(args), extra)
             print(f"vitkit: error: {message}", file=sys.stderr)
             return int(code)
 

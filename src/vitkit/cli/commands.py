@@ -48,7 +48,9 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "export", "export a checkpoint to ONNX, a torch.export program, or an HF / timm folder"
     ),
-    "models": Command("models", "list the registered model names"),
+    "models": Command(
+        "models", "list the registered model names, or the options of one (NAME --options)"
+    ),
     "summary": Command(
         "summary",
         "per-layer shapes, parameters and FLOPs of a model, or its forward pass stage by stage "
@@ -64,7 +66,9 @@ def command_module(name: str) -> ModuleType:
 
 def add_command(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     """The sub-parser of command `name`, with its one-line summary as its help (and
-    `--debug`, which may come after the command too)."""
+    `--debug`, which may come after the command too); the parsed arguments hold it as
+    `command_parser`."""
     parser = subparsers.add_parser(name, help=COMMANDS[name].summary, **kwargs)
     debug_flag(parser, default=argparse.SUPPRESS)
+    parser.set_defaults(command_parser=parser)  # so that a hint can name the command's flags
     return parser

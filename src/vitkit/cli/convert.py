@@ -15,9 +15,7 @@ from .commands import add_command
 from .errors import UserError
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
 # How the parity line names what would complete the check.
-PARITY_FLAGS = {**options.WEIGHTS_FLAGS, "hf_config": "--hf-config JSON"}
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -87,5 +85,5 @@ def parity(args: argparse.Namespace, model: torch.nn.Module) -> int:
         num_heads=args.num_heads,
         hf_config=args.hf_config,
     )
-    print(result.line(PARITY_FLAGS), flush=True)
+    print(result.line(options.option_flags(args)), flush=True)
     return ExitCode.FAILED if result.failed else ExitCode.OK

@@ -16,13 +16,13 @@ from .. import data as data_lib
 from ..files import check_output
 from ..plots import plot_confusion, plot_per_class
 from ..train import evaluate, make_loader
+from ..weights.checkpoint import RunMeta
 from . import options
 from .commands import add_command
 from .errors import UserError
 from .output import json_text, plural, report_skipped
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
 SPLITS = ("test", "val", "train", "all")
 TABLE_ROWS = 20  # classes in the printed table; --json and the picture have every class
 
@@ -75,7 +75,7 @@ class Pictures(NamedTuple):
 def run(args: argparse.Namespace) -> int:
     predictor = options.load_predictor(args, purpose="eval")
     model, names = predictor.model, predictor.class_names
-    spec = args.data or model.meta.get("data")
+    spec = args.data or RunMeta.read(model.meta, args.checkpoint).data
     if not spec:
         raise UserError(f"{args.checkpoint} does not record its data; pass --data")
     scored = _evaluation_set(args, spec, model, names)
@@ -111,16 +111,12 @@ def _evaluation_set(
 ) -> data_lib.EvaluationSet:
     """What to score of `spec`: as `data.evaluation_set` chooses, or with `--split` that part
     of it split as in training; data of other classes is refused."""
-    meta = model.meta
-    split = {
-        "val_fraction": meta.get("val_fraction", 0.1),
-        "test_fraction": meta.get("test_fraction", 0.2),
-        "seed": meta.get("split_seed", 0),
-    }
+    meta = RunMeta.read(model.meta, args.checkpoint)
+    split = meta.split()
     in_chans = model.data_config.input_size[0]
     if args.split is None:
         scored = data_lib.evaluation_set(
-            spec, trained_on=meta.get("data"), class_names=meta.get("class_names") and names,
+            spec, trained_on=meta.data, class_names=meta.class_names and names,
             in_chans=in_chans, **split,
         )  # fmt: skip
     else:
@@ -135,7 +131,7 @@ def _evaluation_set(
             described = f"the {args.split} split of {spec} ({count}, split seed {split['seed']})"
         scored = data_lib.EvaluationSet(dataset, splits.class_names, part, described)
     given = scored.class_names
-    if len(given) != model.num_classes or (meta.get("class_names") and given != names):
+    if len(given) != model.num_classes or (meta.class_names and given != names):
         raise UserError(
             f"{spec} has {len(given)} classes ({', '.join(given[:5])}...) but {args.checkpoint} "
             f"was trained on {model.num_classes} ({', '.join(names[:5])}...); evaluate it on "

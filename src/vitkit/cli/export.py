@@ -17,8 +17,6 @@ from .commands import add_command
 from .errors import UserError
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(

@@ -13,7 +13,7 @@ from ..inference import Predictor, load_for_inference, with_overrides
 from ..model import ViTConfig
 from ..model.precision import PRECISIONS
 from ..options import option_fields
-from ..options.flags import add_flags, flag_of, given_options
+from ..options.flags import add_flags, flag_forms, flag_of, given_options
 
 if TYPE_CHECKING:
     from ..train.config import JobConfig
@@ -46,10 +46,6 @@ def fraction(text: str) -> float:
 
 
 # -- shared flags: each declared here once ----------------------------------------------------
-
-
-# The flags of the weights-reading options, for the library's hints (`MissingOptionError`).
-WEIGHTS_FLAGS = {"num_heads": "--num-heads N", "arch": "--arch NAME"}
 
 
 def checkpoint(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -206,3 +202,19 @@ def model_options_given(args: argparse.Namespace) -> dict[str, Any]:
 def flag_of_option(config_cls: type, name: str) -> str:
     """The flag of option `name` of `config_cls` (e.g. 'model_opts' -> '--model-opt')."""
     return flag_of(option_fields(config_cls)[name])
+
+
+def option_flags(args: argparse.Namespace) -> dict[str, str]:
+    """How the parsed command line gives each library option a hint may name (option ->
+    '--num-heads N'), from its parser's flags: its own flag, else `--model-opt NAME=...` for
+    a ViT option; a job's `model` gives the weights' architecture (`arch`)."""
+    parser = getattr(args, "command_parser", None)
+    if parser is None:
+        return {}
+    forms = flag_forms(parser, ViTConfig)
+    job = getattr(args, "job", None)
+    for name, item in option_fields(job).items() if job is not None else ():
+        alias = item.metadata.get("reads_as")
+        if alias and name in forms:
+            forms[alias] = forms[name]
+    return forms

@@ -17,9 +17,6 @@ log = logging.getLogger("vitkit")
 BATCH = 64  # images per forward pass
 
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
-
-
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,

@@ -11,15 +11,14 @@ from ..train.config import PretrainConfig
 from .commands import add_command
 from .output import json_text
 from .status import ExitCode
-from .train import OPTION_FLAGS, progress_bar, run_arguments, run_config
-
-__all__ = ["OPTION_FLAGS", "register", "run"]
+from .train import progress_bar, run_arguments, run_config
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "pretrain",
+        usage="%(prog)s [FLAGS]",  # the flags, grouped, are listed below
         description="Masked-autoencoder pretraining (He et al. 2022): the encoder sees 25% of "
         "the patches, a light decoder rebuilds the rest. Takes the data, model, optimisation "
         "and run options of `vitkit train` and the MAE group; writes encoder.safetensors for "

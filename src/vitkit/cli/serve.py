@@ -18,8 +18,6 @@ from .status import ExitCode
 
 log = logging.getLogger("vitkit")
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(

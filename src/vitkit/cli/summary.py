@@ -23,7 +23,6 @@ from .errors import UserError
 from .options import model_options_given
 from .status import ExitCode
 
-OPTION_FLAGS = options.WEIGHTS_FLAGS
 WEIGHTS_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 
 

@@ -24,21 +24,14 @@ from .status import ExitCode
 
 log = logging.getLogger("vitkit")
 
-# The flags that give the library's options on this command line (`MissingOptionError`).
-OPTION_FLAGS = {
-    "num_heads": "--model-opt num_heads=N",
-    "act_layer": "--model-opt act_layer=NAME",
-    "norm_eps": "--model-opt norm_eps=EPS",
-    "no_embed_class": "--model-opt no_embed_class=true",
-    "arch": "--model NAME",
-}
-
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "train",
-        description="Train a ViT. Options left unset take the recipe's value (the data's own "
+        usage="%(prog)s [FLAGS]",  # the flags, grouped, are listed below
+        description="Train a classifier (a ViT, a Swin Transformer: `vitkit models`). Options "
+        "left unset take the recipe's value (the data's own "
         "recipe, else a light one for tiny images and DeiT's otherwise); `config.json` records "
         "all.",
     )

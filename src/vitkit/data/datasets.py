@@ -260,6 +260,13 @@ def collate(batch: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor]:
 # -- splitting ------------------------------------------------------------------------------
 
 
+# The shares of the data held out for validation and for testing where a source has no
+# ready-made parts: stated here once, for the loaders, the training jobs' options and the
+# checkpoint's record of its split (`weights.checkpoint.RunMeta`).
+VAL_FRACTION = 0.1
+TEST_FRACTION = 0.2
+
+
 def split_indices(
     n: int, fractions: Sequence[float], seed: int, labels: Sequence[int] | None = None
 ) -> list[list[int]]:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .datasets import ImageFiles, Splits, split_indices
+from .datasets import TEST_FRACTION, VAL_FRACTION, ImageFiles, Splits, split_indices
 from .images import IMAGE_EXTENSIONS, DataError
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ def _check_classes(root: Path, classes: list[str], samples: Samples) -> None:
 def load_image_folder(
     path: str | os.PathLike,
     *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.1,
+    val_fraction: float = VAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
     seed: int = 0,
     in_chans: int = 3,
     img_size: tuple[int, int] | None = None,

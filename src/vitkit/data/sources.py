@@ -25,7 +25,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .datasets import ImageFiles, Splits, Subset, TensorImages, mean_std, split_indices
+from .datasets import (
+    TEST_FRACTION,
+    VAL_FRACTION,
+    ImageFiles,
+    Splits,
+    Subset,
+    TensorImages,
+    mean_std,
+    split_indices,
+)
 from .folders import class_folders, folder_layout, image_count, load_image_folder
 from .idx import (
     FASHION_MNIST_CLASSES,
@@ -97,8 +106,8 @@ def sources_help() -> str:
 def load_digits_source(
     path: str | None = None,
     *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
+    val_fraction: float = VAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
     seed: int = 0,
     **_: Any,
 ) -> Splits:
@@ -193,7 +202,7 @@ def _cifar_files(path: Path) -> dict[str, bytes]:
 def load_cifar(
     path: str | os.PathLike,
     *,
-    val_fraction: float = 0.1,
+    val_fraction: float = VAL_FRACTION,
     seed: int = 0,
     **_: Any,
 ) -> Splits:
@@ -275,7 +284,7 @@ def _with_test_set(
 
 
 def load_fashion_mnist(
-    path: str | None = None, *, val_fraction: float = 0.1, seed: int = 0, **_: Any
+    path: str | None = None, *, val_fraction: float = VAL_FRACTION, seed: int = 0, **_: Any
 ) -> Splits:
     """Fashion-MNIST idx files (Debian's `dataset-fashion-mnist`, or a folder given as path):
     60,000 train (val cut from it) and 10,000 test images, 28x28 grey, kept as uint8."""
@@ -290,7 +299,7 @@ def load_fashion_mnist(
 
 
 def load_mnist(
-    path: str | None = None, *, val_fraction: float = 0.1, seed: int = 0, **_: Any
+    path: str | None = None, *, val_fraction: float = VAL_FRACTION, seed: int = 0, **_: Any
 ) -> Splits:
     """MNIST idx files in the folder `path` (60,000 train, 10,000 test, 28x28 grey)."""
 
@@ -310,8 +319,8 @@ def load_mnist(
 def load_mnist_5k(
     path: str | None = None,
     *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
+    val_fraction: float = VAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
     seed: int = 0,
     **_: Any,
 ) -> Splits:
@@ -383,8 +392,8 @@ def _looks_like_cifar(path: Path) -> bool:
 def load_data(
     spec: str = "digits",
     *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
+    val_fraction: float = VAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
     seed: int = 0,
     in_chans: int = 3,
     img_size: tuple[int, int] | None = None,
@@ -441,8 +450,8 @@ def evaluation_set(
     *,
     trained_on: str | None = None,
     class_names: Sequence[str] | None = None,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
+    val_fraction: float = VAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
     seed: int = 0,
     in_chans: int = 3,
     skip_corrupt: bool = True,

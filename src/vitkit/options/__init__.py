@@ -156,6 +156,12 @@ class _Type:
             )
         return _is(value, self.base)
 
+    def spelled(self) -> str:
+        if self.base is not tuple:
+            return self.base.__name__
+        items = [self.item.__name__] * self.length if self.length else [self.item.__name__, "..."]
+        return f"tuple[{', '.join(items)}]"
+
     def describe(self) -> str:
         if self.base is not tuple:
             return _NAMES[self.base]
@@ -189,6 +195,11 @@ class Kind:
 
     def has(self, base: type) -> bool:
         return any(alt.base is base for alt in self.alternatives)
+
+    def spelled(self) -> str:
+        """The type as a table shows it: 'int', 'int | tuple[int, int]', 'float | None'."""
+        text = " | ".join(alt.spelled() for alt in self.alternatives)
+        return f"{text} | None" if self.optional else text
 
     @property
     def tuple_type(self) -> _Type | None:
@@ -288,10 +299,76 @@ def check_names(config_cls: type, names: Collection[str], what: str, after: str 
         return
     parts = []
     for name in unknown:
-        longer = [k for k in known if len(name) >= 3 and k.startswith(name)]
-        close = longer[:3] or difflib.get_close_matches(name, known, n=3)
+        close = close_names(name, known)
         parts.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
     raise TypeError(f"unknown {what} {', '.join(parts)}{after}")
+
+
+def close_names(name: str, known: Sequence[str], n: int = 3) -> list[str]:
+    """The names of `known` that `name` may be a misspelling of: those it begins (at least 3
+    letters given), else the closest by difflib, at most `n`. Every "did you mean" of an
+    option, a setting, a flag or a model option comes from here, over its schema's names."""
+    longer = [k for k in known if len(name) >= 3 and k.startswith(name)]
+    return longer[:n] or difflib.get_close_matches(name, list(known), n=n)
+
+
+def placeholder(config_cls: type, name: str, *, python: bool = False) -> str:
+    """How a hint writes a value of option `name` of `config_cls`: by its type and metadata
+    (a pair '(h, w)' in Python, true / false, the metavar, NAME for a choice, N for an
+    integer, X for a number), as Python with `python`, else as command-line text."""
+    kind, meta = kinds(config_cls)[name], option_fields(config_cls)[name].metadata
+    pair = kind.tuple_type
+    if python and pair is not None and pair.length == 2:
+        return "(h, w)"
+    if kind.has(bool):
+        return "True / False" if python else "true / false"
+    if isinstance(meta["metavar"], str):
+        return meta["metavar"]
+    if meta["choices"] is not None:
+        return "NAME"
+    return "N" if kind.has(int) else "X" if kind.has(float) else "VALUE"
+
+
+def keyword_forms(*schemas: type) -> dict[str, str]:
+    """How a hint writes each option of `schemas` as a Python keyword argument ('num_heads=N';
+    the first schema that has a name gives it): derived from the schemas, so that a new
+    option needs no table of spellings."""
+    forms: dict[str, str] = {}
+    for schema in schemas:
+        for name in option_names(schema):
+            forms.setdefault(name, f"{name}={placeholder(schema, name, python=True)}")
+    return forms
+
+
+def from_text(config_cls: type, name: str, value: Any) -> Any:
+    """A value written as text (`--model-opt depths=2,2,2,2`) in the type of the option
+    `name` of `config_cls`: numbers, true / false / null, and comma-separated lists for a
+    tuple; any other value, or text the option takes as it is, unchanged (`check_value` then
+    says what the option takes)."""
+    kind = kinds(config_cls)[name]
+    if not isinstance(value, str) or kind.has(str):
+        return value
+    text = value.strip()
+    if kind.optional and text.lower() in ("null", "none"):
+        return None
+    inner = text.strip("()[]").strip()
+    items = tuple(_scalar(word.strip()) for word in inner.split(",")) if inner else ()
+    if len(items) == 1 and kind.accepts(items[0]):
+        return items[0]
+    return items if kind.tuple_type is not None else value
+
+
+def _scalar(text: str) -> Any:
+    """'2' -> 2, '0.5' -> 0.5, 'true' -> True; other text unchanged."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
 
 
 def check_options(config_cls: type, values: Mapping[str, Any], what: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from . import Kind, Options, Range, kinds, option_fields
+from . import Kind, Options, Range, kinds, option_fields, option_names, placeholder
 
 
 def add_flags(
@@ -24,6 +24,7 @@ def add_flags(
     show_defaults: bool = True,
     generic: tuple[str, str] | None = None,
     check_ranges: bool = False,
+    groups: dict[str | None, argparse._ArgumentGroup] | None = None,
 ) -> None:
     """One flag per option of `config_cls`, in argument groups titled by its `GROUPS` (in that
     order). No flag has an argparse default: `given_options` returns only what was given.
@@ -39,8 +40,10 @@ def add_flags(
         generic: (flag, help) of a repeatable KEY=VALUE flag for any option of the config.
         check_ranges: refuse a number out of its option's range as the command line is
             parsed, naming the flag (where no later step names it).
+        groups: the argument groups made so far, by key (a dict option's flags join the
+            group of the same key).
     """
-    groups: dict[str | None, argparse._ArgumentGroup] = {}
+    groups = {} if groups is None else groups
 
     def group(key: str | None) -> argparse._ArgumentGroup:
         if key not in groups:
@@ -61,7 +64,7 @@ def add_flags(
             nested = f"{prefix}{item.name}."
             _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
             add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
-                      show_defaults=False, check_ranges=check_ranges)  # fmt: skip
+                      show_defaults=False, check_ranges=check_ranges, groups=groups)  # fmt: skip
             continue
         shown = (choices or {}).get(item.name) or meta["choices"]
         text = _help(item, (notes or {}).get(item.name), show_defaults)
@@ -91,6 +94,10 @@ def flag_of(item: dataclasses.Field) -> str:
     return "--" + (item.metadata["flag"] or item.name.replace("_", "-"))
 
 
+# The metavar of a number without its own: short, so that the help fits beside the flag.
+_METAVARS = {int: "N", float: "X"}
+
+
 def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | None) -> dict:
     """argparse's action, type, nargs and metavar for an option of this kind: booleans as
     --x / --no-x (a preset or a file may have set either), tuples as several values."""
@@ -99,6 +106,7 @@ def _flag_kwargs(item: dataclasses.Field, kind: Kind, choices: Sequence[Any] | N
     metavar = item.metadata["metavar"]
     if metavar is None:
         metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
+        metavar = metavar or _METAVARS.get(kind.alternatives[0].base)
         metavar = metavar or (item.metadata["flag"] or item.name).replace("-", "_").upper()
     pair = kind.tuple_type
     if pair is None:
@@ -214,3 +222,29 @@ def _from_flag(value: Any, kind: Kind, flag: str) -> Any:
     if pair is not None and pair.length is not None and len(value) != pair.length:
         raise ValueError(f"{flag} takes 1 or {pair.length} values, got {len(value)}")
     return tuple(value)
+
+
+def flag_forms(
+    parser: argparse.ArgumentParser, generic: type[Options] | None = None
+) -> dict[str, str]:
+    """How this command line gives each option a hint may name, from the parser's own flags:
+    option name -> '--num-heads N' (a dict option's flags by the inner name); with `generic`,
+    the options of that schema without a flag of their own through the parser's KEY=VALUE
+    flag ('--model-opt num_heads=N')."""
+    forms: dict[str, str] = {}
+    pairs = None
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        name = action.dest.rpartition(".")[2]
+        if name == "*":
+            pairs = pairs or action.option_strings[0]
+            continue
+        metavar = action.metavar if isinstance(action.metavar, str) else None
+        takes = action.nargs != 0 and metavar
+        forms.setdefault(name, f"{action.option_strings[0]} {metavar}" if takes else
+                         action.option_strings[0])  # fmt: skip
+    if generic is not None and pairs is not None:
+        for name in option_names(generic):
+            forms.setdefault(name, f"{pairs} {name}={placeholder(generic, name)}")
+    return forms

@@ -6,7 +6,10 @@ Each option is a field declared once with `option()` (`vitkit/options`): its typ
 help and allowed range or choices. From these come the flags of each command (so each
 `--help` lists what that job honours), the checks of a settings file, the validation of any
 value and the recipe presets (named sets of overrides, `recipes.py`). The model options are
-`ViTConfig`'s own fields, gathered in `model_opts` and checked by its schema.
+the fields of the chosen architecture's own config (its record's `config_class`: the schema
+`model_architecture` finds), gathered in `model_opts` as `--model-opt KEY=VALUE` and checked
+by that schema; only the few every architecture has (`SharedModelOptions`: image size,
+channels, drop-path rate) have flags of their own, so that no family's knobs crowd `--help`.
 
 Values resolve in this order: a flag given on the command line, then a `--config` file, then
 the recipe of the data (DeiT's, Touvron et al. 2021, Table 9, unless the data has its own),
@@ -16,12 +19,13 @@ then the field's default (for a model option: the preset's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..data import SOURCES, parse_rand_augment, sources_help
-from ..model import ViTConfig
+from ..data.datasets import TEST_FRACTION, VAL_FRACTION
+from ..model import Architecture, architecture_of, get_architecture, get_config
 from ..options import (
     AT_LEAST_ONE,
     FRACTION,
@@ -29,9 +33,12 @@ from ..options import (
     OFF_AT_ZERO,
     POSITIVE,
     PROBABILITY,
+    REQUIRED,
     Options,
     Range,
-    check_options,
+    check_value,
+    close_names,
+    from_text,
     option,
     option_names,
 )
@@ -40,6 +47,56 @@ from ..weights.cnn import is_timm_name
 AMP_MODES = ("none", "bf16", "fp16")
 DISTILL_MODES = ("none", "hard", "soft")
 LOGGERS = ("tensorboard",)  # where epoch rows go besides metrics.jsonl / metrics.csv (logs.py)
+
+
+# The title of each architecture's schema, for messages (a family's record will carry it).
+def model_architecture(name: str | None) -> Architecture:
+    """The architecture of model `name` (its preset's family record, whose config class is the
+    option schema); the ViT's without a name (every default model is a ViT, and pretrained
+    weights are read as one until loaded)."""
+    return get_architecture("vit") if name is None else architecture_of(get_config(name))
+
+
+def check_model_options(model: str | None, values: dict[str, Any]) -> dict[str, Any]:
+    """The model options `values` for model `model`, typed and checked by its architecture's
+    schema (text such as '2,2,2,2' in the option's type); an unknown name is one TypeError
+    naming the architecture, the name and the close names among its options."""
+    arch = model_architecture(model)
+    schema = arch.config_class
+    known = option_names(schema)
+    for key in values:
+        if key not in known:
+            close = close_names(key, known)
+            shown = f"the {arch.title} {model}" if model else "a ViT"
+            raise TypeError(
+                f"unknown option {key!r} for {shown}"
+                + (f"; close: {', '.join(close)}" if close else "")
+                + f"; see vitkit models {model or 'vit_base_patch16_224'} --options"
+            )
+    return {k: check_value(schema, k, from_text(schema, k, v)) for k, v in values.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedModelOptions(Options):
+    """The model options every architecture has, which `train` and `pretrain` take as flags
+    of their own (`--img-size 32`); any other goes through `--model-opt KEY=VALUE`. Checked,
+    with the rest, by the chosen architecture's schema; the preset gives the defaults."""
+
+    NOUN = "model option"
+    GROUPS: ClassVar[dict[str, str]] = {"model": "model"}
+
+    img_size: int | tuple[int, int] = option(
+        REQUIRED, "input size: N or H W; default: the data's, else the preset's",
+        metavar="N", group="model",
+    )  # fmt: skip
+    in_chans: int = option(
+        REQUIRED, "input channels: how image files are read, 1 or 3; default: the data's",
+        metavar="N", group="model",
+    )  # fmt: skip
+    drop_path_rate: float = option(
+        REQUIRED, "stochastic depth rate at the last block; default: the preset's",
+        metavar="RATE", group="model",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,11 +135,13 @@ class JobConfig(Options):
         metavar="FOLDER",
         since=True,
     )
-    val_fraction: float = option(0.1, "share of the data held out for validation", group="data",
-                                 range=FRACTION)  # fmt: skip
-    test_fraction: float = option(
-        0.2, "share held out for testing (data without a test set)", group="data", range=FRACTION
+    val_fraction: float = option(
+        VAL_FRACTION, "share of the data held out for validation", group="data", range=FRACTION
     )
+    test_fraction: float = option(
+        TEST_FRACTION, "share held out for testing (data without a test set)", group="data",
+        range=FRACTION,
+    )  # fmt: skip
     train_limit: int | None = option(
         None,
         "train on a seeded random subset of N training images (a small-label regime); "
@@ -115,15 +174,16 @@ class JobConfig(Options):
         "its images, logged); with pretrained weights, their architecture, checked against "
         "them (default: theirs)",
         group="model",
+        metavar="NAME",
+        reads_as="arch",  # the library's name where weights are read (hints name --model)
     )
     model_opts: dict[str, Any] = option(
         {},
-        "any model option below by name, the value as JSON or text, e.g. depth=6 (repeatable; "
-        "num_classes comes from the data)",
+        "an option of the model's architecture (`vitkit models NAME --options`), e.g. depth=6 "
+        "or depths=2,2,6,2 (repeatable; num_classes comes from the data)",
         group="model",
         flag="model-opt",
-        of=ViTConfig,
-        no_flags=("num_classes",),
+        of=SharedModelOptions,
     )
 
     # -- optimisation
@@ -217,7 +277,7 @@ class JobConfig(Options):
     def __post_init__(self) -> None:
         super().__post_init__()  # each field's type, range and choices
         if not is_timm_name(self.model):  # a timm CNN's options are timm's to check
-            opts = check_options(ViTConfig, self.model_opts, "model option")
+            opts = check_model_options(self.model, self.model_opts)
             object.__setattr__(self, "model_opts", opts)
         if self.model_opts.get("in_chans", 1) not in (1, 3):
             raise ValueError(

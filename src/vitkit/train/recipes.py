@@ -19,10 +19,10 @@ from typing import Any
 
 from ..data import SOURCES, detect_source, source_named
 from ..data.survey import ImageSurvey, survey_images
-from ..model import ViTConfig, get_config, to_2tuple
-from ..options import check_options, option_names
+from ..model import get_config, to_2tuple
+from ..options import option_names
 from ..weights.cnn import is_timm_name
-from .config import JobConfig, TrainConfig, data_spec
+from .config import JobConfig, TrainConfig, check_model_options, data_spec
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def resolve_config(
     if model and not is_timm_name(model):
         get_config(model)  # an unknown name fails here, with the close ones
     if not (model and is_timm_name(model)):
-        opts = check_options(ViTConfig, opts, "model option")  # before the size is read
+        opts = check_model_options(model, opts)  # before the size is read
     size = opts.get("img_size") or (_weights_size(pretrained) if pretrained and not model else None)
     recipe = values.get("recipe") or recipe_for(spec, model, size)
     if recipe not in RECIPES:

@@ -15,6 +15,7 @@ import pickle
 import re
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from safetensors.torch import save as serialize_safetensors
 from torch import Tensor
 
 from ..data.data_config import DataConfig
+from ..data.datasets import TEST_FRACTION, VAL_FRACTION
 from ..files import atomic_write
 from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_model
 from ..model.layers.patch_embed import to_2tuple
+from ..options import FRACTION, NON_NEGATIVE, Options, keyword_forms, option, option_names
 from .cnn import TIMM_KEY, timm_metadata
 
 log = logging.getLogger(__name__)
@@ -42,17 +45,71 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be used, with the reason and the fix."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class WeightsReading(Options):
+    """What `load_pretrained` takes, besides the model options, for weights that do not record
+    their architecture: the schema of the hints that name them (`MissingOptionError`)."""
+
+    arch: str | None = option(
+        None, "the timm model name of the weights", metavar="'<timm model name>'"
+    )
+    hf_config: str | None = option(None, "a Hugging Face config.json", metavar="PATH")
+
+
 # How a hint writes each option of the Python API (a command line writes its own flags).
-OPTION_FORMS = {
-    "num_heads": "num_heads=N",
-    "arch": "arch='<timm model name>'",
-    "act_layer": "act_layer=",
-    "norm_eps": "norm_eps=",
-    "img_size": "img_size=(h, w)",
-    "no_embed_class": "no_embed_class=True / False",
-    "in_chans": "in_chans=",
-    "patch_size": "patch_size=",
-}
+OPTION_FORMS = keyword_forms(WeightsReading, ViTConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMeta(Options):
+    """What a checkpoint records beside its model config (`save(meta=...)`): its classes, how
+    its inputs are prepared, what it was trained on and how that data was split (so that
+    evaluation finds the same test part), and which epoch wrote it. Weights from elsewhere
+    record little: an absent key has its default here, stated once. A checkpoint may hold
+    other keys (`save` takes any); `read` leaves them to their readers."""
+
+    NOUN = "metadata key"
+
+    class_names: tuple[str, ...] | None = option(None, "the label of each output")
+    data_config: dict[str, Any] | None = option(
+        None, "how its inputs are prepared (a `DataConfig` as a dict)"
+    )
+    mean: tuple[float, ...] | None = option(
+        None, "the training data's per-channel mean (files from before data_config)"
+    )
+    std: tuple[float, ...] | None = option(
+        None, "the training data's per-channel std (files from before data_config)"
+    )
+    data: str | None = option(None, "the training data, as `load_data` takes it")
+    model_name: str | None = option(None, "the registered model (or timm name) it is")
+    split_seed: int = option(0, "the seed of the training run's split", range=NON_NEGATIVE)
+    val_fraction: float = option(
+        VAL_FRACTION, "the share of the data held out for validation", range=FRACTION
+    )
+    test_fraction: float = option(
+        TEST_FRACTION, "the share held out for testing (data without a test set)", range=FRACTION
+    )
+    epoch: int | None = option(None, "the epoch that wrote it", range=NON_NEGATIVE)
+    val_acc1: float | None = option(None, "its validation top-1 then")
+    ema: bool = option(False, "the weights are the run's exponential moving average")
+
+    @classmethod
+    def read(cls, meta: Mapping[str, Any], source: str) -> RunMeta:
+        """The keys of a checkpoint's `meta` that this schema knows, checked (a
+        CheckpointError naming `source` and the key); the absent ones take their default."""
+        known = option_names(cls)
+        try:
+            return cls(**{key: value for key, value in meta.items() if key in known})
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"{source} has invalid metadata: {err}") from None
+
+    def split(self) -> dict[str, Any]:
+        """The training run's split, as `load_data` takes it."""
+        return {
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.split_seed,
+        }
 
 
 class MissingOptionError(CheckpointError):

@@ -36,7 +36,7 @@ from ..model import (
 )
 from ..model.layers.patch_embed import to_2tuple
 from ..model.vit.torch_encoder import torch_to_native_state_dict
-from .checkpoint import load_state_dict
+from .checkpoint import OPTION_FORMS, load_state_dict
 from .detect import weights_file
 from .hf import hf_config_dict
 from .info import inspect
@@ -60,9 +60,6 @@ from .torchvision import TORCHVISION_BUILDERS, torchvision_builder, torchvision_
 # The largest |difference| accepted between the two models' outputs (float32, random weights).
 PARITY_TOLERANCE = 1e-4
 
-# How `Parity.line` names the options that would make a check complete (the CLI passes its
-# flags instead).
-OPTION_FORMS = {"arch": "arch=NAME", "num_heads": "num_heads=N", "hf_config": "hf_config=PATH"}
 
 # torchvision builders' defaults of what the weights may change.
 _TV_DEFAULTS = {"num_classes": 1000, "image_size": 224}
