@@ -156,18 +156,28 @@ def test_a_given_model_is_never_overridden(tmp_path, caplog):
     assert config.model == "vit_digits" and lines == []
 
 
-def test_pretrained_weights_keep_their_architecture_and_set_the_recipe_size(tmp_path, caplog):
+def test_pretrained_weights_keep_their_architecture_and_are_fine_tuned(tmp_path, caplog):
     """No model is chosen for pretrained weights (theirs is the architecture; a model named
-    beside them is checked against them), and the recipe follows their input size, not a
-    default model's (a 224 checkpoint fine-tuned on tiny images still gets DeiT's)."""
+    beside them is checked against them), and the recipe is the fine-tune one, said in one
+    line, unless the weights are the size of the tiny models the small recipe was measured
+    with; a 224 checkpoint fine-tuned on tiny images still gets the fine-tune recipe, and a
+    --recipe given is kept."""
     from vitkit import create_model, save
 
     folder = str(_folder(tmp_path / "photos", (12, 12)))
     weights = tmp_path / "w.safetensors"
     save(create_model("vit_tiny_patch16_224", depth=1, num_classes=2), weights)
     config, lines = _resolved(caplog, {"data": folder, "pretrained": str(weights)})
-    assert config.model is None and config.recipe == "deit" and lines == []
+    assert config.model is None and config.recipe == "finetune"
+    assert lines == [f"recipe finetune for fine-tuning {weights} (--recipe chooses another)"]
+    assert (config.epochs, config.blr, config.layer_decay) == (50, 1e-3, 0.65)
     assert config.model_opts == {"drop_path_rate": 0.1}
+    digits, _ = _resolved(caplog, {"data": "digits", "pretrained": str(weights)})
+    assert digits.recipe == "finetune"  # not the digits' own recipe
+    chosen, lines = _resolved(
+        caplog, {"data": folder, "pretrained": str(weights), "recipe": "deit"}
+    )
+    assert chosen.recipe == "deit" and lines == []
     tiny = tmp_path / "tiny.safetensors"
     save(create_model("vit_digits", num_classes=2), tiny)
     assert resolve_config({"data": folder, "pretrained": str(tiny)}).recipe == "small"

@@ -176,15 +176,21 @@ def default_model(data: str, data_dir: str | None = None) -> str:
     return default_choice(data, data_dir).model
 
 
-def recipe_for(data: str, model: str, img_size: int | tuple[int, int] | None) -> str:
-    """The recipe a run gets by default: the source's own (`Source.recipe`), else by input
-    size (tiny images the small one, larger ones DeiT's)."""
+def recipe_for(
+    data: str, model: str, img_size: int | tuple[int, int] | None, pretrained: bool = False
+) -> str:
+    """The recipe a run gets by default. Pretrained weights are fine-tuned: the fine-tune
+    recipe, or the small one for weights the size of the tiny models it was measured with.
+    From scratch: the source's own (`Source.recipe`), else by input size (tiny images the
+    small one, larger ones DeiT's)."""
     source = source_named(data)
-    if source.recipe:
+    if source.recipe and not pretrained:
         return source.recipe
     size = to_2tuple(img_size, "img_size") if img_size else None
     size = size or source.native_size or _model_size(model)
-    return "small" if max(size) <= 16 else "deit"
+    if max(size) <= TINY_MAX:
+        return "small"
+    return "finetune" if pretrained else "deit"
 
 
 def _weights_size(pretrained: str) -> tuple[int, int]:
@@ -232,9 +238,12 @@ def resolve_config(
     if not (model and is_timm_name(model)):
         opts = check_model_options(model, opts)  # before the size is read
     size = opts.get("img_size") or (_weights_size(pretrained) if pretrained and not model else None)
-    recipe = values.get("recipe") or recipe_for(spec, model, size)
+    recipe = values.get("recipe") or recipe_for(spec, model, size, pretrained=bool(pretrained))
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; expected one of {', '.join(RECIPES)}")
     preset = {k: v for k, v in RECIPES[recipe].items() if k in option_names(job)}
     opts = {**preset.get("model_opts", {}), **opts}
-    return job(**{**preset, **values, "model": model, "recipe": recipe, "model_opts": opts})
+    config = job(**{**preset, **values, "model": model, "recipe": recipe, "model_opts": opts})
+    if pretrained and not values.get("recipe"):
+        log.info("recipe %s for fine-tuning %s (--recipe chooses another)", recipe, pretrained)
+    return config
