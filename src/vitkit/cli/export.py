@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..files import check_output
-from ..model import SwinConfig, SwinTransformer, VisionTransformer
+from ..model import SwinTransformer, VisionTransformer, find_architecture
 from ..weights import inspect, load_any
 from . import options
 from .commands import add_command
@@ -129,11 +129,9 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
             "export the CNN with timm or torch.onnx.export"
         )
-    if isinstance(info.config, SwinConfig) and args.dynamic_img_size:
-        raise UserError(
-            "--dynamic-img-size: a Swin exports at a fixed image size (its windows, padding "
-            "and shift masks follow the input size, which torch.export does not trace); drop it"
-        )
+    arch = find_architecture(info.config)
+    if arch is not None and arch.fixed_export_size is not None and args.dynamic_img_size:
+        raise UserError(f"--dynamic-img-size: {arch.fixed_export_size}; drop it")
     model = load_any(info, num_heads=args.num_heads, arch=args.arch)
     model.data_config = options.prepared(model.data_config, args)
     if args.precision == "int8" and args.format != "onnx":

@@ -40,6 +40,8 @@ class Architecture:
             class-token maps over the tokens) or 'gradcam' (Grad-CAM on the last map).
         fused_cpu: whether the family has the fused CPU inference path (`set_fast_path`).
         default_out_indices: config -> the feature indices timm's `features_only` reads.
+        fixed_export_size: why its exports (ONNX, `torch.export`) take one image size, which
+            refuses `dynamic_img_size=True`; None: they take what the model does.
     """
 
     name: str
@@ -54,6 +56,7 @@ class Architecture:
     explanation: str | None = "attention"
     fused_cpu: bool = False
     default_out_indices: Callable[[Any], int | Sequence[int] | None] = lambda config: 3
+    fixed_export_size: str | None = None
 
     def __post_init__(self) -> None:
         if self.explanation not in (*EXPLANATIONS, None):
