@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from ..files import check_output
-from ..model import SwinTransformer, VisionTransformer, find_architecture
+from ..model import find_architecture
 from ..weights import inspect, load_any
+from ..weights.families import weights_family
 from . import options
 from .commands import add_command
 from .errors import UserError
@@ -64,13 +65,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     model = _exportable(args)
     if args.format in ("hf", "timm"):
-        from ..weights.folders import save_hf_folder, save_timm_folder
-        from ..weights.swin_export import save_hf_swin_folder, save_timm_swin_folder
-
-        save = save_hf_folder if args.format == "hf" else save_timm_folder
-        if isinstance(model, SwinTransformer):
-            save = save_hf_swin_folder if args.format == "hf" else save_timm_swin_folder
-        save(model, args.output)
+        folders = weights_family(model.config).folders
+        if args.format not in folders:
+            title = find_architecture(model.config).title
+            raise UserError(f"vitkit writes no {args.format} folder of a {title}; export onnx")
+        folders[args.format](model, args.output)
         loads = {
             "hf": "transformers' from_pretrained; its image processor (AutoImageProcessor: "
             "TimmWrapperImageProcessor) needs timm installed",
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _write_file(model: VisionTransformer, args: argparse.Namespace) -> list[str]:
+def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
     """Write the ONNX file or torch.export program; what it carries besides the model."""
     from ..export import CLASS_NAMES_PROP, DATA_CONFIG_PROP, export_onnx, onnx_metadata
 
@@ -119,8 +118,8 @@ def _write_file(model: VisionTransformer, args: argparse.Namespace) -> list[str]
     return [what for key, what in named if key in props]
 
 
-def _exportable(args: argparse.Namespace) -> VisionTransformer:
-    """The checkpoint's ViT at the asked precision; what the format cannot take is refused."""
+def _exportable(args: argparse.Namespace) -> torch.nn.Module:
+    """The checkpoint's model at the asked precision; what the format cannot take is refused."""
     if args.verify and args.format != "onnx":
         raise UserError(f"--verify checks ONNX files; drop it for --format {args.format}")
     info = inspect(args.checkpoint, num_heads=args.num_heads, arch=args.arch)

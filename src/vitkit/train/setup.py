@@ -28,7 +28,7 @@ from ..model.onednn_support import native_bf16
 from ..model.vit.onednn import MIN_FEATURES
 from ..weights import inspect, load_pretrained, load_state_dict
 from ..weights.cnn import create_timm_classifier, is_timm_name
-from ..weights.timm import check_arch
+from ..weights.families import check_arch
 from .config import JobConfig, TrainConfig
 from .distributed import barrier, make_loader, world
 from .fit import Progress, fit
