@@ -26,10 +26,15 @@ from .checkpoint import saved_shapes_problem
 from .swin import folders as swin_folders
 from .swin import parity as swin_parity
 from .swin import reading as swin_reading
-from .swin.timm import fill_swin
+from .swin import timm as swin_timm
 from .vit import folders as vit_folders
+from .vit import layout as vit_layout
 from .vit import parity as vit_parity
+from .vit import pretrained as vit_pretrained
 from .vit import reading as vit_reading
+from .vit import timm as vit_timm
+
+# The ViT's converters, which `vitkit.convert` publishes (their room is imported here only).
 from .vit.hf import from_hf, to_hf, to_hf_config
 from .vit.jax import from_jax
 from .vit.layout import (
@@ -39,13 +44,8 @@ from .vit.layout import (
     expected_shapes,
     infer_config,
 )
-from .vit.layout import (
-    saved_shapes_problem as vit_saved_shapes_problem,
-)
-from .vit.pretrained import fill_vit
 from .vit.reference import source_model
-from .vit.timm import ARCH_FIELDS, from_timm, timm_kwargs, to_timm
-from .vit.timm import check_arch as vit_check_arch
+from .vit.timm import from_timm, timm_kwargs, to_timm
 from .vit.torchvision import from_torchvision, torchvision_kwargs
 
 Reader = Callable[..., tuple[dict[str, Tensor], Any]]
@@ -65,6 +65,10 @@ def _no_check(config: Any, arch: str, overrides: Mapping[str, Any] | None = None
 
 def _same(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return state_dict
+
+
+def _nothing_assumed(config: Any, stated: Mapping[str, Any]) -> tuple[str, ...]:
+    return ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ class WeightsFamily:
     name_fields: tuple[str, ...] = ()
     parity: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     timm_sizes: Callable[[Any], dict[str, Any]] = _no_options
-    timm_assumed: Callable[[Any, Mapping[str, Any]], tuple[str, ...]] = lambda c, s: ()
+    timm_assumed: Callable[[Any, Mapping[str, Any]], tuple[str, ...]] = _nothing_assumed
     reference_model: Callable[[str, Any, Any], nn.Module] | None = None
     timm_reference: str = ""
     folders: Mapping[str, Callable[[nn.Module, Any], Path]] = field(default_factory=dict)
@@ -140,15 +144,15 @@ VIT = WeightsFamily(
         "torchvision": vit_reading.read_torchvision,
         "jax": vit_reading.read_jax,
     },
-    fill=fill_vit,
-    saved_shapes_problem=vit_saved_shapes_problem,
+    fill=vit_pretrained.fill_vit,
+    saved_shapes_problem=vit_layout.saved_shapes_problem,
     named_options=vit_reading.named_options,
     folder_options=vit_reading.folder_options,
     builders=vit_reading.builders(),
-    check_arch=vit_check_arch,
+    check_arch=vit_timm.check_arch,
     model_reading=vit_reading.model_reading,
     native_keys=vit_reading.native_keys,
-    name_fields=tuple(f for f in ARCH_FIELDS if not f.startswith("dynamic_")),
+    name_fields=tuple(f for f in vit_timm.ARCH_FIELDS if not f.startswith("dynamic_")),
     parity={"torchvision": vit_parity.torchvision_parity, "jax": vit_parity.jax_parity},
     timm_sizes=vit_parity.timm_sizes,
     timm_assumed=vit_parity.timm_assumed,
@@ -169,7 +173,7 @@ SWIN = WeightsFamily(
         "hf": swin_reading.read_hf,
         "torchvision": swin_reading.read_torchvision,
     },
-    fill=fill_swin,
+    fill=swin_timm.fill_swin,
     folder_options=swin_reading.folder_options,
     builders=swin_reading.builders(),
     parity={"torchvision": swin_parity.torchvision_parity},
