@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "options": set(),
     "model": {"options"},
     "data": {"options"},
-    "weights": {"model", "data", "files"},
+    "weights": {"model", "data", "files", "options"},
     "summary": {"model"},
     "plots": {"model", "files"},
     "explain": {"model", "data", "plots"},

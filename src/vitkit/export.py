@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from .files import atomic_write, check_output
-from .model import SwinBackbone, SwinTransformer, VisionTransformer, ViTBackbone
+from .model import ViTBackbone, architecture_of, build_model
 
 log = logging.getLogger(__name__)
 
@@ -52,23 +52,26 @@ DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data 
 CLASS_NAMES_PROP = "vitkit_class_names"  # metadata_props key: the class names (JSON list)
 ONNX_PRECISIONS = ("fp32", "int8")
 
-Exportable = VisionTransformer | SwinTransformer | ViTBackbone
+# A model of a vitkit family (`VisionTransformer`, `SwinTransformer`, ...) or its feature
+# backbone (a `ViTBackbone`).
+Exportable = nn.Module
 
 
-def _vit(module: Exportable) -> VisionTransformer | SwinTransformer:
+def _vit(module: Exportable) -> nn.Module:
     return module.model if isinstance(module, ViTBackbone) else module
 
 
 def exports_dynamic_img_size(module: Exportable, asked: bool | None) -> bool:
     """Whether an export of `module` takes other image sizes: `asked`, or (None) the model's
-    own setting; a Swin's export always has a fixed size (see above), True is refused."""
-    if not isinstance(_vit(module), SwinTransformer):
+    own setting; a family whose exports have a fixed size (`Architecture.fixed_export_size`:
+    the Swin, see above) refuses True."""
+    fixed = architecture_of(_vit(module)).fixed_export_size
+    if fixed is None:
         return _vit(module).patch_embed.dynamic_img_size if asked is None else asked
     if asked:
         raise ValueError(
-            "a Swin exports at a fixed image size (its windows, padding and shift masks follow "
-            "the input size, which torch.export does not trace); export one file per size "
-            "after model.set_input_size(img_size=...), without dynamic_img_size"
+            f"{fixed}; export one file per size after model.set_input_size(img_size=...), "
+            "without dynamic_img_size"
         )
     return False
 
@@ -93,7 +96,7 @@ def _weight_bytes(module: Exportable) -> int:
 
 def _output_names(module: Exportable) -> list[str]:
     if isinstance(module, ViTBackbone):
-        unit = "stage" if isinstance(module, SwinBackbone) else "block"
+        unit = architecture_of(module).feature_unit
         return [f"{unit}{i}" for i in module.out_indices]
     return ["logits" if module.num_classes else "features"]
 
@@ -105,7 +108,7 @@ def _with_dynamic_img_size(module: Exportable) -> Exportable:
         return module
     param = next(vit.parameters())
     with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the user's RNG
-        copy = VisionTransformer(vit.config.replace(dynamic_img_size=True))
+        copy = build_model(vit.config.replace(dynamic_img_size=True))
     copy.load_state_dict(vit.state_dict())
     copy = copy.to(device=param.device, dtype=param.dtype).train(vit.training)
     if isinstance(module, ViTBackbone):
@@ -114,7 +117,7 @@ def _with_dynamic_img_size(module: Exportable) -> Exportable:
 
 
 def _dynamic_shapes(
-    vit: VisionTransformer, dynamic_batch: bool, dynamic_img_size: bool
+    vit: nn.Module, dynamic_batch: bool, dynamic_img_size: bool
 ) -> tuple[dict[int, object]]:
     dims: dict[int, object] = {}
     if dynamic_batch:

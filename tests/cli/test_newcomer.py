@@ -43,7 +43,7 @@ def test_fine_tune_evaluate_predict_explain_and_export_a_folder(
     )
     training = f"training {weights} (fine-tuned) on {pets}: 12 train / 6 val / 4 test images"
     assert any(
-        m.startswith(f"{training}, 2 classes, recipe deit, cpu, lr ")
+        m.startswith(f"{training}, 2 classes, recipe finetune, cpu, lr ")
         and m.endswith(f", 1 epoch -> {run}")
         for m in caplog.messages
     )

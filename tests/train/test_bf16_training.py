@@ -16,10 +16,10 @@ from _helpers import run_benchmark
 from vitkit import VisionTransformer, create_model
 from vitkit.model.onednn_support import native_bf16
 from vitkit.model.vit.onednn import OneDNNBlock
-from vitkit.train import setup
 from vitkit.train.config import TrainConfig
 from vitkit.train.loop import autocast
 from vitkit.train.optim import build_optimizer
+from vitkit.train.tasks import classification as setup
 
 STEPS = 10
 LR = 1e-3

@@ -16,7 +16,7 @@ import vitkit
 import vitkit.cli
 from vitkit.data import eval_transform
 from vitkit.data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
-from vitkit.weights.folders import save_hf_folder, save_timm_folder
+from vitkit.weights.vit.folders import save_hf_folder, save_timm_folder
 
 NAMES = ["cat", "dog", "eel"]
 

@@ -12,7 +12,7 @@ from _parity import TOL, images, randomize
 import vitkit
 from _helpers import optional_import, requires_transformers
 from vitkit import CheckpointError, convert
-from vitkit.weights.swin_hf import from_hf_or_swin
+from vitkit.weights.families import reader
 
 transformers = optional_import("transformers")
 pytestmark = requires_transformers  # every test here runs transformers
@@ -162,7 +162,7 @@ def test_two_tower_checkpoint_loads_its_vision_tower(family, tmp_path, caplog):
         config = transformers.SiglipConfig(vision_config=vision, text_config=TEXT)
         source = scrambled(transformers.SiglipModel(config))
     source.save_pretrained(tmp_path)
-    with caplog.at_level("INFO", logger="vitkit.weights.hf_families"):
+    with caplog.at_level("INFO", logger="vitkit.weights.vit.hf_families"):
         model = vitkit.load_pretrained(tmp_path)
     assert "loading the vision tower, dropped" in caplog.text
     x = images(32, batch=2)
@@ -221,7 +221,7 @@ def test_without_config_hf_defaults_hold(caplog):
     source = scrambled(transformers.CLIPVisionModel(config))
     with pytest.raises(CheckpointError, match=r"width 64 is not a standard ViT size"):
         vitkit.load_pretrained(source.state_dict())
-    with caplog.at_level("INFO", logger="vitkit.weights.hf_families"):
+    with caplog.at_level("INFO", logger="vitkit.weights.vit.hf_families"):
         model = vitkit.load_pretrained(source.state_dict(), num_heads=4)
     assert "assuming hidden_act 'quick_gelu' and layer_norm_eps 1e-05" in caplog.text
     x = images(32, batch=2)
@@ -269,7 +269,7 @@ def test_detection_and_the_processor_data_config(tmp_path):
     the data config (CLIPImageProcessor: shortest edge 40, centre crop 32, CLIP statistics)."""
     assert convert.detect_format({"vision_model.embeddings.patch_embedding.weight": 0}) == "hf"
     assert convert.detect_format({"embeddings.patch_embedding.weight": 0}) == "hf"
-    assert convert.CONVERTERS["hf"] is from_hf_or_swin  # one 'hf' format for every family
+    assert convert.CONVERTERS["hf"] is reader("hf")  # one 'hf' format for every family
     config = transformers.CLIPVisionConfig(**SMALL, intermediate_size=128)
     transformers.CLIPVisionModel(config).save_pretrained(tmp_path)
     processor = transformers.CLIPImageProcessor(

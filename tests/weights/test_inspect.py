@@ -21,7 +21,7 @@ from vitkit.weights import (
     load_any,
 )
 from vitkit.weights import info as info_module
-from vitkit.weights.folders import save_hf_folder, save_timm_folder
+from vitkit.weights.vit.folders import save_hf_folder, save_timm_folder
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=3)
 NAMES = ["cat", "dog", "eel"]

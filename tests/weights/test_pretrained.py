@@ -157,7 +157,7 @@ def test_load_pretrained_across_encoder_layouts(tmp_path):
 
 def test_patch_embedding_pi_resize_matches_timm():
     timm = pytest.importorskip("timm", reason="timm not installed")
-    from vitkit.weights.pretrained import resample_patch_embed
+    from vitkit.model.layers.pos_embed import resample_patch_embed
 
     weight = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     for new_size in [(8, 8), (32, 32), (14, 14), (16, 8)]:

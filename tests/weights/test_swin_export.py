@@ -15,7 +15,7 @@ import vitkit
 from _helpers import optional_import, requires_timm, requires_transformers
 from vitkit import cli
 from vitkit.data.data_config import DataConfig
-from vitkit.weights.swin_export import save_hf_swin_folder, save_timm_swin_folder
+from vitkit.weights.swin.folders import save_hf_swin_folder, save_timm_swin_folder
 
 transformers = optional_import("transformers")
 timm = optional_import("timm")

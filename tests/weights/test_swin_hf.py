@@ -14,7 +14,7 @@ import vitkit
 from _helpers import optional_import, requires_torchvision, requires_transformers
 from vitkit import CheckpointError, SwinTransformer, cli, load_pretrained
 from vitkit.weights import inspect, load_any
-from vitkit.weights.swin_torchvision import from_torchvision_swin, torchvision_swin_builder
+from vitkit.weights.swin.torchvision import from_torchvision_swin, torchvision_swin_builder
 
 transformers = optional_import("transformers")
 tv_swin = optional_import("torchvision.models.swin_transformer")

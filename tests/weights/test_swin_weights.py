@@ -10,7 +10,7 @@ import torch
 from _helpers import optional_import, perturb, relative_error, requires_timm
 from vitkit import CheckpointError, SwinTransformer, load_pretrained
 from vitkit.weights import inspect, load_any
-from vitkit.weights.swin import timm_swin_layout
+from vitkit.weights.swin.timm import timm_swin_layout
 
 timm = optional_import("timm")
 RTOL = 1e-5

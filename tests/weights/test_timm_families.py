@@ -207,6 +207,6 @@ def test_exporters_without_the_options_refuse_them():
 @requires_timm
 def test_weights_without_a_name_log_what_they_assume(caplog):
     source = _timm_model("vit_small_patch16_224", embed_dim=96, num_heads=4)
-    with caplog.at_level(logging.INFO, logger="vitkit.weights.timm"):
+    with caplog.at_level(logging.INFO, logger="vitkit.weights.vit.timm"):
         convert.from_timm(source.state_dict(), num_heads=4)
     assert "assuming exact GELU, pre-norm blocks and the norm epsilon 1e-06" in caplog.text

@@ -9,7 +9,7 @@ from _parity import TOL, images, randomize
 
 import vitkit
 from vitkit import CheckpointError, convert
-from vitkit.weights.reference import source_model
+from vitkit.weights.vit.reference import source_model
 
 
 def test_torchvision_small_parity():
@@ -186,7 +186,7 @@ def test_the_builders_table_is_torchvisions():
     """`TORCHVISION_BUILDERS` holds each builder's sizes (read from the model it builds, on the
     meta device), and `torchvision_builder` tells them from a config."""
     torchvision = pytest.importorskip("torchvision", reason="torchvision not installed")
-    from vitkit.weights.torchvision import TORCHVISION_BUILDERS, torchvision_builder
+    from vitkit.weights.vit.torchvision import TORCHVISION_BUILDERS, torchvision_builder
 
     for name, (patch, layers, heads, hidden, mlp) in TORCHVISION_BUILDERS.items():
         with torch.device("meta"):

@@ -14,8 +14,8 @@ from _helpers import optional_import, requires_transformers
 from vitkit import CheckpointError
 from vitkit.model import SimpleFeaturePyramid, VisionTransformer
 from vitkit.weights.detect import detect_format
-from vitkit.weights.hf_families import hf_family
-from vitkit.weights.vitdet import from_hf_vitdet
+from vitkit.weights.vit.hf_families import hf_family
+from vitkit.weights.vit.vitdet import from_hf_vitdet
 
 transformers = optional_import("transformers")
 pytestmark = requires_transformers

@@ -44,7 +44,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import SwinConfig, list_models
+    from ..model import list_models
     from ..weights import load_pretrained, save
     from ..weights.parity import reading_options
 
@@ -54,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     reading = reading_options(args.input, args.source, arch=args.arch, num_heads=args.num_heads)
     model = load_pretrained(args.input, format=args.source, hf_config=args.hf_config, **reading)
     cfg = model.config
-    depth = f"depths {cfg.depths}" if isinstance(cfg, SwinConfig) else f"depth {cfg.depth}"
-    windows = f", windows {cfg.windows}" if isinstance(cfg, SwinConfig) else ""
+    staged = hasattr(cfg, "depths")  # a family of stages (the Swin) has depths and windows
+    depth = f"depths {cfg.depths}" if staged else f"depth {cfg.depth}"
+    windows = f", windows {cfg.windows}" if staged else ""
     print(
         f"converted {len(model.state_dict())} tensors: embed_dim {cfg.embed_dim}, {depth}, "
         f"heads {cfg.num_heads}{windows}, patch {cfg.patch_size}, img_size {cfg.img_size}, "

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from ..files import check_output
-from ..model import SwinConfig, SwinTransformer, VisionTransformer
+from ..model import find_architecture
 from ..weights import inspect, load_any
+from ..weights.families import weights_family
 from . import options
 from .commands import add_command
 from .errors import UserError
@@ -62,13 +63,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     model = _exportable(args)
     if args.format in ("hf", "timm"):
-        from ..weights.folders import save_hf_folder, save_timm_folder
-        from ..weights.swin_export import save_hf_swin_folder, save_timm_swin_folder
-
-        save = save_hf_folder if args.format == "hf" else save_timm_folder
-        if isinstance(model, SwinTransformer):
-            save = save_hf_swin_folder if args.format == "hf" else save_timm_swin_folder
-        save(model, args.output)
+        folders = weights_family(model.config).folders
+        if args.format not in folders:
+            title = find_architecture(model.config).title
+            raise UserError(f"vitkit writes no {args.format} folder of a {title}; export onnx")
+        folders[args.format](model, args.output)
         loads = {
             "hf": "transformers' from_pretrained; its image processor (AutoImageProcessor: "
             "TimmWrapperImageProcessor) needs timm installed",
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _write_file(model: VisionTransformer, args: argparse.Namespace) -> list[str]:
+def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
     """Write the ONNX file or torch.export program; what it carries besides the model."""
     from ..export import CLASS_NAMES_PROP, DATA_CONFIG_PROP, export_onnx, onnx_metadata
 
@@ -117,8 +116,8 @@ def _write_file(model: VisionTransformer, args: argparse.Namespace) -> list[str]
     return [what for key, what in named if key in props]
 
 
-def _exportable(args: argparse.Namespace) -> VisionTransformer:
-    """The checkpoint's ViT at the asked precision; what the format cannot take is refused."""
+def _exportable(args: argparse.Namespace) -> torch.nn.Module:
+    """The checkpoint's model at the asked precision; what the format cannot take is refused."""
     if args.verify and args.format != "onnx":
         raise UserError(f"--verify checks ONNX files; drop it for --format {args.format}")
     info = inspect(args.checkpoint, num_heads=args.num_heads, arch=args.arch)
@@ -127,11 +126,9 @@ def _exportable(args: argparse.Namespace) -> VisionTransformer:
             f"{args.checkpoint} holds a timm CNN ({info.cnn['name']}); vitkit exports ViTs: "
             "export the CNN with timm or torch.onnx.export"
         )
-    if isinstance(info.config, SwinConfig) and args.dynamic_img_size:
-        raise UserError(
-            "--dynamic-img-size: a Swin exports at a fixed image size (its windows, padding "
-            "and shift masks follow the input size, which torch.export does not trace); drop it"
-        )
+    arch = find_architecture(info.config)
+    if arch is not None and arch.fixed_export_size is not None and args.dynamic_img_size:
+        raise UserError(f"--dynamic-img-size: {arch.fixed_export_size}; drop it")
     model = load_any(info, num_heads=args.num_heads, arch=args.arch)
     model.data_config = options.prepared(model.data_config, args)
     if args.precision == "int8" and args.format != "onnx":

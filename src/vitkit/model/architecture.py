@@ -42,6 +42,8 @@ class Architecture:
         default_out_indices: config -> the feature indices timm's `features_only` reads.
         masked_autoencoder: (encoder, **options) -> the family's MAE pretraining model
             (`vitkit pretrain`); None where the family has none.
+        fixed_export_size: why its exports (ONNX, `torch.export`) take one image size, which
+            refuses `dynamic_img_size=True`; None: they take what the model does.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Architecture:
     fused_cpu: bool = False
     default_out_indices: Callable[[Any], int | Sequence[int] | None] = lambda config: 3
     masked_autoencoder: Callable[..., nn.Module] | None = None
+    fixed_export_size: str | None = None
 
     def __post_init__(self) -> None:
         if self.explanation not in (*EXPLANATIONS, None):

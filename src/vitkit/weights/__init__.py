@@ -1,16 +1,19 @@
 """Weights in and out: safe checkpoints, and converters for timm, Hugging Face, torchvision and
-the JAX npz files of google-research/vision_transformer, one module per source. Imports the
-model package only.
+the JAX npz files of google-research/vision_transformer, per model family. Imports the model
+package only (and data's DataConfig).
 
     checkpoint   safetensors + config in the metadata; torch.load(weights_only=True)
-    layout       vitkit's (= timm's) keys: config inference, expected shapes, the shape check
-    timm hf torchvision jax   from_* / to_* converters of each source
-    detect       format detection, the converter table, `weights_file` of a hub folder
+    families     the weights registry: one WeightsFamily record per family, which the modules
+                 here ask instead of naming a model class or reading a family's keys
+    vit/ swin/   each family's converters in and out (from_* / to_*), key patterns, fitting,
+                 folder exporters and parity checks
+    detect       format detection and the converter of each format (any family)
     info         `inspect`: what a weights file or folder is, read once (`WeightsInfo`)
-    pretrained   `load_pretrained`: any ViT weights into a ready (or a given) model
+    pretrained   `load_pretrained`: any family's weights into a ready (or a given) model
     loading      `load` (a checkpoint vitkit wrote) and `load_any` (any weights, as they are)
-    reference    the source library's own model, and the name a source records (optional imports)
+    reference    `Parity` and the references every family shares (optional imports)
     parity       the converted model beside the source library's own model (`vitkit convert`)
+    hub source preprocessing cnn   Hub files, what load_pretrained read, data configs, CNNs
 """
 
 from .checkpoint import (
@@ -19,8 +22,8 @@ from .checkpoint import (
     MissingOptionError,
     load_state_dict,
     save,
+    weights_file,
 )
-from .detect import weights_file
 from .info import WeightsInfo, inspect
 from .loading import load, load_any
 from .pretrained import load_pretrained

@@ -12,9 +12,8 @@ import json
 import logging
 import os
 import pickle
-import re
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, safe_open
 from safetensors.torch import save as serialize_safetensors
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..data.data_config import DataConfig
 from ..data.datasets import TEST_FRACTION, VAL_FRACTION
 from ..files import atomic_write
-from ..model import SwinConfig, SwinCrConfig, VisionTransformer, ViTConfig, build_model
+from ..model import architecture_of, architectures, build_model, get_architecture
 from ..model.layers.patch_embed import to_2tuple
 from ..options import FRACTION, NON_NEGATIVE, Options, keyword_forms, option, option_names
 from .cnn import TIMM_KEY, timm_metadata
@@ -37,8 +36,15 @@ log = logging.getLogger(__name__)
 
 CONFIG_KEY = "vitkit_config"
 META_KEY = "vitkit_meta"
-# The architecture of a file's config when it is not a ViT ('swin', 'swin_cr'); absent for a ViT.
+# The architecture record (`vitkit.model.get_architecture`) of a file's config: 'vit', 'swin',
+# 'swin_cr'; files written before every family recorded it are ViTs.
 ARCH_KEY = "vitkit_architecture"
+_UNRECORDED_ARCH = "vit"
+
+
+# The weights file of a Hugging Face `save_pretrained` / Hub folder (timm's Hub folders too),
+# in order of preference.
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 class CheckpointError(ValueError):
@@ -56,8 +62,9 @@ class WeightsReading(Options):
     hf_config: str | None = option(None, "a Hugging Face config.json", metavar="PATH")
 
 
-# How a hint writes each option of the Python API (a command line writes its own flags).
-OPTION_FORMS = keyword_forms(WeightsReading, ViTConfig)
+# How a hint writes each option of the Python API, every family's model options among them (a
+# command line writes its own flags).
+OPTION_FORMS = keyword_forms(WeightsReading, *(arch.config_class for arch in architectures()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,9 +158,7 @@ class ArchMismatchError(CheckpointError):
         )
 
 
-def save(
-    model: VisionTransformer, path: str | os.PathLike, meta: dict[str, Any] | None = None
-) -> None:
+def save(model: nn.Module, path: str | os.PathLike, meta: dict[str, Any] | None = None) -> None:
     """Save weights as safetensors, with `model.config` and `meta` (e.g. class names) as JSON;
     the model's `data_config` (how its inputs are prepared) goes into `meta` unless it has one.
 
@@ -161,11 +166,14 @@ def save(
     """
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     timm_spec = timm_metadata(model)  # a timm CNN (`--model timm:NAME`)
-    metadata = (
-        {TIMM_KEY: timm_spec} if timm_spec else {CONFIG_KEY: json.dumps(model.config.to_dict())}
-    )
-    if isinstance(getattr(model, "config", None), SwinConfig):
-        metadata[ARCH_KEY] = "swin_cr" if isinstance(model.config, SwinCrConfig) else "swin"
+    if timm_spec:
+        metadata = {TIMM_KEY: timm_spec}
+    else:
+        config = model.config
+        metadata = {
+            CONFIG_KEY: json.dumps(config.to_dict()),
+            ARCH_KEY: architecture_of(config).name,
+        }
     data_config = getattr(model, "data_config", None)
     if data_config is not None and "data_config" not in (meta or {}):
         meta = {**(meta or {}), "data_config": data_config.to_dict()}
@@ -195,17 +203,18 @@ def _invalid_safetensors(path: Path, err: BaseException) -> str:
     )
 
 
-def saved_config(metadata: Mapping[str, str], path: Path) -> ViTConfig | SwinConfig:
-    """The `ViTConfig` (or `SwinConfig`) that `save` wrote into a file's metadata (checked,
-    not yet against the tensors: `check_header`)."""
+def saved_config(metadata: Mapping[str, str], path: Path) -> Any:
+    """The config (of its family's config class) that `save` wrote into a file's metadata
+    (checked, not yet against the tensors: `check_header`)."""
     if CONFIG_KEY not in metadata:
         raise CheckpointError(
             f"{path} has no vitkit config in its metadata; it was not written by vitkit.save. "
             "Load it with vitkit.load_pretrained()"
         )
-    config_cls = {"swin": SwinConfig, "swin_cr": SwinCrConfig}.get(
-        metadata.get(ARCH_KEY, ""), ViTConfig
-    )
+    try:
+        config_cls = get_architecture(metadata.get(ARCH_KEY, _UNRECORDED_ARCH)).config_class
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}; it was written by another vitkit") from None
     try:
         return config_cls.from_dict(json.loads(metadata[CONFIG_KEY]))
     except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as err:
@@ -223,7 +232,7 @@ def extra_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     return meta
 
 
-def read_metadata(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, Any]]:
+def read_metadata(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
     """The model config and the extra metadata stored by `save`."""
     metadata, _ = safetensors_header(path)
     config = saved_config(metadata, Path(path))
@@ -251,55 +260,31 @@ def header_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return safetensors_header(path)[1]
 
 
-def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
-    """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe built on
-    the meta device (no memory allocated), its block keys repeated `depth` times; ViTDet's
-    `global_blocks` from a probe of their own (their relative-position tables differ)."""
+def saved_shapes_problem(config: Any, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """How a saved config and its file's tensor shapes disagree (None: they agree), from the
+    config's whole model built on the meta device (no memory). A family with a cheaper or
+    stricter check gives its own (`WeightsFamily.saved_shapes_problem`)."""
     with torch.device("meta"):
-        probes = [VisionTransformer(config.replace(depth=1, drop_path_rate=0.0, global_blocks=()))]
-        if config.global_blocks:
-            probes.append(VisionTransformer(config.replace(depth=1, global_blocks=(0,))))
-    shapes = {}
-    for kind, probe in enumerate(probes):  # 0: the other blocks, 1: the global blocks
-        for key, value in probe.state_dict().items():
-            match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
-            if match is None:
-                shapes[key] = value.shape
-                continue
-            for i in range(config.depth):
-                if (i in config.global_blocks) == (kind == 1):
-                    shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
-    return shapes
+        expected = {k: v.shape for k, v in build_model(config).state_dict().items()}
+    report = mismatch_report(expected, shapes)
+    return f"its config does not match its tensors ({report})" if report else None
 
 
-def check_header(config: ViTConfig, shapes: Mapping[str, Sequence[int]], path: Path) -> None:
+def check_header(
+    config: Any,
+    shapes: Mapping[str, Sequence[int]],
+    path: Path,
+    problem: Callable[[Any, Mapping[str, Sequence[int]]], str | None] = saved_shapes_problem,
+) -> None:
     """Refuse a config that its file's tensors do not bear out, before any model is built: a
-    config is metadata anyone can edit, and a claimed depth or image size allocates memory."""
-    if isinstance(config, SwinConfig):  # a Swin's shapes, from the whole model on meta
-        with torch.device("meta"):
-            expected = {k: v.shape for k, v in build_model(config).state_dict().items()}
-        report = mismatch_report(expected, shapes)
-        if report:
-            raise CheckpointError(
-                f"{path}: its config does not match its tensors ({report}); the file is "
-                "damaged or its metadata was edited"
-            )
-        return
-    blocks = {int(m[1]) for k in shapes if (m := re.match(r"blocks\.(?:layers\.)?(\d+)\.", k))}
-    if len(blocks) != config.depth:
-        raise CheckpointError(
-            f"{path}: its config says depth {config.depth} but the file holds {len(blocks)} "
-            "blocks; the file is damaged or its metadata was edited"
-        )
-    report = mismatch_report(expected_shapes(config), shapes)
-    if report:
-        raise CheckpointError(
-            f"{path}: its config does not match its tensors ({report}); the file is damaged "
-            "or its metadata was edited"
-        )
+    config is metadata anyone can edit, and a claimed depth or image size allocates memory.
+    `problem` compares them (the config's family's check)."""
+    found = problem(config, shapes)
+    if found:
+        raise CheckpointError(f"{path}: {found}; the file is damaged or its metadata was edited")
 
 
-def saved_data_config(meta: dict[str, Any], config: ViTConfig, source: str) -> DataConfig | None:
+def saved_data_config(meta: dict[str, Any], config: Any, source: str) -> DataConfig | None:
     """The data config a vitkit checkpoint's metadata records: `data_config`, or for files
     written before it existed the training data's mean / std (they were resized, not
     cropped); None when it records neither."""
@@ -510,6 +495,13 @@ def mismatch_report(
     return "; ".join(parts) or None
 
 
+def strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The state dict without `prefix` when every key has it (e.g. DDP's `module.`)."""
+    if state_dict and all(k.startswith(prefix) for k in state_dict):
+        return {k[len(prefix) :]: v for k, v in state_dict.items()}
+    return dict(state_dict)
+
+
 def load_into(
     model: torch.nn.Module, state_dict: dict[str, Tensor], source: str = "state dict"
 ) -> None:
@@ -522,6 +514,24 @@ def load_into(
             "was made for this architecture (embed_dim, depth, patch size, num_classes)"
         )
     model.load_state_dict(state_dict, strict=True)
+
+
+def weights_file(path: str | os.PathLike) -> Path:
+    """The weights file of `path`: `model.safetensors` (else `pytorch_model.bin`) inside a
+    Hugging Face / timm hub folder, or `path` itself when it is not a folder.
+
+    A folder holding neither raises a CheckpointError; a missing file is left for the loader
+    to report.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for name in WEIGHTS_FILES:
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(
+        f"{path} is a folder without {' or '.join(WEIGHTS_FILES)}; pass a weights file"
+    )
 
 
 def _existing(path: str | os.PathLike) -> Path:

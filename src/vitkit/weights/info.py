@@ -29,9 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
-from ..model import ViTConfig, list_models
-from ..model.layers.patch_embed import to_2tuple
+from ..data.data_config import DataConfig
+from ..model import list_models
 from .checkpoint import (
     CONFIG_KEY,
     CheckpointError,
@@ -45,26 +44,22 @@ from .checkpoint import (
     safetensors_header,
     saved_config,
     saved_data_config,
+    weights_file,
 )
 from .cnn import TIMM_KEY, parse_spec
-from .detect import CONVERTERS, FORMATS, detect_format, weights_file
-from .folders import timm_folder_options
+from .detect import CONVERTERS, FORMATS, detect_format
+from .families import family_named, weights_family
 from .preprocessing import (
-    default_data_config,
+    LIBRARIES,
     hf_data_config,
     read_json_object,
     timm_data_config,
 )
-from .swin_export import swin_folder_options
-from .swin_torchvision import TORCHVISION_SWIN
 
 log = logging.getLogger(__name__)
 
 # The ONNX metadata key of the data config, as vitkit's export writes it.
 ONNX_DATA_CONFIG = "vitkit_data_config"
-
-# How messages name each source.
-LIBRARIES = {"timm": "timm", "hf": "Hugging Face", "torchvision": "torchvision", "jax": "JAX"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +74,8 @@ class WeightsInfo:
         folder: None for a file; 'timm' or 'hf' for a folder with that library's
             `config.json`, 'plain' for a folder without one.
         shapes: key -> shape of every tensor, as the file stores them.
-        config: the model's `ViTConfig`, saved or inferred; None when it cannot be told
-            (`error` says why) or the model is no ViT.
+        config: the model's config (its family's config class), saved or inferred; None
+            when it cannot be told (`error` says why) or the model is no vitkit family's.
         data_config: the preparation the source states (saved, `pretrained_cfg`,
             `preprocessor_config.json`, ONNX metadata); None when it states none.
         class_names: the names the source gives its classes, if any.
@@ -97,7 +92,7 @@ class WeightsInfo:
     weights_file: Path
     folder: str | None = None
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    config: ViTConfig | None = None
+    config: Any = None
     data_config: DataConfig | None = None
     class_names: tuple[str, ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -134,13 +129,13 @@ class WeightsInfo:
             return self.config.num_classes
         return self.cnn["num_classes"] if self.cnn else None
 
-    def require_config(self) -> ViTConfig:
+    def require_config(self) -> Any:
         """`config`, else the error that says why there is none."""
         if self.config is not None:
             return self.config
         if self.error is not None:
             raise self.error
-        raise CheckpointError(f"{self.path} is {self.kind}, not a ViT")
+        raise CheckpointError(f"{self.path} is {self.kind}, not a model of a vitkit family")
 
 
 def inspect(
@@ -160,7 +155,7 @@ def inspect(
         format: 'auto' (from the file and its key names) or one of `FORMATS`.
         num_heads, arch, hf_config: what the weights do not record (the converters'
             arguments; `hf_config` is a Hugging Face config.json, its path or a dict).
-        overrides: `ViTConfig` fields the config is inferred with.
+        overrides: config fields the config is inferred with.
 
     Raises a CheckpointError for a path that does not exist or a file that cannot be read;
     weights whose config cannot be inferred are answered with `error` set.
@@ -224,8 +219,7 @@ def _format_of(shapes: Mapping[str, tuple], hub: Mapping[str, Any], path: Path) 
     try:
         return detect_format(shapes)
     except CheckpointError:
-        architecture = hub.get("architecture")
-        if isinstance(architecture, str) and "patch_embed.proj.weight" not in shapes:
+        if isinstance(hub.get("architecture"), str):  # no family's keys: a CNN
             return "timm-cnn"
         keys = ", ".join(list(shapes)[:4])
         raise CheckpointError(
@@ -241,7 +235,7 @@ def _vitkit_info(
     """A checkpoint `save` wrote: its config, checked against the tensors, and its meta."""
     file = found["weights_file"]
     config = saved_config(metadata, file)
-    check_header(config, shapes, file)
+    check_header(config, shapes, file, weights_family(config).saved_shapes_problem)
     meta = extra_metadata(metadata, file)
     check_class_names(meta, config.num_classes, file)
     names = meta.get("class_names")
@@ -345,12 +339,8 @@ def _source_options(
         options["config"] = dict(hub)
     elif format == "timm" and folder == "timm":
         model_args = hub.get("model_args")
-        if isinstance(model_args, Mapping) and _swin_arch(hub.get("architecture")):
-            options.update(swin_folder_options(model_args))  # swin_export.py
-        elif isinstance(model_args, Mapping):
-            options.update(timm_folder_options(model_args))
-            if "img_size" in model_args:  # read by timm's converter for a Swin only (swin.py)
-                options["folder_img_size"] = model_args["img_size"]
+        if isinstance(model_args, Mapping):  # as the family its architecture names reads them
+            options.update(family_named(hub.get("architecture")).folder_options(model_args))
         if hub.get("architecture") in list_models():
             options["arch"] = hub["architecture"]
     if hf_config is not None:
@@ -364,7 +354,7 @@ def _source_options(
 
 def _infer(
     format: str, shapes: Mapping[str, tuple], options: Mapping[str, Any]
-) -> tuple[ViTConfig | None, CheckpointError | None]:
+) -> tuple[Any, CheckpointError | None]:
     """The config the converter infers from tensors of these shapes on the meta device (no
     memory), and none with the reason when it cannot."""
     probe = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
@@ -378,27 +368,17 @@ def _infer(
 
 
 def converter_options(format: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """`options` as `format`'s converter takes them: `arch` is read by the timm and JAX
-    converters, and for the others it gives the options the name states
-    (`timm.arch_options`) under the given ones."""
+    """`options` as `format`'s converter takes them: an `arch` gives what the family it names
+    says for that format (`WeightsFamily.named_options`); the Hugging Face config goes to the
+    'hf' converter only, a timm folder's img_size to the timm one."""
     options = dict(options)
-    if format in ("hf", "torchvision") and "arch" in options and not _swin_arch(options["arch"]):
-        from .timm import arch_options
-
-        options = {**arch_options(options.pop("arch")), **options}
+    if "arch" in options:
+        options = family_named(options["arch"]).named_options(format, options)
     if format != "hf":
         options.pop("config", None)
-    if format == "jax":
-        options.pop("fit_img_size", None)  # read by the others' converters for a Swin
     if format not in ("timm", "vitkit"):
-        options.pop("folder_img_size", None)  # a timm folder's img_size (swin.py)
+        options.pop("folder_img_size", None)  # a timm folder's img_size
     return options
-
-
-def _swin_arch(arch: Any) -> bool:
-    """Whether `arch` names a Swin, vitkit's or torchvision's builder (its converters read the
-    name themselves)."""
-    return isinstance(arch, str) and (arch in list_models("swin*") or arch in TORCHVISION_SWIN)
 
 
 @contextlib.contextmanager
@@ -414,7 +394,7 @@ def _quiet() -> Iterator[None]:
 
 
 def _stated_data_config(
-    path: Path, folder: str | None, hub: Mapping[str, Any], config: ViTConfig | None
+    path: Path, folder: str | None, hub: Mapping[str, Any], config: Any
 ) -> DataConfig | None:
     """The data config a folder states (beside a file: its folder's): timm's
     `pretrained_cfg` in `config.json`, else a `preprocessor_config.json` (read for the
@@ -430,7 +410,7 @@ def _stated_data_config(
     return processor_data_config(path, config) if config is not None else None
 
 
-def processor_data_config(path: Path, config: ViTConfig) -> DataConfig | None:
+def processor_data_config(path: Path, config: Any) -> DataConfig | None:
     """The data config of the Hugging Face `preprocessor_config.json` in folder `path` (or
     beside file `path`) for a model of `config`; None without one."""
     folder = path if path.is_dir() else path.parent
@@ -440,9 +420,7 @@ def processor_data_config(path: Path, config: ViTConfig) -> DataConfig | None:
     return hf_data_config(read_json_object(processor), config, str(processor))
 
 
-def _folder_class_names(
-    hub: Mapping[str, Any], config: ViTConfig | None, path: Path
-) -> tuple[str, ...] | None:
+def _folder_class_names(hub: Mapping[str, Any], config: Any, path: Path) -> tuple[str, ...] | None:
     """The class names a folder's config.json gives: timm's `label_names` (top level or in
     `pretrained_cfg`), Hugging Face's `id2label` unless it is the default `LABEL_i`."""
     names = hub.get("label_names")
@@ -462,38 +440,3 @@ def _folder_class_names(
     outputs = config.num_classes if config is not None else hub.get("num_classes", 0)
     check_class_names({"class_names": names}, outputs, path)
     return tuple(names)
-
-
-def assumed_data_config(format: str, config: ViTConfig | None, source: str) -> DataConfig:
-    """The preparation assumed for weights that state none, said in one log line: a vitkit
-    checkpoint's is vitkit's before checkpoints recorded it (resized, 0.5 / 0.5), a timm
-    CNN's timm's default for CNNs (ImageNet statistics, bicubic, crop 0.875), other weights
-    their family's documented default (`preprocessing.FAMILY_DEFAULTS`)."""
-    if format == "vitkit" and config is not None:
-        height, width = to_2tuple(config.img_size, "img_size")
-        assumed = DataConfig(input_size=(config.in_chans, height, width), mean=0.5, std=0.5,
-                             interpolation="bilinear", crop_mode="squash")  # fmt: skip
-        whose = "vitkit's"
-    elif config is None:  # a timm CNN: timm's `_cfg` of its CNNs
-        assumed = DataConfig(input_size=(3, 224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                             interpolation="bicubic", crop_pct=0.875)  # fmt: skip
-        whose = "timm's CNN"
-    else:
-        assumed = default_data_config(format, config)
-        whose = f"the {LIBRARIES.get(format, format)}"
-    log.info(
-        "%s states no data config; assuming %s defaults: mean %s, std %s, %s, %s",
-        source,
-        whose,
-        _numbers(assumed.mean),
-        _numbers(assumed.std),
-        assumed.interpolation,
-        "resized to the input size"
-        if assumed.crop_mode == "squash"
-        else f"centre crop {assumed.crop_pct:g}",
-    )
-    return assumed
-
-
-def _numbers(values: tuple[float, ...]) -> str:
-    return " ".join(f"{v:.4g}" for v in values)

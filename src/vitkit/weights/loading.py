@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from ..model import SwinConfig, VisionTransformer, ViTConfig, build_model
+from ..model import build_model
 from .checkpoint import (
     CheckpointError,
     check_class_names,
@@ -23,9 +23,10 @@ from .checkpoint import (
     mismatch_report,
 )
 from .cnn import rebuild
-from .info import WeightsInfo, assumed_data_config, inspect
+from .families import check_arch
+from .info import WeightsInfo, inspect
+from .preprocessing import assumed_data_config
 from .pretrained import load_pretrained
-from .timm import check_arch
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def load_any(
             f"{info.path} is an ONNX model; this needs PyTorch weights (a vitkit checkpoint, "
             "or timm / Hugging Face / torchvision / JAX weights)"
         )
-    if arch is not None and isinstance(info.config, ViTConfig):  # a Swin's is checked when read
+    if arch is not None and info.config is not None:  # its family checks it (or when read)
         check_arch(info.config, arch)  # a name of other sizes is another model
     if info.format == "vitkit" and num_heads not in (None, info.config.num_heads):
         raise CheckpointError(
@@ -94,9 +95,7 @@ def _built(info: WeightsInfo, map_location: str | torch.device) -> nn.Module:
     if info.format == "timm-cnn":
         model = _timm_cnn(info)
     else:
-        config = info.require_config()
-        swin = isinstance(config, SwinConfig)
-        model = build_model(config) if swin else VisionTransformer(config)
+        model = build_model(info.require_config())
     state_dict = dict(info.tensors) if info.tensors is not None else None
     if state_dict is None:
         state_dict = load_state_dict(info.weights_file, map_location=map_location)

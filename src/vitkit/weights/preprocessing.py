@@ -27,11 +27,13 @@ from ..data.data_config import (
     INCEPTION_STD,
     DataConfig,
 )
-from ..model import ViTConfig
 from ..model.layers.patch_embed import to_2tuple
 from .checkpoint import CheckpointError, saved_data_config
 
 log = logging.getLogger(__name__)
+
+# How messages name each source.
+LIBRARIES = {"timm": "timm", "hf": "Hugging Face", "torchvision": "torchvision", "jax": "JAX"}
 
 # PIL's resample codes, as Hugging Face image processors store them.
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -45,7 +47,7 @@ FAMILY_DEFAULTS: dict[str, tuple[tuple[float, ...], tuple[float, ...], str, floa
 }
 
 
-def default_data_config(format: str, config: ViTConfig) -> DataConfig:
+def default_data_config(format: str, config: Any) -> DataConfig:
     """The documented data config of `format`'s weights at `config`'s input size."""
     mean, std, interpolation, crop_pct = FAMILY_DEFAULTS[format]
     height, width = to_2tuple(config.img_size, "img_size")
@@ -68,7 +70,7 @@ def timm_data_config(pretrained_cfg: Mapping[str, Any], source: str) -> DataConf
     return DataConfig.from_dict(values, source)
 
 
-def hf_data_config(processor: Mapping[str, Any], config: ViTConfig, source: str) -> DataConfig:
+def hf_data_config(processor: Mapping[str, Any], config: Any, source: str) -> DataConfig:
     """A Hugging Face image processor's settings (`preprocessor_config.json`): timm's
     `pretrained_cfg` (`TimmWrapperImageProcessor`, as vitkit writes them), else resize to
     `size` (both sides: 'squash'; the shortest edge: then the centre `crop_size`), rescale to
@@ -130,7 +132,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
 def source_data_config(
     source: str | os.PathLike | Mapping[str, Any],
     format: str,
-    config: ViTConfig,
+    config: Any,
     meta: Mapping[str, Any] | None = None,
 ) -> DataConfig:
     """The data config of weights read from `source` in `format`, for a model of `config`.
@@ -157,3 +159,38 @@ def source_data_config(
         format = "timm"
     log.info("no data config beside the weights; using the %s defaults", format)
     return default_data_config(format, config)
+
+
+def assumed_data_config(format: str, config: Any, source: str) -> DataConfig:
+    """The preparation assumed for weights that state none, said in one log line: a vitkit
+    checkpoint's is vitkit's before checkpoints recorded it (resized, 0.5 / 0.5), a timm
+    CNN's timm's default for CNNs (ImageNet statistics, bicubic, crop 0.875), other weights
+    their family's documented default (`preprocessing.FAMILY_DEFAULTS`)."""
+    if format == "vitkit" and config is not None:
+        height, width = to_2tuple(config.img_size, "img_size")
+        assumed = DataConfig(input_size=(config.in_chans, height, width), mean=0.5, std=0.5,
+                             interpolation="bilinear", crop_mode="squash")  # fmt: skip
+        whose = "vitkit's"
+    elif config is None:  # a timm CNN: timm's `_cfg` of its CNNs
+        assumed = DataConfig(input_size=(3, 224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                             interpolation="bicubic", crop_pct=0.875)  # fmt: skip
+        whose = "timm's CNN"
+    else:
+        assumed = default_data_config(format, config)
+        whose = f"the {LIBRARIES.get(format, format)}"
+    log.info(
+        "%s states no data config; assuming %s defaults: mean %s, std %s, %s, %s",
+        source,
+        whose,
+        _numbers(assumed.mean),
+        _numbers(assumed.std),
+        assumed.interpolation,
+        "resized to the input size"
+        if assumed.crop_mode == "squash"
+        else f"centre crop {assumed.crop_pct:g}",
+    )
+    return assumed
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    return " ".join(f"{v:.4g}" for v in values)

@@ -1,14 +1,9 @@
-"""The source library's own model holding the original weights, for parity checks
-(`parity.py`), and what a source names of itself.
-
-Two kinds: the library's generic model built from vitkit's inferred config (`source_model`:
-timm `vision_transformer.py`, also for the npz files of google-research/vision_transformer read
-by timm's own npz loader; Hugging Face `modeling_vit.py`, DINOv2, CLIP and SigLIP through
-`hf_families.hf_family_model`; torchvision `vision_transformer.py`), which proves the key
-mapping; and the model the source itself describes: the timm name a file or folder records
-(`recorded_name`), transformers' model of a `config.json` read by its own `from_pretrained`
-(`hf_pretrained`), which proves the function. Each reference gives its outputs by vitkit's
-names (`Outputs`: 'output' is `model(x)`, 'features' the tokens, 'pooled' the pooled
+"""The source library's own model beside vitkit's, for parity checks (`parity.py` and the
+families' own checks, `vit/parity.py`, `swin/parity.py`): what a check compared (`Parity`), the
+comparison on a random batch, and the references every family shares: the model the source
+itself describes (transformers' model of a `config.json` read by its own `from_pretrained`,
+`hf_pretrained`; a timm model loaded strictly, `strict_load`), each giving its outputs by
+vitkit's names (`Outputs`: 'output' is `model(x)`, 'features' the tokens, 'pooled' the pooled
 features).
 
 The libraries are optional extras (`pip install -e '.[interop]'`), so each is imported only
@@ -20,154 +15,178 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..model import ViTConfig, get_config, list_models
-from .checkpoint import (
-    CONFIG_KEY,
-    META_KEY,
-    CheckpointError,
-    is_npz_file,
-    is_safetensors_file,
-    mismatch_report,
-    safetensors_header,
-    saved_config,
-)
-from .detect import FORMATS
-from .hf import LAYOUTS, from_hf, to_hf, to_hf_config
-from .hf_families import hf_family, hf_family_model
-from .layout import strip_prefix
-from .timm import ARCH_FIELDS, timm_kwargs
-from .torchvision import torchvision_kwargs
+from ..model import get_config, list_models
+from ..model.layers.patch_embed import to_2tuple
+from .checkpoint import OPTION_FORMS, mismatch_report
 
 # A reference's outputs on a batch, by vitkit's names.
 Outputs = Callable[[Tensor], dict[str, Tensor]]
-
-# The fields a vitkit checkpoint's config must share with its recorded name to be that model.
-_NAME_FIELDS = tuple(f for f in ARCH_FIELDS if not f.startswith("dynamic_"))
 
 
 class ReferenceMismatch(Exception):
     """The reference cannot hold the weights, or gives outputs of other shapes than vitkit's."""
 
 
-def source_model(format: str, config: ViTConfig, weights: Any) -> nn.Module:
-    """The source library's model of `config` holding the original `weights` (a state dict,
-    or the `.npz` path for 'jax', read by timm's own npz loader), in eval mode.
+# The largest |difference| accepted between the two models' outputs (float32, random weights).
+PARITY_TOLERANCE = 1e-4
 
-    Raises ImportError when the library is not installed. The model's `forward` returns
-    logits (Hugging Face's output is unwrapped).
+
+INSTALL = "pip install 'vitkit[interop]'"
+ACTIVATIONS = {"gelu": "exact GELU", "gelu_tanh": "tanh GELU", "quick_gelu": "QuickGELU"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parity:
+    """What a parity check compared, and what it could not.
+
+    Args:
+        reference: the model run beside vitkit's ("timm vit_base_patch16_224 (depth=2)");
+            None when none was built.
+        scope: 'function' (the source's own description of the model), 'mapping' (the
+            library's generic model built from vitkit's inferred config: the key mapping
+            only) or None (nothing compared).
+        difference: the largest |difference| of the outputs compared.
+        compared: which outputs ('logits', 'tokens', 'pooled features').
+        tolerance: the largest difference accepted.
+        refused: why the named reference cannot hold the weights (a mismatch).
+        note: why the check is not (or not fully) of the source's function.
+        assumed: what vitkit's config took that the weights do not record.
+        fix: (option, what it does): how to make the check complete.
     """
-    if format in ("timm", "vitkit", "jax"):
-        from timm.models import deit, vision_transformer
 
-        cls = deit.VisionTransformerDistilled if config.distilled else None
-        cls = cls or vision_transformer.VisionTransformer
-        model = cls(**timm_kwargs(config))
-        if format == "jax":
-            vision_transformer._load_weights(model, str(weights))
+    reference: str | None = None
+    scope: str | None = None
+    difference: float | None = None
+    compared: tuple[str, ...] = ()
+    tolerance: float = PARITY_TOLERANCE
+    refused: str | None = None
+    note: str | None = None
+    assumed: tuple[str, ...] = ()
+    fix: tuple[str, str] | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The reference disagreed: it refused the weights, or its outputs differ by more
+        than the tolerance."""
+        too_far = self.difference is not None and self.difference > self.tolerance
+        return self.refused is not None or too_far
+
+    @property
+    def ok(self) -> bool:
+        """The source's own model computes what vitkit's does (within the tolerance)."""
+        return self.scope == "function" and self.difference is not None and not self.failed
+
+    def line(self, forms: Mapping[str, str] = OPTION_FORMS) -> str:
+        """One line saying what was checked against what, and what was not; `forms` write
+        the options of the fix (`OPTION_FORMS`, or a command's flags)."""
+        if self.refused is not None:
+            return f"parity vs {self.reference}: MISMATCH: {self.refused}"
+        verdict = "MISMATCH, " if self.failed else "within "
+        if self.scope == "function":
+            verdict = "MISMATCH, " if self.failed else "ok, "
+            text = f"parity vs {self.reference}: {self._measured()}"
+        elif self.scope == "mapping":
+            text = (
+                f"parity: checked the key mapping only, against {self.reference} built from "
+                f"vitkit's inferred config: {self._measured()}"
+            )
         else:
-            model.load_state_dict(strip_prefix(weights, "module."), strict=True)
-        return model.eval()
-    if format == "torchvision":
-        from torchvision.models.vision_transformer import VisionTransformer as TVViT
+            text = f"parity{f' vs {self.reference}' if self.reference else ''}: not checked: "
+            text += str(self.note)
+        if self.scope is not None:
+            text += f" ({verdict}tolerance {self.tolerance:.0e})"
+            if self.note:
+                text += f"; {self.note}"
+        if self.assumed:
+            text += f"; the weights do not record {and_list(self.assumed)}"
+            if self.fix is not None:
+                option, purpose = self.fix
+                text += f": pass {forms.get(option, option + '=')} {purpose}"
+        return text
 
-        model = TVViT(**torchvision_kwargs(config))
-        model.load_state_dict(weights, strict=True)
-        return model.eval()
-    if format == "hf" and hf_family(weights) != "vit":  # DINOv2, CLIP, SigLIP
-        return hf_family_model(config, weights)
-    if format == "hf":
-        import transformers
-
-        hf_config = transformers.ViTConfig(**to_hf_config(config))
-        if config.num_classes:
-            inner = transformers.ViTForImageClassification(hf_config)
-        else:
-            inner = transformers.ViTModel(hf_config, add_pooling_layer=False)
-        own = set(inner.state_dict())
-        kept = {k: v for k, v in weights.items() if k in own}  # drops the unused pooler
-        if set(kept) != own:  # the other naming (Hub files vs transformers 5 modules)
-            converted = from_hf(weights, config=to_hf_config(config))
-            for layout in LAYOUTS:
-                kept = to_hf(*converted, layout=layout)
-                if set(kept) == own:
-                    break
-        inner.load_state_dict(kept, strict=True)
-        return _HFLogits(inner).eval()
-    raise ValueError(f"unknown format {format!r}; expected one of {FORMATS}")
+    def _measured(self) -> str:
+        what = and_list(tuple(dict.fromkeys(self.compared)))
+        return f"max |difference| {self.difference:.2e} over the {what} of a random batch of 2"
 
 
-class _HFLogits(nn.Module):
-    """A Hugging Face ViT whose forward returns a tensor: logits, or the final tokens."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.inner(pixel_values=x)
-        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+# -- the comparison ---------------------------------------------------------------------------
 
 
-# -- what a source names of itself ----------------------------------------------------------
+def compare(model: nn.Module, outputs: Outputs, **fields: Any) -> Parity:
+    """Both models on a random batch of 2: the largest |difference| over the outputs the
+    reference gives ('output': `model(x)`, 'features': the tokens, 'pooled': the pooled
+    features)."""
+    cfg = model.config
+    height, width = model.patch_embed.img_size
+    x = torch.randn(2, cfg.in_chans, height, width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = outputs(x)
+        features = model.forward_features(x)
+        ours = {
+            "output": model(x),
+            "features": features,
+            "pooled": model.forward_head(features, pre_logits=True),
+        }
+    names = {"output": "logits" if cfg.num_classes else "pooled features",
+             "features": "tokens", "pooled": "pooled features"}  # fmt: skip
+    for key, value in theirs.items():
+        if value.ndim == 3 and ours[key].ndim == 4:  # a Swin's NHWC map, as HF's tokens
+            ours[key] = ours[key].flatten(1, 2)  # (B, H * W, C)
+        if value.shape != ours[key].shape:
+            raise ReferenceMismatch(
+                f"its {names[key]} have shape {tuple(value.shape)}, vitkit's "
+                f"{tuple(ours[key].shape)}"
+            )
+    diff = max((ours[k] - v).abs().max().item() for k, v in theirs.items())
+    return Parity(difference=diff, compared=tuple(names[k] for k in theirs), **fields)
 
 
-def recorded_name(source: str | os.PathLike) -> str | None:
-    """The timm model name a file or folder records: a timm folder's `architecture`, the
-    `model_name` of a vitkit checkpoint whose config has that name's options, or a timm
-    training checkpoint's `arch` (or `pretrained_cfg['architecture']`); None if none."""
-    path = Path(source)
-    if path.is_dir():
-        config = path / "config.json"
-        try:
-            values = json.loads(config.read_text()) if config.is_file() else {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            return None
-        name = values.get("architecture") if isinstance(values, dict) else None
-        return name if isinstance(name, str) else None
+def run(model: nn.Module, build: Callable[[], Outputs], **fields: Any) -> Parity:
+    """`_compare` with the reference `build` makes; its refusal is a mismatch."""
     try:
-        if path.suffix == ".npz" or is_npz_file(path):
-            return None
-        if path.suffix == ".safetensors" or is_safetensors_file(path):
-            return _vitkit_name(path, safetensors_header(path)[0])
-        return _pickled_name(path)
-    except (CheckpointError, OSError):
-        return None
+        return compare(model, build(), **fields)
+    except ReferenceMismatch as err:
+        return Parity(refused=str(err), **fields)
+    except RuntimeError as err:  # torch's load_state_dict of a generic reference
+        reason = " ".join(str(err).split())[:300]
+        return Parity(refused=f"that model does not hold these weights ({reason})", **fields)
 
 
-def _vitkit_name(path: Path, metadata: Mapping[str, str]) -> str | None:
-    try:
-        meta = json.loads(metadata.get(META_KEY, "{}"))
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    name = meta.get("model_name") if isinstance(meta, dict) else None
-    if not isinstance(name, str) or CONFIG_KEY not in metadata:
-        return None
-    if name in list_models():  # the model options may have changed what the name computes
-        saved, named = saved_config(metadata, path), get_config(name)
-        if any(getattr(saved, f) != getattr(named, f) for f in _NAME_FIELDS):
-            return None
-    return name
+def not_installed(library: str, reference: str | None, **fields: Any) -> Parity:
+    return Parity(reference=reference, note=f"{library} is not installed ({INSTALL})", **fields)
 
 
-def _pickled_name(path: Path) -> str | None:
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # the conversion read it already; a name is optional
-        return None
-    if not isinstance(obj, dict):
-        return None
-    cfg = obj.get("pretrained_cfg")
-    name = cfg.get("architecture") if isinstance(cfg, dict) else obj.get("arch")
-    return name if isinstance(name, str) else None
+def and_list(items: tuple[str, ...]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def created(name: str, kwargs: Mapping[str, Any]) -> str:
+    """'timm NAME (depth=2)': the keyword arguments that differ from the name's own sizes."""
+    if name not in list_models():
+        return f"timm {name}"
+    named = get_config(name)
+    differ = [
+        f"{key}={value}"
+        for key, value in kwargs.items()
+        if hasattr(named, key) and _size(key, value) != _size(key, getattr(named, key))
+    ]
+    return f"timm {name}" + (f" ({', '.join(differ)})" if differ else "")
+
+
+def _size(key: str, value: Any) -> Any:
+    return to_2tuple(value, key) if key in ("img_size", "patch_size") else value
+
+
+# -- the references every family shares ------------------------------------------------------
 
 
 def folder_model_args(path: Path) -> dict[str, Any]:

@@ -17,6 +17,8 @@ _SWIN_FACTS = dict(
     explanation="gradcam",  # rollout does not apply across windows, shifts and merging
     fused_cpu=False,
     default_out_indices=lambda config: None,  # every stage, as timm
+    fixed_export_size="a Swin exports at a fixed image size (its windows, padding and shift "
+    "masks follow the input size, which torch.export does not trace)",
 )
 SWIN = Architecture(
     name="swin",

@@ -26,7 +26,7 @@ from ...model.vit.onednn import MIN_FEATURES
 from ...weights import inspect, load_pretrained, load_state_dict
 from ...weights.checkpoint import save
 from ...weights.cnn import create_timm_classifier, is_timm_name
-from ...weights.timm import check_arch
+from ...weights.families import check_arch
 from ..config import TrainConfig
 from ..distributed import barrier, make_loader, world
 from ..loop import evaluate

@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from ..model import ViTConfig
-from ..model.layers.patch_embed import to_2tuple
-from ..model.vit.config import hybrid_strides
-from ..model.vit.torch_encoder import torch_to_native_state_dict
-from .checkpoint import CheckpointError, MissingOptionError, expected_shapes, mismatch_report
+from ...model import VisionTransformer, ViTConfig
+from ...model.layers.patch_embed import to_2tuple
+from ...model.vit.config import hybrid_strides
+from ...model.vit.torch_encoder import torch_to_native_state_dict
+from ..checkpoint import CheckpointError, MissingOptionError, mismatch_report
 
 # embed_dim -> heads of the standard sizes (ViT paper Table 1; Ti and S from DeiT).
 STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -309,6 +310,37 @@ def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
 # -- the shape check ------------------------------------------------------------------------
 
 
+def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
+    """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe built on
+    the meta device (no memory allocated), its block keys repeated `depth` times; ViTDet's
+    `global_blocks` from a probe of their own (their relative-position tables differ)."""
+    with torch.device("meta"):
+        probes = [VisionTransformer(config.replace(depth=1, drop_path_rate=0.0, global_blocks=()))]
+        if config.global_blocks:
+            probes.append(VisionTransformer(config.replace(depth=1, global_blocks=(0,))))
+    shapes = {}
+    for kind, probe in enumerate(probes):  # 0: the other blocks, 1: the global blocks
+        for key, value in probe.state_dict().items():
+            match = re.fullmatch(r"blocks\.(layers\.)?0\.(.+)", key)
+            if match is None:
+                shapes[key] = value.shape
+                continue
+            for i in range(config.depth):
+                if (i in config.global_blocks) == (kind == 1):
+                    shapes[f"blocks.{match[1] or ''}{i}.{match[2]}"] = value.shape
+    return shapes
+
+
+def saved_shapes_problem(config: ViTConfig, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """How a saved config and its file's tensor shapes disagree (None: they agree), the block
+    count first: a claimed depth allocates the expected shapes' table."""
+    blocks = {int(m[1]) for k in shapes if (m := re.match(r"blocks\.(?:layers\.)?(\d+)\.", k))}
+    if len(blocks) != config.depth:
+        return f"its config says depth {config.depth} but the file holds {len(blocks)} blocks"
+    report = mismatch_report(expected_shapes(config), shapes)
+    return f"its config does not match its tensors ({report})" if report else None
+
+
 def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source: str) -> None:
     """Raise a CheckpointError unless `state_dict` has exactly the keys and shapes of
     `VisionTransformer(config)`."""
@@ -320,14 +352,7 @@ def check_state_dict(state_dict: Mapping[str, Tensor], config: ViTConfig, source
         )
 
 
-# -- helpers shared by the converters -------------------------------------------------------
-
-
-def strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The state dict without `prefix` when every key has it (e.g. DDP's `module.`)."""
-    if state_dict and all(k.startswith(prefix) for k in state_dict):
-        return {k[len(prefix) :]: v for k, v in state_dict.items()}
-    return dict(state_dict)
+# -- the exporters' starting point ----------------------------------------------------------
 
 
 def native_state_dict(

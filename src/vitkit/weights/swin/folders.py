@@ -1,14 +1,14 @@
 """Swin Transformer weights out: a Hugging Face folder (`SwinForImageClassification` /
 `Swinv2ForImageClassification`, or their `*Model` without a head) and a timm Hub-style folder
 (`swin_*` / `swinv2_*` architectures), each with the model's data config as that library's
-preprocessing (`folders.py`).
+preprocessing (as the ViT's, `weights/vit/folders.py`).
 
-The Hugging Face keys are the Hub file names `swin_hf.py` reads (the inverse mapping: `qkv`
+The Hugging Face keys are the Hub file names `hf.py` reads (the inverse mapping: `qkv`
 split into query / key / value, timm's merging at the start of stage N + 1 moved to the end of
 stage N); what Hugging Face's Swin cannot express is refused before anything is written:
 another pooling, a norm epsilon other than 1e-5 (its embedding and merging norms are fixed at
 it), windows per stage, and image sizes at which its windows differ from timm's
-(`swin_hf.check_same_windows`).
+(`hf.check_same_windows`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from typing import Any
 from safetensors.torch import save as serialize_safetensors
 from torch import Tensor
 
-from ..data.data_config import DataConfig
-from ..files import atomic_write
-from ..model import SwinConfig, SwinTransformer
-from ..model.swin.cr_config import SwinCrConfig
-from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
-from .folders import _class_names, _write_json, hf_processor
-from .hf_families import HF_ACTIVATIONS
-from .swin_hf import check_same_windows
+from ...data.data_config import DataConfig
+from ...files import atomic_write
+from ...model import SwinConfig, SwinTransformer
+from ...model.swin.cr_config import SwinCrConfig
+from ...model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
+from ..hub import HF_ACTIVATIONS, class_names, hf_processor, write_json
+from .hf import check_same_windows
 
 # timm block module -> the HF Hub file name under `encoder.layers.N.blocks.M.`
 _HF_BLOCK = {
@@ -142,7 +141,7 @@ def save_hf_swin_folder(model: SwinTransformer, folder: str | os.PathLike) -> Pa
     folder = Path(folder)
     config = to_hf_swin_config(model.config)  # refuses before anything is written
     tensors = to_hf_swin(model)
-    names = _class_names(model)
+    names = class_names(model)
     head = model.config.num_classes > 0
     stem = "Swin" if model.config.version == 1 else "Swinv2"
     config.update(
@@ -150,10 +149,10 @@ def save_hf_swin_folder(model: SwinTransformer, folder: str | os.PathLike) -> Pa
         id2label={str(i): name for i, name in enumerate(names)},
         label2id={name: i for i, name in enumerate(names)},
     )
-    _write_json(folder / "config.json", config)
+    write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
-    _write_json(folder / "preprocessor_config.json", hf_processor(swin_data_config(model)))
+    write_json(folder / "preprocessor_config.json", hf_processor(swin_data_config(model)))
     return folder
 
 
@@ -223,7 +222,7 @@ def save_timm_swin_folder(model: SwinTransformer, folder: str | os.PathLike) -> 
         "first_conv": "patch_embed.proj",
         "classifier": "head.fc",
         "fixed_input_size": not model.config.dynamic_img_size,
-        "label_names": _class_names(model),
+        "label_names": class_names(model),
     }
     config = {
         "architecture": architecture,
@@ -233,7 +232,7 @@ def save_timm_swin_folder(model: SwinTransformer, folder: str | os.PathLike) -> 
         "model_args": model_args,
         "pretrained_cfg": pretrained_cfg,
     }
-    _write_json(folder / "config.json", config)
+    write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
     return folder

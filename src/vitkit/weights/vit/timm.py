@@ -17,13 +17,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..model import ViTConfig, get_config
-from ..model.layers import mlp_hidden_width
-from ..model.layers.patch_embed import to_2tuple
-from ..model.layers.pos_embed import fixed_pos_embed
-from ..model.vit.torch_encoder import torch_to_native_state_dict
-from .checkpoint import ArchMismatchError
-from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
+from ...model import ViTConfig, get_config
+from ...model.layers import mlp_hidden_width
+from ...model.layers.patch_embed import to_2tuple
+from ...model.layers.pos_embed import fixed_pos_embed
+from ...model.vit.torch_encoder import torch_to_native_state_dict
+from ..checkpoint import ArchMismatchError, strip_prefix
+from .layout import check_state_dict, infer_config, native_state_dict
 
 log = logging.getLogger(__name__)
 

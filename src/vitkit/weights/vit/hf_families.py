@@ -34,26 +34,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..model import ViTConfig
-from ..model.layers import mlp_hidden_width
-from ..model.layers.patch_embed import to_2tuple
-from .checkpoint import CheckpointError
-from .hf import from_hf, hf_config_dict, unknown_weights_error
+from ...model import ViTConfig
+from ...model.layers import mlp_hidden_width
+from ...model.layers.patch_embed import to_2tuple
+from ..checkpoint import CheckpointError
+from ..hub import HF_ACTIVATIONS, hf_config_dict, unknown_weights_error
+from .hf import from_hf
 from .layout import check_state_dict, infer_config
 from .vitdet import from_hf_vitdet, is_vitdet
 
 log = logging.getLogger(__name__)
-
-# Hugging Face `hidden_act` (transformers' ACT2FN names) -> vitkit's act_layer. 'gelu_new' is
-# the tanh formula written out: equal to PyTorch's tanh GELU up to float rounding.
-HF_ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "silu": "silu",
-    "swish": "silu",
-}
 
 # family -> (the models read, prefixes of their wrapped state dicts, HF's config defaults).
 _FAMILIES: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {

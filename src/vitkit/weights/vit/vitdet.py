@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import Tensor
 
-from ..model import ViTConfig
-from .checkpoint import CheckpointError
-from .hf import hf_config_dict, unknown_weights_error
-from .layout import check_state_dict, infer_config, strip_prefix
+from ...model import ViTConfig
+from ..checkpoint import CheckpointError, strip_prefix
+from ..hub import hf_config_dict, unknown_weights_error
+from .layout import check_state_dict, infer_config
 
 log = logging.getLogger(__name__)
 

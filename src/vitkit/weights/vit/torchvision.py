@@ -28,9 +28,9 @@ from typing import Any
 
 from torch import Tensor
 
-from ..model import ViTConfig
-from ..model.layers.patch_embed import to_2tuple
-from .checkpoint import CheckpointError
+from ...model import ViTConfig
+from ...model.layers.patch_embed import to_2tuple
+from ..checkpoint import CheckpointError
 from .layout import check_state_dict, infer_config
 
 _TV_TOP = {

@@ -26,19 +26,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data.data_config import DataConfig
-from ..model import SwinConfig, SwinCrConfig, SwinTransformer, build_model, get_config
-from ..model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
-from ..model.swin.window import resize_rel_pos_bias_table
-from .checkpoint import (
+from ...data.data_config import DataConfig
+from ...model import SwinConfig, SwinCrConfig, SwinTransformer, build_model, get_config
+from ...model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
+from ...model.swin.window import resize_rel_pos_bias_table
+from ..checkpoint import (
     ArchMismatchError,
     CheckpointError,
     MissingOptionError,
     load_into,
     mismatch_report,
+    strip_prefix,
 )
-from .layout import strip_prefix
-from .timm import from_timm
+from ..source import Fitting, SourceWeights
 
 log = logging.getLogger(__name__)
 
@@ -176,25 +176,6 @@ def _table_window(sd: Mapping[str, Tensor], stage: int) -> int:
     return (side + 1) // 2
 
 
-def from_timm_or_swin(
-    state_dict: Mapping[str, Tensor], **options: Any
-) -> tuple[dict[str, Tensor], Any]:
-    """timm's converter for both architectures: `from_timm_swin` for Swin keys, else the
-    ViT's `from_timm`. `fit_img_size` is `load_pretrained`'s img_size: a Swin's weights do not
-    record theirs, and any size reads them (it sets only the windows' clamping and masks);
-    `folder_img_size` is a timm Hub folder's `model_args` img_size, which comes before its
-    architecture's."""
-    fit_img_size = options.pop("fit_img_size", None)
-    folder_img_size = options.pop("folder_img_size", None)
-    if is_swin_state_dict(list(state_dict)):
-        if fit_img_size is not None and options.get("arch") is None:
-            options.setdefault("img_size", fit_img_size)
-        if folder_img_size is not None:
-            options.setdefault("img_size", folder_img_size)
-        return from_timm_swin(state_dict, **options)
-    return from_timm(state_dict, **options)
-
-
 def from_timm_swin(
     state_dict: Mapping[str, Tensor],
     *,
@@ -307,15 +288,15 @@ def load_check(expected: Mapping[str, Tensor], sd: Mapping[str, Tensor]) -> None
 
 
 def fill_swin(
-    weights: Any,
+    weights: SourceWeights,
     model: SwinTransformer | None,
-    num_classes: int | None,
-    img_size: Any,
+    fitting: Fitting,
     overrides: Mapping[str, Any],
 ) -> SwinTransformer:
-    """`load_pretrained` for Swin weights (`weights`: its `SourceWeights`): the model (given,
-    or built from the weights' config with `overrides`, `img_size` and `num_classes`) holding
-    them, a head of another size left freshly initialised; eval mode, with the data config."""
+    """`load_pretrained` for Swin weights: the model (given, or built from the weights' config
+    with `overrides` and the fitting's `img_size` and `num_classes`) holding them, a head of
+    another size left freshly initialised; eval mode, with the data config."""
+    num_classes, img_size = fitting.num_classes, fitting.img_size
     source: SwinConfig = weights.config
     if model is None:
         target = source.replace(**overrides)

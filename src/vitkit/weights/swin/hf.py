@@ -1,7 +1,7 @@
 """Swin Transformer weights from Hugging Face transformers (`models/swin`: `SwinModel`,
 `SwinForImageClassification`; `models/swinv2`: `Swinv2Model`, `Swinv2ForImageClassification`).
 
-The keys are renamed to timm's (`swin.py` then reads them): q, k and v fused into one `qkv`
+The keys are renamed to timm's (`timm.py` then reads them): q, k and v fused into one `qkv`
 (V2: the q and v biases apart, k has none), the patch merging of the end of stage N moved to
 the start of stage N + 1 (as timm's `checkpoint_filter_fn` does for the original layout), the
 classifier to `head.fc`. Two key layouts are read: the Hub file layout (`attention.self.query`,
@@ -27,11 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import SwinConfig
-from .checkpoint import CheckpointError, MissingOptionError
-from .hf import hf_config_dict, unknown_weights_error
-from .hf_families import HF_ACTIVATIONS, from_hf_any
-from .swin import from_timm_swin
+from ...model import SwinConfig
+from ..checkpoint import CheckpointError, MissingOptionError
+from ..hub import HF_ACTIVATIONS, hf_config_dict, unknown_weights_error
+from .timm import from_timm_swin
 
 log = logging.getLogger(__name__)
 
@@ -242,14 +241,3 @@ def check_same_windows(
                 f"a window of {window}, which {library} pads or clamps unlike timm: no faithful "
                 f"copy; {fix}"
             )
-
-
-def from_hf_or_swin(
-    state_dict: Mapping[str, Tensor], **options: Any
-) -> tuple[dict[str, Tensor], Any]:
-    """The 'hf' converter: `from_hf_swin` for Swin keys, else `from_hf_any` (the ViT families)."""
-    if is_hf_swin(list(state_dict)):
-        options.pop("new_head", None)
-        return from_hf_swin(state_dict, **options)
-    options.pop("fit_img_size", None)
-    return from_hf_any(state_dict, **options)

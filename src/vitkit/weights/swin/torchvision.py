@@ -12,7 +12,7 @@ and v thirds become timm's `q_bias` / `v_bias`.
 The weights do not record the image size: `arch=` or `img_size` gives it. torchvision pads a
 map to whole windows and attends to the padding, where timm clamps a window to a smaller map
 and shifts before padding: an image size whose stage maps are not whole windows is refused
-(`swin_hf.check_same_windows`).
+(`hf.check_same_windows`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from typing import Any
 
 from torch import Tensor
 
-from ..model import SwinConfig
-from .checkpoint import ArchMismatchError, CheckpointError
-from .swin_hf import check_same_windows, coords_windows, read_renamed
-from .torchvision import from_torchvision
+from ...model import SwinConfig
+from ..checkpoint import ArchMismatchError, CheckpointError
+from .hf import check_same_windows, coords_windows, read_renamed
 
 _BLOCK_NAMES = {"mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2"}
 
@@ -154,13 +153,3 @@ def _index_windows(state_dict: Mapping[str, Tensor]) -> tuple[int, ...] | None:
         if match:
             windows[(int(match[1]) - 1) // 2] = math.isqrt(math.isqrt(value.shape[0]))
     return tuple(windows[i] for i in sorted(windows)) if windows else None
-
-
-def from_torchvision_or_swin(
-    state_dict: Mapping[str, Tensor], **options: Any
-) -> tuple[dict[str, Tensor], Any]:
-    """The 'torchvision' converter: `from_torchvision_swin` for Swin keys, else the ViT's."""
-    if is_torchvision_swin(list(state_dict)):
-        return from_torchvision_swin(state_dict, **options)
-    options.pop("fit_img_size", None)
-    return from_torchvision(state_dict, **options)

@@ -10,21 +10,19 @@ count and `layer_norm_eps` come from the `config.json` when one is given (see `l
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..model import ViTConfig
-from ..model.layers.pos_embed import fixed_pos_embed
-from .checkpoint import CheckpointError
-from .layout import check_state_dict, infer_config, native_state_dict, strip_prefix
+from ...model import ViTConfig
+from ...model.layers.pos_embed import fixed_pos_embed
+from ..checkpoint import CheckpointError, strip_prefix
+from ..hub import hf_config_dict, unknown_weights_error
+from .layout import check_state_dict, infer_config, native_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -127,41 +125,6 @@ def from_hf(
     config_out = infer_config(out, **cfg)
     check_state_dict(out, config_out, "Hugging Face")
     return out, config_out
-
-
-def hf_config_dict(config: Any) -> dict[str, Any]:
-    """A Hugging Face config (a `config.json` path, a dict or a transformers config) as a
-    dict; {} for None."""
-    if config is None:
-        return {}
-    if isinstance(config, (str, os.PathLike)):
-        try:
-            values = json.loads(Path(config).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise CheckpointError(
-                f"cannot read the Hugging Face config {config} ({err}); it should be the "
-                "model's config.json"
-            ) from None
-        if not isinstance(values, dict):
-            raise CheckpointError(
-                f"the Hugging Face config {config} is not a JSON object; it should be the "
-                "model's config.json"
-            )
-        return values
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    return dict(config)
-
-
-def unknown_weights_error(keys: Mapping[str, Any], supported: str) -> CheckpointError:
-    """The one-line error for Hugging Face weights no rule maps: the first keys, and the models
-    that are read."""
-    names = sorted(keys)
-    return CheckpointError(
-        f"Hugging Face weights not understood: {', '.join(names[:5])}"
-        + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
-        + f"; only {supported} weights are supported"
-    )
 
 
 def to_hf(

@@ -14,7 +14,6 @@ Pillow. Files are written atomically; the folder is created.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,15 +21,13 @@ from typing import Any
 
 from safetensors.torch import save as serialize_safetensors
 
-from ..data.data_config import DataConfig
-from ..files import atomic_write
-from ..model import VisionTransformer, ViTConfig
-from ..model.layers.patch_embed import to_2tuple
+from ...data.data_config import DataConfig
+from ...files import atomic_write
+from ...model import VisionTransformer, ViTConfig
+from ...model.layers.patch_embed import to_2tuple
+from ..hub import class_names, hf_processor, write_json
 from .hf import to_hf, to_hf_config
 from .timm import ARCH_FIELDS, timm_kwargs, to_timm
-
-# transformers' processor that runs timm's eval transform from a `pretrained_cfg`.
-HF_PROCESSOR = "TimmWrapperImageProcessor"
 
 # The timm factory that passes each block / MLP class vitkit's options need (timm
 # models/vision_transformer.py, deit.py); '' is the paper's ViT.
@@ -71,7 +68,7 @@ def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
         tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf(model).items()}
     except ValueError as err:
         raise ValueError(f"{err}; {_elsewhere(model, 'hf')}") from None
-    names = _class_names(model)
+    names = class_names(model)
     head = model.config.num_classes > 0
     config.update(
         model_type="vit",
@@ -79,19 +76,11 @@ def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
         id2label={str(i): name for i, name in enumerate(names)},
         label2id={name: i for i, name in enumerate(names)},
     )
-    _write_json(folder / "config.json", config)
+    write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
-    _write_json(folder / "preprocessor_config.json", processor)
+    write_json(folder / "preprocessor_config.json", processor)
     return folder
-
-
-def hf_processor(data_config: DataConfig) -> dict[str, Any]:
-    """The `preprocessor_config.json` with which transformers' `AutoImageProcessor` prepares
-    images exactly as `data_config` says: `TimmWrapperImageProcessor` (transformers 4.48 or
-    newer; loading it needs timm, the model does not) with the data config as timm's
-    `pretrained_cfg`."""
-    return {"image_processor_type": HF_PROCESSOR, "pretrained_cfg": data_config.to_dict()}
 
 
 def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
@@ -113,7 +102,7 @@ def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Pat
         "first_conv": "patch_embed.proj",
         "classifier": "head",
         "fixed_input_size": not model.config.dynamic_img_size,
-        "label_names": _class_names(model),
+        "label_names": class_names(model),
     }
     config = {
         "architecture": architecture,
@@ -123,7 +112,7 @@ def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Pat
         "model_args": model_args,
         "pretrained_cfg": pretrained_cfg,
     }
-    _write_json(folder / "config.json", config)
+    write_json(folder / "config.json", config)
     data = serialize_safetensors(tensors, metadata={"format": "pt"})
     atomic_write(folder / "model.safetensors", lambda f: f.write(data))
     return folder
@@ -195,14 +184,3 @@ def _elsewhere(model: VisionTransformer, refused: str) -> str:
     except ValueError:
         return "keep vitkit's own checkpoint (vitkit.save), which holds every option"
     return f"export --format {other} instead (or keep vitkit's own checkpoint)"
-
-
-def _class_names(model: VisionTransformer) -> list[str]:
-    names = getattr(model, "meta", {}).get("class_names")
-    count = model.config.num_classes
-    return list(names) if names and len(names) == count else [f"LABEL_{i}" for i in range(count)]
-
-
-def _write_json(path: Path, values: dict[str, Any]) -> None:
-    text = json.dumps(values, indent=2) + "\n"
-    atomic_write(path, lambda f: f.write(text), mode="w")

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import ViTConfig
-from .checkpoint import CheckpointError, load_npz
+from ...model import ViTConfig
+from ..checkpoint import CheckpointError, load_npz
 from .layout import check_state_dict, infer_config
 from .timm import arch_options
 
