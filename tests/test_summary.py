@@ -166,7 +166,8 @@ def flow_table(text: str) -> list[list[str]]:
 
 
 def test_cli_flow_walks_the_32px_patch8_example(capsys):
-    argv = ["summary", "vit_tiny_patch16_224", "--img-size", "32", "--patch-size", "8", "--flow"]
+    argv = ["summary", "vit_tiny_patch16_224", "--img-size", "32", "--model-opt", "patch_size=8"]
+    argv.append("--flow")
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = {(r[0], r[1].split(":")[0]): r for r in flow_table(out)}
@@ -350,11 +351,10 @@ def test_cli_summary_options_are_trains(capsys):
         "position add: x + fixed sincos2d table (not trained) (1, N, D)", "(B, N, D)",
         "(3, 49, 64)", "0",
     ]  # fmt: skip
-    code = main(["summary", "vit_digits", "--patch-size", "4", "--model-opt", "patch_size=2"])
+    code = main(["summary", "vit_digits", "--img-size", "16", "--model-opt", "img_size=12"])
     err = capsys.readouterr().err
     assert code == 2 and err == (
-        "vitkit: error: --patch-size and --model-opt patch_size=... both set patch_size; "
-        "give it once\n"
+        "vitkit: error: --img-size and --model-opt img_size=... both set img_size; give it once\n"
     )
     assert main(["summary", "vit_digits", "--img-size", "0"]) == 2
     assert "img_size" in capsys.readouterr().err
@@ -385,20 +385,19 @@ def test_the_flow_names_the_models_own_pooling(options, stage, detail, shape):
     assert sum(r.params or 0 for r in result.rows) == sum(p.numel() for p in model.parameters())
 
 
-def test_cli_summary_takes_every_model_option_as_a_flag(capsys):
-    """`--depth` is the model's (the table's depth is --max-depth); --num-classes, booleans
-    both ways and the KEY=VALUE form are ViTConfig's flags, as in `vitkit train`."""
-    argv = ["summary", "vit_digits", "--depth", "2", "--num-classes", "3", "--max-depth", "1"]
-    assert main([*argv, "--no-class-token", "--model-opt", "global_pool=avg"]) == 0
+def test_cli_summary_takes_the_models_own_options(capsys):
+    """The model's options go through --model-opt, checked by its family's schema as in
+    `vitkit train` (the table's depth is --max-depth)."""
+    argv = ["summary", "vit_digits", "--model-opt", "depth=2", "--model-opt", "num_classes=3"]
+    argv += ["--max-depth", "1", "--model-opt", "class_token=false"]
+    assert main([*argv, "--model-opt", "global_pool=avg"]) == 0
     out = capsys.readouterr().out
     expected = create_model("vit_digits", depth=2, num_classes=3, class_token=False,
                             global_pool="avg")  # fmt: skip
     assert f"Total params: {sum(p.numel() for p in expected.parameters()):,}" in out
     assert "head (Linear)" in out and "blocks.0" not in out  # one level deep
-    assert main(["summary", "vit_digits", "--depth", "x"]) == 2
-    assert capsys.readouterr().err == (
-        "vitkit: error: --depth must be an integer, got 'x'; see `vitkit summary --help`\n"
-    )
+    assert main(["summary", "vit_digits", "--model-opt", "depth=x"]) == 2
+    assert capsys.readouterr().err == 'vitkit: error: depth must be an integer, got "x" (str)\n'
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,9 @@ def _shapes(output: str, stage: str, role: str) -> list[str]:
 
 
 def test_the_shapes_the_prose_states_are_in_the_output():
-    walk = shown("vitkit summary vit_tiny_patch16_224 --img-size 32 --patch-size 8 --flow")
+    walk = shown(
+        "vitkit summary vit_tiny_patch16_224 --img-size 32 --model-opt patch_size=8 --flow"
+    )
     assert _shapes(walk, "blocks.0.attn ", "split heads") == ["(3, 1, 3, 17, 64)"]
     assert _shapes(walk, "blocks.0.attn ", "attention logits") == ["(1, 3, 17, 17)"]
     assert _shapes(walk, "  = unfold", "same as") == ["(1, 192, 16)"]
@@ -42,7 +44,7 @@ def test_the_shapes_the_prose_states_are_in_the_output():
     base = shown("vitkit summary vit_base_patch16_224 --flow")
     assert "196 patches, 197 tokens" in base and "Total params: 86,567,656 (86.6M)" in base
     assert _shapes(base, "blocks.0.attn ", "attention logits") == ["(1, 12, 197, 197)"]
-    wide = next(out for cmd, out in BLOCKS if "--img-size 60 100 --patch-size 20" in cmd)
+    wide = next(out for cmd, out in BLOCKS if "--img-size 60 100 --model-opt patch_size=20" in cmd)
     assert "3x5 grid = 15 patches, 16 tokens" in wide
     assert _shapes(wide, "patch_embed.proj", "patch embedding") == ["(1, 192, 3, 5)"]
     torch_flow = next(out for cmd, out in BLOCKS if "encoder=torch" in cmd)

@@ -83,7 +83,7 @@ def test_the_weights_commands_declare_checkpoint_and_device_with_help(command):
          {"num_heads": "--num-heads N", "arch": "--arch NAME", "hf_config": "--hf-config JSON"}),
         (["eval", "--checkpoint", "w"], {"num_heads": "--num-heads N", "arch": "--arch NAME"}),
         (["summary", "vit_digits"], {"num_heads": "--num-heads N", "arch": "--arch NAME",
-                                     "norm_eps": "--norm-eps X"}),
+                                     "norm_eps": "--model-opt norm_eps=X"}),
     ],
 )  # fmt: skip
 def test_hints_name_the_flags_the_command_line_has(argv, expected):

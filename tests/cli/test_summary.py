@@ -26,11 +26,11 @@ def test_the_flow_of_a_hugging_face_folder(tmp_path, run_cli):
 def test_model_options_do_not_apply_to_weights(tmp_path, run_cli):
     pytest.importorskip("timm")
     folder = timm_folder(tmp_path / "timm")
-    code, _, err = run_cli("summary", folder, "--img-size", "64", "--patch-size", "16")
+    code, _, err = run_cli("summary", folder, "--img-size", "64", "--model-opt", "patch_size=16")
     assert (code, err) == (
         2,
-        f"vitkit: error: {folder} brings its own architecture, so --img-size, --patch-size "
-        "cannot apply: drop them\n",
+        f"vitkit: error: {folder} brings its own architecture, so the model options "
+        "img_size, patch_size cannot apply: drop them\n",
     )
 
 
@@ -39,7 +39,7 @@ def test_weights_options_do_not_apply_to_a_registered_name(run_cli):
     assert (code, err) == (
         2,
         "vitkit: error: --arch names the architecture of weights; vit_tiny_patch16_224 is a "
-        "registered model: set its options with their flags (e.g. --num-heads N)\n",
+        "registered model: set its options with --model-opt (e.g. --model-opt depth=N)\n",
     )
 
 

@@ -155,8 +155,8 @@ def test_flow_of_window_blocks_shows_windows_and_relative_positions():
 def test_cli_summary_flow_of_the_pyramid(capsys):
     from vitkit.cli import main
 
-    args = ["summary", "vit_tiny_patch16_224", "--depth", "1", "--img-size", "64", "96"]
-    assert main([*args, "--dynamic-img-size", "--pyramid", "16", "--flow"]) == 0
+    args = ["summary", "vit_tiny_patch16_224", "--model-opt", "depth=1", "--img-size", "64", "96"]
+    assert main([*args, "--model-opt", "dynamic_img_size=true", "--pyramid", "16", "--flow"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"levels\.0\.output_norm +level 0: LayerNorm2d .* \(1, 16, 16, 24\)", out)
     assert re.search(r"pool +level pool: .* \(1, 16, 1, 2\)", out)

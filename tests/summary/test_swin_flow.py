@@ -109,9 +109,9 @@ def test_s3_windows_per_stage_are_measured():
 
 
 def test_cli_flow_of_a_swin_name_and_compare_torch_refused(capsys):
-    argv = ["summary", "--flow", "swin_tiny_patch4_window7_224", "--img-size", "32",
-            "--embed-dim", "16", "--model-opt", "depths=[1, 1]", "--model-opt", "num_heads=[1, 2]",
-            "--model-opt", "window_size=4"]  # fmt: skip
+    options = ["embed_dim=16", "depths=[1, 1]", "num_heads=[1, 2]", "window_size=4"]
+    argv = ["summary", "--flow", "swin_tiny_patch4_window7_224", "--img-size", "32"]
+    argv += [item for option in options for item in ("--model-opt", option)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "layers.0.blocks.0              window partition" in out

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.data_config import DataConfig, data_config_flags
 from ..inference import Predictor, load_for_inference, with_overrides
-from ..model import ViTConfig
+from ..model import architectures
 from ..model.precision import PRECISIONS
+from ..model.schema import SharedModelOptions, check_model_options
 from ..options import option_fields
 from ..options.flags import add_flags, flag_forms, flag_of, given_options
 
@@ -190,13 +191,17 @@ MODEL_OPT_HELP = "any model option by name, the value as JSON or text, e.g. dept
 
 
 def model_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `ViTConfig` option, and `--model-opt KEY=VALUE` for any of them."""
-    add_flags(parser, ViTConfig, show_defaults=False, generic=("model-opt", MODEL_OPT_HELP))
+    """A flag for each option every family has (`--img-size`), and `--model-opt KEY=VALUE`
+    for any option of the model's own family (`vitkit models NAME --options`)."""
+    add_flags(
+        parser, SharedModelOptions, show_defaults=False, generic=("model-opt", MODEL_OPT_HELP)
+    )
 
 
-def model_options_given(args: argparse.Namespace) -> dict[str, Any]:
-    """The model options the command line set (`model_flags`)."""
-    return given_options(args, ViTConfig, generic="model-opt")
+def model_options_given(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
+    """The model options the command line set (`model_flags`), typed and checked by the
+    schema of `model`'s family."""
+    return check_model_options(model, given_options(args, SharedModelOptions, generic="model-opt"))
 
 
 def flag_of_option(config_cls: type, name: str) -> str:
@@ -211,7 +216,9 @@ def option_flags(args: argparse.Namespace) -> dict[str, str]:
     parser = getattr(args, "command_parser", None)
     if parser is None:
         return {}
-    forms = flag_forms(parser, ViTConfig)
+    forms: dict[str, str] = {}
+    for arch in architectures():  # each family's options through --model-opt
+        forms = {**flag_forms(parser, arch.config_class), **forms}
     job = getattr(args, "job", None)
     for name, item in option_fields(job).items() if job is not None else ():
         alias = item.metadata.get("reads_as")

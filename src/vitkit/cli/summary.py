@@ -9,13 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..model import (
-    SimpleFeaturePyramid,
-    SwinTransformer,
-    VisionTransformer,
-    ViTConfig,
-    registry,
-)
+from ..model import SimpleFeaturePyramid, build_model, find_architecture, registry
 from ..weights import load_any
 from . import options
 from .commands import add_command
@@ -31,8 +25,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         subparsers,
         "summary",
         description="The table lists every module; --flow walks the forward pass, one line per "
-        "stage with its measured output shape. The model options are `ViTConfig`'s, as in "
-        "`vitkit train`.",
+        "stage with its measured output shape. The model options are the model family's "
+        "(`vitkit models NAME --options`), set with --model-opt as in `vitkit train`.",
     )
     p.add_argument(
         "model",
@@ -69,7 +63,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the model as a detection backbone: ViTDet's simple feature pyramid with CHANNELS "
         "channels per map (the model needs --dynamic-img-size)",
     )
-    options.weights_reading(p, num_heads=False)  # the model flags' --num-heads serves both
+    options.weights_reading(p)  # --num-heads: the weights' heads, or the registered model's
     options.model_flags(p)
     return p
 
@@ -84,14 +78,14 @@ def run(args: argparse.Namespace) -> int:
     if not (args.flow or args.compare_torch):
         print(summary(model, size, max_depth=args.max_depth))
         return ExitCode.OK
-    if isinstance(model, SwinTransformer) and args.compare_torch:
+    arch = find_architecture(model)
+    if not callable(getattr(model, "describe_flow", None)):
         raise UserError(
-            f"{args.model} is a Swin Transformer: --compare-torch compares ViT encoders"
+            f"{args.model} is a timm CNN: --flow and --compare-torch walk vitkit's families"
         )
-    if not isinstance(model, (VisionTransformer, SimpleFeaturePyramid, SwinTransformer)):
-        raise UserError(
-            f"{args.model} is a timm CNN: --flow and --compare-torch walk ViTs and Swins"
-        )
+    if args.compare_torch and (arch is None or "encoder" not in arch.option_names()):
+        title = arch.title if arch is not None else "ViTDet pyramid"
+        raise UserError(f"{args.model} is a {title}: --compare-torch compares ViT encoders")
     native = flow(model, size)
     if args.flow:
         print(native.render(all_blocks=args.all_blocks))
@@ -107,10 +101,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _pyramid(model: nn.Module, args: argparse.Namespace) -> SimpleFeaturePyramid:
     """The model as ViTDet's pyramid backbone (`--pyramid`)."""
-    if not isinstance(model, VisionTransformer) or args.compare_torch:
+    arch = find_architecture(model)
+    if arch is None or arch.feature_unit != "block" or args.compare_torch:
         raise UserError("--pyramid takes a ViT, without --compare-torch")
     if not model.patch_embed.dynamic_img_size:
-        raise UserError("--pyramid needs a model that takes any input size: add --dynamic-img-size")
+        raise UserError(
+            "--pyramid needs a model that takes any input size: add --model-opt "
+            "dynamic_img_size=true"
+        )
     return SimpleFeaturePyramid(model, out_channels=args.pyramid)
 
 
@@ -130,31 +128,32 @@ def _is_weights(name: str) -> bool:
 def _weights_model(args: argparse.Namespace, encoder: str | None) -> nn.Module:
     """The model of the weights `args.model` (any `load_any` reads), or with `encoder` a
     model of their config with that encoder (for its parameter counts)."""
-    given = model_options_given(args)
-    num_heads = given.pop("num_heads", None)  # what the weights do not record
+    given = model_options_given(args, None)
+    num_heads = given.pop("num_heads", args.num_heads)  # what the weights do not record
     if given:
-        flags = [options.flag_of_option(ViTConfig, name) for name in given]
         raise UserError(
-            f"{args.model} brings its own architecture, so {', '.join(flags)} cannot apply: "
-            f"drop {'it' if len(flags) == 1 else 'them'}"
+            f"{args.model} brings its own architecture, so the model options "
+            f"{', '.join(sorted(given))} cannot apply: drop {'it' if len(given) == 1 else 'them'}"
         )
     model = load_any(args.model, num_heads=num_heads, arch=args.arch)
     if encoder is not None:
-        model = VisionTransformer(model.config.replace(encoder=encoder, drop_path_rate=0.0))
+        model = build_model(model.config.replace(encoder=encoder, drop_path_rate=0.0))
     return model
 
 
 def _model(args: argparse.Namespace, encoder: str | None = None) -> nn.Module:
     """The model of the weights `args.model` names, else the registered model with the model
-    options of the command line (`ViTConfig`'s flags)."""
+    options of the command line (its family's, `--model-opt`)."""
     if _is_weights(args.model):
         return _weights_model(args, encoder)
     if args.arch is not None:
         raise UserError(
             f"--arch names the architecture of weights; {args.model} is a registered model: "
-            "set its options with their flags (e.g. --num-heads N)"
+            "set its options with --model-opt (e.g. --model-opt depth=N)"
         )
-    model_options = model_options_given(args)
+    model_options = model_options_given(args, args.model)
+    if args.num_heads is not None:
+        model_options.setdefault("num_heads", args.num_heads)
     if encoder is not None:
         model_options["encoder"] = encoder
     return registry.create_model(args.model, **model_options)

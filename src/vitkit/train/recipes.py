@@ -20,9 +20,10 @@ from typing import Any
 from ..data import SOURCES, detect_source, source_named
 from ..data.survey import ImageSurvey, survey_images
 from ..model import get_config, to_2tuple
+from ..model.schema import check_model_options
 from ..options import option_names
 from ..weights.cnn import is_timm_name
-from .config import JobConfig, TrainConfig, check_model_options, data_spec
+from .config import JobConfig, TrainConfig, data_spec
 
 log = logging.getLogger(__name__)
 
