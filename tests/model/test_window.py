@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.model import VisionTransformer, ViTConfig
-from vitkit.model.vit import onednn
 from vitkit.model.layers import Block, WindowBlock, window_partition, window_unpartition
 from vitkit.model.layers.window import decomposed_rel_pos_bias, relative_table
+from vitkit.model.vit import onednn
 
 TINY = dict(patch_size=8, embed_dim=32, depth=4, num_heads=2, num_classes=0)
 VITDET = dict(TINY, class_token=False, global_pool="avg", dynamic_img_size=True)

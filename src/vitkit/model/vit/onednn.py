@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from ..layers import Block, Mlp
 from ..onednn_int8 import Int8Linear
+from ..onednn_linear import MIN_FEATURES, OneDNNLinear, onednn_inner_product
 from ..onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
@@ -42,89 +43,12 @@ from ..onednn_support import (
 
 logger = logging.getLogger(__name__)
 
-# Narrower products are too small to repay the custom kernel's per-call costs (measured: a
-# 128-wide encoder trained at 0.97x, a 192-wide one at 1.11x).
-MIN_FEATURES = 192
-
 # The fused path runs a batch in slices of whole images whose widest activation (the MLP's
 # hidden layer) stays under this many bytes, so each kernel's output is still in the last-level
 # cache when the next kernel reads it: ~5% faster on ViT-B/16 at batch 32 (4 slices) and ViT-S/16
 # (2 slices) on a 2-core, 32 MiB-L3 machine, with identical outputs (rows are independent); on a
 # 16 MiB-L3 one, 24 MiB still beat 12 and 6 MiB and unsliced batches.
 SLICE_BYTES = 24 * 2**20
-
-# -- oneDNN Linear ---------------------------------------------------------------------------
-
-
-def _onednn_linear_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether `OneDNNLinear` may call oneDNN: a float32 CPU input with nothing that needs to
-    see (or cannot trace) the kernel: autocast, compiling or tracing, a dispatch mode such as
-    FlopCounterMode, a tensor subclass, a torch.func transform."""
-    return (
-        not torch.compiler.is_compiling()  # first: the compiler must not trace the rest
-        and not torch.jit.is_tracing()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not unsupported_reason()
-        and not torch.is_autocast_enabled("cpu")
-        and dispatch_mode() is None
-        and not torch.overrides.has_torch_function((x,))
-        and not torch._C._are_functorch_transforms_active()
-    )
-
-
-def _onednn_inner_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-class _InnerProduct(torch.autograd.Function):
-    """x W^T + b, forward and input gradient by oneDNN's inner product, weight gradient by
-    torch.mm: the products MKL computes slowest on some CPUs go to oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        return _onednn_inner_product(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x, weight = ctx.saved_tensors
-        grad = grad.contiguous()  # e.g. the qkv gradient arrives permuted
-        rows = grad.view(-1, grad.shape[-1])  # (tokens, out_features)
-        need_x, need_weight, need_bias = ctx.needs_input_grad
-        grad_x = None
-        if need_x and torch.is_grad_enabled():  # create_graph=True: differentiable ops
-            grad_x = grad @ weight
-        elif need_x:
-            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)  # W^T: (in, out)
-        grad_weight = None
-        if need_weight:
-            inputs = x.reshape(-1, x.shape[-1])  # (tokens, in_features)
-            grad_weight = rows.t().mm(inputs)  # (out_features, in_features)
-        grad_bias = rows.sum(0) if need_bias else None
-        return grad_x, grad_weight, grad_bias
-
-
-class OneDNNLinear(nn.Linear):
-    """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
-    in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
-    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, for layers
-    narrower than `min_features`, with `fast_path` off, and when TorchScript or torch.fx
-    compiles it, it is `F.linear`. Same parameters, state-dict keys and hooks as `nn.Linear`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # nn.Linear's arguments
-        super().__init__(*args, **kwargs)
-        self.fast_path = True  # `enable_fast_path` switches it
-        self.min_features = MIN_FEATURES
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not torch.jit.is_scripting():  # TorchScript and torch.fx compile F.linear below
-            if self.fast_path and not isinstance(x, torch.fx.Proxy):
-                narrow = min(self.in_features, self.out_features) < self.min_features
-                if not narrow and _onednn_linear_applies(x, self.weight):
-                    return _InnerProduct.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
 
 # -- the fused inference block ---------------------------------------------------------------
 
@@ -218,7 +142,7 @@ def _linear(
     layer writes `out_dtype` (default x's)."""
     if isinstance(layer, Int8Linear):
         return layer.forward_fused(x, out_dtype=out_dtype)
-    return _onednn_inner_product(x, *_weight_bias(x, layer))
+    return onednn_inner_product(x, *_weight_bias(x, layer))
 
 
 def _linear_gelu(x: Tensor, layer: nn.Linear | Int8Linear, in_epilogue: bool) -> Tensor:
