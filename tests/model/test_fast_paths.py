@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from _helpers import randomize, requires_onednn
+from _helpers import randomize, requires_onednn, requires_timm, requires_torchvision
 from vitkit.model import onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn_support import native_bf16
@@ -834,10 +834,93 @@ def test_summary_jit_and_fx_leave_the_model_as_built(fused_calls):
     calls = len(fused_calls)
     torch.testing.assert_close(fused(model, x), expected, atol=0, rtol=0)
     assert len(fused_calls) == calls + 2  # both blocks still fused
-    with torch.inference_mode():  # the compiled copies run the plain path
-        torch.testing.assert_close(scripted(x), expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(traced(x), expected, atol=1e-5, rtol=0)
-    assert len(fused_calls) == calls + 2
+    with torch.inference_mode():
+        torch.testing.assert_close(scripted(x), expected, atol=1e-5, rtol=0)  # the plain path
+        assert len(fused_calls) == calls + 2
+        assert torch.equal(traced(x), expected)  # fx calls the blocks: the fused path
+    assert len(fused_calls) == calls + 4
+
+
+# -- torch.fx and TorchScript: what timm's tests/test_models.py checks ------------------------
+
+
+def small_vit() -> vitkit.VisionTransformer:
+    """vit_small_patch16_224 with two blocks: wide enough (384) for every fast layer."""
+    torch.manual_seed(0)
+    return randomize(vitkit.create_model("vit_small_patch16_224", depth=2))
+
+
+def timm_fx_model(model: nn.Module) -> nn.Module:
+    """timm's `_create_fx_model` (tests/test_models.py) in eval mode: its feature extractor
+    returning the last node, traced with timm's leaf modules and functions."""
+    from timm.models._features_fx import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+    tracer_kwargs = dict(
+        leaf_modules=get_notrace_modules(),
+        autowrap_functions=get_notrace_functions(),
+        param_shapes_constant=True,
+    )
+    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(
+        model,
+        train_return_nodes=[train_nodes[-1]],
+        eval_return_nodes=[eval_nodes[-1]],
+        tracer_kwargs=tracer_kwargs,
+    )
+
+
+@requires_onednn
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "inference"])
+def test_fx_traced_model_computes_the_eager_bits(fused_calls, grad):
+    """timm's `test_model_forward_fx`: `torch.all(fx_outputs == outputs)`. With grad on (as
+    timm runs it) the eager model takes oneDNN's products; under inference_mode the fused
+    blocks. fx records each fast layer as one call, so the traced model takes the same."""
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    with torch.inference_mode(not grad):
+        outputs = model(x)
+        fx_outputs = torch.fx.symbolic_trace(model)(x)
+    assert len(fused_calls) == (0 if grad else 2 * 2)
+    assert outputs.shape == (2, 1000) and not torch.isnan(outputs).any()
+    assert torch.all(fx_outputs == outputs)
+
+
+@requires_timm
+@requires_torchvision
+@requires_onednn
+def test_timms_fx_feature_extractor_computes_the_eager_bits():
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    outputs = model(x)
+    fx_outputs = torch.cat(tuple(timm_fx_model(model)(x).values()))
+    assert torch.all(fx_outputs == outputs)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_fx_then_torchscript_runs_the_plain_path():
+    """timm's `test_model_forward_fx_torchscript`: the traced model scripts (its annotations
+    are types, not strings) and computes what the scripted model computes, bit for bit."""
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        scripted = torch.jit.script(torch.fx.symbolic_trace(model))(x)
+        assert torch.equal(scripted, torch.jit.script(model)(x))
+        # measured 1.3e-6 on logits up to 4: oneDNN's products against the plain path's
+        torch.testing.assert_close(scripted, model(x), atol=1e-5, rtol=0)
+
+
+@requires_onednn
+def test_with_the_fast_path_off_fx_traces_through_the_blocks():
+    """The escape hatch for graph passes that rewrite the layers inside a block."""
+    model = tiny()
+    graph = torch.fx.symbolic_trace(model).graph
+    modules = {node.target for node in graph.nodes if node.op == "call_module"}
+    assert {"blocks.0", "blocks.1"} <= modules
+    model.set_fast_path(False)
+    traced = torch.fx.symbolic_trace(model)
+    modules = {node.target for node in traced.graph.nodes if node.op == "call_module"}
+    assert "blocks.0" not in modules and "blocks.0.norm1" in modules
+    x = images()
+    with torch.inference_mode():
+        assert torch.equal(traced(x), model(x))
 
 
 # -- gradient checkpointing ------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .onednn_support import dispatch_mode, unsupported_reason
+from .onednn_support import dispatch_mode, record_as_leaf, unsupported_reason
 
 # Narrower products are too small to repay the custom kernel's per-call costs (measured: a
 # 128-wide encoder trained at 0.97x, a 192-wide one at 1.11x).
@@ -73,8 +73,9 @@ class OneDNNLinear(nn.Linear):
     """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
     in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
     whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, for layers
-    narrower than `min_features`, with `fast_path` off, and when TorchScript or torch.fx
-    compiles it, it is `F.linear`. Same parameters, state-dict keys and hooks as `nn.Linear`."""
+    narrower than `min_features`, with `fast_path` off, and when TorchScript compiles it, it is
+    `F.linear`. torch.fx records it as one call, as it records an `nn.Linear`, so the traced
+    model runs the same kernel. Same parameters, state-dict keys and hooks as `nn.Linear`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # nn.Linear's arguments
         super().__init__(*args, **kwargs)
@@ -82,8 +83,12 @@ class OneDNNLinear(nn.Linear):
         self.min_features = MIN_FEATURES
 
     def forward(self, x: Tensor) -> Tensor:
-        if not torch.jit.is_scripting():  # TorchScript and torch.fx compile F.linear below
-            if self.fast_path and not isinstance(x, torch.fx.Proxy):
+        if not torch.jit.is_scripting():  # TorchScript compiles F.linear below
+            if self.fast_path and isinstance(x, torch.fx.Proxy):
+                leaf = record_as_leaf(self, x)  # torch.fx: one call, as for an nn.Linear
+                if leaf is not None:
+                    return leaf
+            elif self.fast_path:
                 narrow = min(self.in_features, self.out_features) < self.min_features
                 if not narrow and _onednn_linear_applies(x, self.weight):
                     return _InnerProduct.apply(x, self.weight, self.bias)

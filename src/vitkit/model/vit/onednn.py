@@ -4,7 +4,9 @@ A reader of the model can skip this module: `layers/` is the paper, and this fil
 the same function faster on CPUs. Where torch can run the kernels, `layer_classes()` gives the
 model builder `OneDNNBlock` for `Block` and `OneDNNLinear` for the Linear layers of attention and
 MLP: subclasses with the same parameters, keys and hooks, whose `forward` takes the kernels when
-they apply and is the plain layer's otherwise (and under TorchScript and torch.fx).
+they apply and is the plain layer's otherwise (and under TorchScript). torch.fx records each
+as one call (`onednn_support.record_as_leaf`), so a traced model runs what the eager model runs,
+bit for bit; with the fast path off, fx traces through them.
 
 - `OneDNNLinear` (`model/onednn_linear.py`, shared): the forward product and the input
   gradient on oneDNN's inner product, the weight gradient on `torch.mm` (float32 on CPU,
@@ -43,6 +45,7 @@ from ..onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
     native_bf16,
+    record_as_leaf,
     unsupported_reason,
 )
 
@@ -248,6 +251,10 @@ class OneDNNBlock(Block):
 
     def forward(self, x: Tensor) -> Tensor:
         if not torch.jit.is_scripting():  # TorchScript compiles the plain block below
+            if self.fast_path and isinstance(x, torch.fx.Proxy):
+                leaf = record_as_leaf(self, x)  # torch.fx: one call to this block
+                if leaf is not None:
+                    return leaf
             if not self.fast_path_blocker(x):
                 if torch.is_autocast_enabled("cpu"):  # bf16 kernels on float32 weights
                     with torch.autocast("cpu", enabled=False):
