@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from _helpers import randomize, requires_onednn, requires_timm, requires_torchvision
+from _helpers import randomize, requires_onednn, requires_timm, requires_torchvision, timm_fx_model
 from vitkit.model import onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn_support import native_bf16
@@ -848,26 +848,6 @@ def small_vit() -> vitkit.VisionTransformer:
     """vit_small_patch16_224 with two blocks: wide enough (384) for every fast layer."""
     torch.manual_seed(0)
     return randomize(vitkit.create_model("vit_small_patch16_224", depth=2))
-
-
-def timm_fx_model(model: nn.Module) -> nn.Module:
-    """timm's `_create_fx_model` (tests/test_models.py) in eval mode: its feature extractor
-    returning the last node, traced with timm's leaf modules and functions."""
-    from timm.models._features_fx import get_notrace_functions, get_notrace_modules
-    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
-
-    tracer_kwargs = dict(
-        leaf_modules=get_notrace_modules(),
-        autowrap_functions=get_notrace_functions(),
-        param_shapes_constant=True,
-    )
-    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
-    return create_feature_extractor(
-        model,
-        train_return_nodes=[train_nodes[-1]],
-        eval_return_nodes=[eval_nodes[-1]],
-        tracer_kwargs=tracer_kwargs,
-    )
 
 
 @requires_onednn

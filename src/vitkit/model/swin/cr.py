@@ -192,6 +192,7 @@ class SwinTransformerV2Cr(SwinTransformer):
             for i, dim in enumerate(config.stage_dims)
         ]
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self.output_fmt = "NCHW"  # of forward_features, as timm's cr
         self.init_weights()
 
     @torch.no_grad()
@@ -287,7 +288,10 @@ class SwinTransformerV2Cr(SwinTransformer):
         """A map (B, C, h, w) -> logits (B, num_classes), or the pooled (B, C) features; with
         global_pool 'none' the map stays NCHW."""
         out = self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)  # from (B, h, w, C)
-        return out.permute(0, 3, 1, 2) if out.ndim == 4 else out  # (B, C', h, w) if unpooled
+        # asked of the head, not of `out`: torch.fx cannot branch on a traced tensor's ndim
+        if self.head.global_pool == "none":
+            return out.permute(0, 3, 1, 2)  # (B, C', h, w)
+        return out
 
     def forward_intermediates(
         self,

@@ -104,6 +104,7 @@ class SwinTransformer(nn.Module):
             for i, dim in enumerate(config.stage_dims)
         ]
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self.output_fmt = "NHWC"  # of forward_features, as timm's (its tests read it)
         self.init_weights()
 
     @torch.no_grad()
