@@ -2,7 +2,7 @@
 `forward_features` (NHWC, as timm's Swin; NCHW for the V2-cr, as timm's), and torch.fx traces
 every Swin to a model that computes the eager output bit for bit.
 
-Models are narrowed (width 32, one block per stage) and perturbed as in test_swin.py."""
+Models are narrowed (width 32, two blocks per stage) and perturbed as in test_swin.py."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import torch
 from _helpers import perturb, requires_timm, requires_torchvision, timm_fx_model
 from vitkit import create_model
 
-NARROW = dict(embed_dim=32, num_heads=(1, 2, 4, 8), depths=(1, 1, 1, 1))
+NARROW = dict(embed_dim=32, num_heads=(1, 2, 4, 8), depths=(2, 2, 2, 2))  # odd blocks shift
 NAMES = ["swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "swinv2_cr_tiny_224"]
 
 
 def narrow(name: str, **options) -> torch.nn.Module:
     torch.manual_seed(0)
-    return perturb(create_model(name, **NARROW, **options)).eval()
+    return perturb(create_model(name, **{**NARROW, **options})).eval()
 
 
 def images(model: torch.nn.Module, batch: int = 2) -> torch.Tensor:
@@ -82,3 +82,27 @@ def test_timms_fx_feature_extractor_traces_the_swin(name):
     outputs = model(x)
     fx_outputs = torch.cat(tuple(timm_fx_model(model)(x).values()))
     assert torch.all(fx_outputs == outputs)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_torchscript_and_fx_then_torchscript_compute_the_eager_bits(name):
+    """timm's `test_model_forward_torchscript` and `test_model_forward_fx_torchscript`: the
+    scripted model, and the fx-traced one scripted (its annotations are types, not strings),
+    run the eager model's operations."""
+    model = narrow(name)
+    x = images(model)
+    with torch.no_grad():
+        outputs = model(x)
+        assert torch.equal(torch.jit.script(model)(x), outputs)
+        assert torch.equal(torch.jit.script(torch.fx.symbolic_trace(model))(x), outputs)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_a_scripted_swin_with_masks_made_per_input_refuses_to_run():
+    """With dynamic_img_size the shift masks are made per input, in Python: the scripted model
+    says so rather than attend across the shifted regions."""
+    model = narrow(NAMES[0], dynamic_img_size=True)
+    scripted = torch.jit.script(model)
+    with pytest.raises(torch.jit.Error, match="needs its shift masks built"):
+        scripted(images(model))

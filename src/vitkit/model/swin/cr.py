@@ -14,8 +14,8 @@ What differs from timm's V2 (`swin.py` with version 2):
 The windows, shift mask, patch merging, stage, MLP and stochastic depth are vitkit's Swin's.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the
+# code it generates, where TorchScript cannot read them as strings (fx, then torch.jit.script).
 import math
 from typing import Any
 
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..layers import DropPath, Mlp, PatchEmbed
 from ..layers.patch_embed import to_2tuple
-from .attention import LOGIT_SCALE_MAX, WindowAttention
+from .attention import WindowAttention
 from .cr_config import SwinCrConfig
 from .stage import PatchMerging, SwinBlock, SwinStage
 from .swin import SwinHead, SwinTransformer
@@ -100,8 +100,8 @@ class CrWindowAttention(WindowAttention):
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """Cosine similarity times the per-head scale, clamped at 100, (B * nW, heads, N, N)."""
         cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-        scale = torch.clamp(self.logit_scale.reshape(1, -1, 1, 1), max=LOGIT_SCALE_MAX).exp()
-        return cosine * scale
+        scale = self.logit_scale.reshape(1, -1, 1, 1)  # (1, heads, 1, 1)
+        return cosine * torch.clamp(scale, max=self.logit_scale_max).exp()
 
 
 class CrBlock(SwinBlock):
@@ -170,6 +170,9 @@ class SwinTransformerV2Cr(SwinTransformer):
     Keys follow timm's (`patch_embed.proj`, `stages.N.downsample`, `stages.N.blocks.M.attn`,
     `...attn.meta_mlp`, `...norm3`, `head.fc`).
     """
+
+    # Python-side only: TorchScript compiles properties otherwise (`layers` is `stages`).
+    __jit_unused_properties__ = ["pretrained_cfg", "layers"]
 
     def __init__(self, config: SwinCrConfig | None = None, /, **options: Any) -> None:
         nn.Module.__init__(self)

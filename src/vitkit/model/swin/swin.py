@@ -15,8 +15,8 @@ Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted Win
       -> pool over H, W, head          (B, num_classes)      forward_head
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the
+# code it generates, where TorchScript cannot read them as strings (fx, then torch.jit.script).
 import math
 from typing import Any
 
@@ -74,6 +74,9 @@ class SwinTransformer(nn.Module):
     Keys follow timm's (`patch_embed.proj`, `layers.N.downsample`, `layers.N.blocks.M.attn`,
     `norm`, `head.fc`); `forward_features` returns the normed last map in NHWC, as timm's.
     """
+
+    # Python-side only (it reads `config`): TorchScript compiles properties otherwise.
+    __jit_unused_properties__ = ["pretrained_cfg"]
 
     def __init__(self, config: SwinConfig | None = None, /, **options: Any) -> None:
         super().__init__()
