@@ -240,6 +240,20 @@ def test_each_option_fuses_exactly_where_it_computes_the_same(fused_calls, optio
     torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "vit_base_patch16_224"])
+def test_the_default_presets_take_the_fused_kernels(fused_calls, name):
+    """ViT-S/16 and ViT-B/16, as before the allow-list: every block fused, every product on
+    oneDNN (packed weights), the plain path's output."""
+    torch.manual_seed(0)
+    model = randomize(vitkit.create_model(name, depth=2))
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == 2
+    assert all(block.attn.qkv in onednn._PACKED for block in model.blocks)
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
+
+
 class RotaryAttention(Attention):
     """An attention variant the fused kernels do not know: mixes the channels of the queries
     before attending (a stand-in for rotary positions)."""
