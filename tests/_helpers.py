@@ -182,3 +182,23 @@ def write_jax_npz(model: Any, path: Any, prefix: str = "") -> None:
             out[f"{p}MlpBlock_3/{theirs}/kernel"] = sd[f"{b}mlp.{ours}.weight"].T
             out[f"{p}MlpBlock_3/{theirs}/bias"] = sd[f"{b}mlp.{ours}.bias"]
     np.savez(path, **{prefix + k: v for k, v in out.items()})
+
+
+def timm_fx_model(model: torch.nn.Module) -> torch.nn.Module:
+    """timm's `_create_fx_model` (tests/test_models.py) in eval mode: its feature extractor
+    returning the last node, traced with timm's leaf modules and functions."""
+    from timm.models._features_fx import get_notrace_functions, get_notrace_modules
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+    tracer_kwargs = dict(
+        leaf_modules=get_notrace_modules(),
+        autowrap_functions=get_notrace_functions(),
+        param_shapes_constant=True,
+    )
+    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(
+        model,
+        train_return_nodes=[train_nodes[-1]],
+        eval_return_nodes=[eval_nodes[-1]],
+        tracer_kwargs=tracer_kwargs,
+    )

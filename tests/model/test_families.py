@@ -1,6 +1,6 @@
 """The options later ViT families need: each against timm's model built from the same options
-(timm's `VisionTransformer` run beside ours), the CPU fast path standing aside with its reason,
-and timm's parameter counts for the registered family names."""
+(timm's `VisionTransformer` run beside ours), and timm's parameter counts for the registered
+family names. The CPU fast path over every option: tests/model/test_fast_paths.py."""
 
 from __future__ import annotations
 
@@ -9,37 +9,36 @@ import torch
 from torch import nn
 
 import vitkit
-from _helpers import randomize, requires_onednn, requires_timm
+from _helpers import randomize, requires_timm
 from vitkit import convert
 from vitkit.model.layers import QuickGELU, make_act
 from vitkit.model.vit.presets import FAMILIES
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
 
-# (options, the fast-path blocker's reason for a block option, or '' when the fused path runs)
 OPTIONS = [
-    pytest.param(dict(reg_tokens=3), "", id="registers"),
-    pytest.param(dict(reg_tokens=2, no_embed_class=True), "", id="no-embed-class"),
-    pytest.param(dict(class_token=False, global_pool="avg"), "", id="no-cls"),
-    pytest.param(dict(pre_norm=True, patch_bias=False, norm_eps=1e-5), "", id="norm-pre"),
-    pytest.param(dict(final_norm=False), "", id="no-final-norm"),
-    pytest.param(dict(global_pool="max"), "", id="max"),
-    pytest.param(dict(global_pool="avgmax", fc_norm=False), "", id="avgmax"),
-    pytest.param(dict(global_pool="map", class_token=False), "", id="map"),
-    pytest.param(dict(global_pool="map", reg_tokens=1, pool_include_prefix=True), "", id="map+"),
-    pytest.param(dict(pos_embed="none", class_token=False, global_pool="avg"), "", id="no-pos"),
-    pytest.param(dict(proj_bias=False, qkv_bias=False), "", id="no-proj-bias"),
-    pytest.param(dict(qk_norm=True), "attn.q_norm is not fused", id="qk-norm"),
-    pytest.param(dict(scale_attn_norm=True), "attn.norm is not fused", id="attn-norm"),
-    pytest.param(dict(scale_mlp_norm=True), "mlp.norm is not fused", id="mlp-norm"),
-    pytest.param(dict(act_layer="gelu_tanh"), "the GELU activation is not fused", id="gelu-tanh"),
-    pytest.param(dict(act_layer="quick_gelu"), "the QuickGELU activation", id="quick-gelu"),
-    pytest.param(dict(act_layer="silu"), "the SiLU activation is not fused", id="silu"),
-    pytest.param(dict(norm_layer="rmsnorm", norm_eps=1e-5), "", id="rmsnorm"),
-    pytest.param(dict(mlp_layer="swiglu", act_layer="silu"), "the SwiGLU MLP", id="swiglu"),
-    pytest.param(dict(mlp_layer="swiglu_packed", act_layer="silu"), "the SwiGLUPacked", id="glu"),
-    pytest.param(dict(res_post_norm=True), None, id="res-post-norm"),
-    pytest.param(dict(init_values=1e-2), "LayerScale is not fused", id="layer-scale"),
+    pytest.param(dict(reg_tokens=3), id="registers"),
+    pytest.param(dict(reg_tokens=2, no_embed_class=True), id="no-embed-class"),
+    pytest.param(dict(class_token=False, global_pool="avg"), id="no-cls"),
+    pytest.param(dict(pre_norm=True, patch_bias=False, norm_eps=1e-5), id="norm-pre"),
+    pytest.param(dict(final_norm=False), id="no-final-norm"),
+    pytest.param(dict(global_pool="max"), id="max"),
+    pytest.param(dict(global_pool="avgmax", fc_norm=False), id="avgmax"),
+    pytest.param(dict(global_pool="map", class_token=False), id="map"),
+    pytest.param(dict(global_pool="map", reg_tokens=1, pool_include_prefix=True), id="map+"),
+    pytest.param(dict(pos_embed="none", class_token=False, global_pool="avg"), id="no-pos"),
+    pytest.param(dict(proj_bias=False, qkv_bias=False), id="no-proj-bias"),
+    pytest.param(dict(qk_norm=True), id="qk-norm"),
+    pytest.param(dict(scale_attn_norm=True), id="attn-norm"),
+    pytest.param(dict(scale_mlp_norm=True), id="mlp-norm"),
+    pytest.param(dict(act_layer="gelu_tanh"), id="gelu-tanh"),
+    pytest.param(dict(act_layer="quick_gelu"), id="quick-gelu"),
+    pytest.param(dict(act_layer="silu"), id="silu"),
+    pytest.param(dict(norm_layer="rmsnorm", norm_eps=1e-5), id="rmsnorm"),
+    pytest.param(dict(mlp_layer="swiglu", act_layer="silu"), id="swiglu"),
+    pytest.param(dict(mlp_layer="swiglu_packed", act_layer="silu"), id="glu"),
+    pytest.param(dict(res_post_norm=True), id="res-post-norm"),
+    pytest.param(dict(init_values=1e-2), id="layer-scale"),
 ]
 
 
@@ -53,8 +52,8 @@ def images() -> torch.Tensor:
 
 
 @requires_timm
-@pytest.mark.parametrize("options, reason", OPTIONS)
-def test_each_option_equals_timm(options, reason):
+@pytest.mark.parametrize("options", OPTIONS)
+def test_each_option_equals_timm(options):
     import timm
 
     model = randomized(**options)
@@ -67,25 +66,6 @@ def test_each_option_equals_timm(options, reason):
         torch.testing.assert_close(ours, source(x), atol=1e-5, rtol=0)
     back, config = convert.from_timm(source.state_dict(), **_hidden(model.config))
     assert config == model.config.replace(init_values=config.init_values)
-
-
-@requires_onednn
-@pytest.mark.parametrize("options, reason", OPTIONS)
-def test_the_fast_path_equals_the_plain_path_or_names_its_blocker(options, reason):
-    model = randomized(**options)
-    x = images()
-    with torch.inference_mode():
-        fast = model(x)
-        tokens = model.embed(x)
-        block = model.blocks[0]
-        if reason is None:  # the post-norm block is built plain: only the plain path exists
-            assert type(block).__name__ == "ResPostBlock"
-        else:
-            assert block.fast_path_blocker(tokens).startswith(reason)
-    model.set_fast_path(False)
-    with torch.inference_mode():
-        plain = model(x)
-    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=0)  # measured at most 1.3e-7
 
 
 def _hidden(config: vitkit.ViTConfig) -> dict:

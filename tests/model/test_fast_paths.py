@@ -21,12 +21,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from _helpers import randomize, requires_onednn
+from _helpers import randomize, requires_onednn, requires_timm, requires_torchvision, timm_fx_model
 from vitkit.model import onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn_support import native_bf16
 from vitkit.model.vit import onednn
 from vitkit.model.vit.onednn import OneDNNBlock, OneDNNLinear
+from vitkit.options import default_of, kinds, option_fields
 from vitkit.summary import flop_counter
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10)
@@ -99,18 +100,6 @@ def test_fused_inference_matches_plain_path(fused_calls, grad_off, num_heads):
     assert len(fused_calls) == 2  # and set_fast_path(False) kept it off
 
 
-@pytest.mark.parametrize(
-    "overrides", [dict(qk_scale=0.3), dict(drop_path_rate=0.5, drop_rate=0.2), dict(qkv_bias=False)]
-)
-def test_fused_inference_covers_scale_bias_and_eval_dropout(fused_calls, overrides):
-    model = tiny(**overrides)
-    x = images()
-    with torch.inference_mode():
-        fast = model(x)
-    assert len(fused_calls) == 2
-    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
-
-
 @pytest.mark.parametrize("in_epilogue", [True, False])
 def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(fused_calls, in_epilogue):
     torch.manual_seed(0)
@@ -164,13 +153,209 @@ def test_sliced_batches_match_the_plain_path(monkeypatch):
         torch.testing.assert_close(sliced[index : index + 1], alone, atol=1e-5, rtol=0)
 
 
+# -- the allow-list: every option of the schema, and layers the fused kernels do not know ------
+
+# What a value needs beside it, as ViTConfig's checks ask (the tiny model has 4 x 4 patches).
+NEEDS: dict[str, dict] = {
+    "class_token": dict(global_pool="avg"),
+    "pool_include_prefix": dict(global_pool="avg"),
+    "dynamic_img_pad": dict(dynamic_img_size=True),
+    "conv_stem_strides": dict(conv_stem=(16,)),
+    "hybrid_layers": dict(hybrid="resnetv2"),
+    "window_size": dict(class_token=False, global_pool="avg"),
+    "global_blocks": dict(window_size=2, class_token=False, global_pool="avg"),
+    "use_rel_pos": dict(class_token=False, global_pool="avg"),
+    "rel_pos_img_size": dict(use_rel_pos=True, class_token=False, global_pool="avg"),
+}
+# Numbers the generic rule below cannot pick (None by default, and no range to read one from).
+VALUES: dict[str, object] = {"rel_pos_img_size": 64}
+
+
+def non_default_values(name: str, default: object) -> list[object]:
+    """Values of ViTConfig option `name` other than `default` (the tiny model's): every other
+    choice, the other boolean(s), a number the option's range admits."""
+    field = option_fields(vitkit.ViTConfig)[name]
+    kind = kinds(vitkit.ViTConfig)[name]
+    if name in VALUES:
+        return [VALUES[name]]
+    if field.metadata["choices"] is not None:
+        return [choice for choice in field.metadata["choices"] if choice != default]
+    if kind.has(bool):
+        return [value for value in (True, False) if value != default]
+    if kind.has(tuple) and default == ():
+        low = field.metadata["range"].low
+        return [(int(low),)]
+    if kind.has(int) or kind.has(float):
+        if default is None:
+            return [0.5]
+        if default == 0:
+            return [0.25 if kind.has(float) else 1]
+        return [default / 2 if isinstance(default, float) else default * 2]
+    return []
+
+
+def schema_cases() -> list:
+    """One case per non-default value of every ViTConfig option with choices, a boolean or a
+    number: a new option becomes a case without anyone listing it."""
+    cases = [pytest.param({}, id="default")]
+    for name in option_fields(vitkit.ViTConfig):
+        default = TINY.get(name, default_of(vitkit.ViTConfig, name))
+        for value in non_default_values(name, default):
+            options = {**NEEDS.get(name, {}), name: value}
+            cases.append(pytest.param(options, id=f"{name}={value}"))
+    return cases
+
+
+def test_every_option_of_the_schema_is_a_case():
+    names = {name for case in schema_cases() for name in case.values[0]}
+    assert names == set(option_fields(vitkit.ViTConfig))
+
+
+def block_layers(block: nn.Module) -> list[tuple[str, type, str]]:
+    """The layers of a block as the fused kernels would see them: names, classes, settings."""
+    return [(name, type(m), m.extra_repr()) for name, m in block.named_modules()]
+
+
+@pytest.mark.parametrize("options", schema_cases())
+def test_each_option_fuses_exactly_where_it_computes_the_same(fused_calls, options):
+    """The fused path equals the plain path for every option; it runs in every block whose
+    layers are the fused kernels' (the default's, or any the allow-list takes), and every
+    block it leaves names why."""
+    model = tiny(**options)
+    config = model.config
+    height, width = (config.img_size,) * 2 if isinstance(config.img_size, int) else config.img_size
+    x = torch.randn(3, config.in_chans, height, width, generator=torch.Generator().manual_seed(1))
+    default_block = block_layers(tiny().blocks[0])
+    blocks = [block for block in model.modules() if isinstance(block, OneDNNBlock)]
+    reasons = [onednn.unfused_layer(block) for block in blocks]
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == reasons.count("")  # each block the allow-list takes fused once
+    for block, reason in zip(blocks, reasons, strict=True):
+        if block_layers(block) == default_block:
+            assert reason == ""  # an option the blocks do not see keeps the fast path
+    if options == {}:
+        assert len(fused_calls) == TINY["depth"]
+    # measured at most 2.4e-7 on outputs of magnitude 0.3-2 (most cases bit-identical)
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "vit_base_patch16_224"])
+def test_the_default_presets_take_the_fused_kernels(fused_calls, name):
+    """ViT-S/16 and ViT-B/16, as before the allow-list: every block fused, every product on
+    oneDNN (packed weights), the plain path's output."""
+    torch.manual_seed(0)
+    model = randomize(vitkit.create_model(name, depth=2))
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == 2
+    assert all(block.attn.qkv in onednn._PACKED for block in model.blocks)
+    torch.testing.assert_close(fast, plain_output(model, x), atol=1e-5, rtol=0)
+
+
+class RotaryAttention(Attention):
+    """An attention variant the fused kernels do not know: mixes the channels of the queries
+    before attending (a stand-in for rotary positions)."""
+
+    def _qkv(self, x):
+        q, k, v = super()._qkv(x)
+        return q.flip(-1), k, v
+
+
+class Wrapper(nn.Module):
+    """A module wrapped around a layer: an adapter that scales its output."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return 1.5 * self.inner(x)
+
+
+class ScaledLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def swap_attention(block: OneDNNBlock) -> None:
+    attn = RotaryAttention(64, num_heads=4)
+    attn.load_state_dict(block.attn.state_dict())
+    block.attn = attn.eval()
+
+
+def add_module(block: OneDNNBlock) -> None:
+    block.attn.rope = nn.Identity()
+
+
+def wrap_fc1(block: OneDNNBlock) -> None:
+    block.mlp.fc1 = Wrapper(block.mlp.fc1)
+
+
+def subclass_norm(block: OneDNNBlock) -> None:
+    norm = ScaledLayerNorm(64, eps=1e-6)
+    norm.load_state_dict(block.norm2.state_dict())
+    block.norm2 = norm.eval()
+
+
+def own_forward(block: OneDNNBlock) -> None:
+    act = block.mlp.act
+    act.forward = lambda x: F.gelu(x) * 0.5
+
+
+SUBSTITUTIONS = [
+    pytest.param(swap_attention, "attn is a RotaryAttention, not one the fused kernels "
+                 "implement (Attention)", id="attention-subclass"),
+    pytest.param(add_module, "attn.rope (Identity) is not a layer the fused kernels implement",
+                 id="new-sub-module"),
+    pytest.param(wrap_fc1, "mlp.fc1 is a Wrapper, not one the fused kernels implement (Linear, "
+                 "OneDNNLinear, Int8Linear)", id="wrapper"),
+    pytest.param(subclass_norm, "norm2 is a ScaledLayerNorm, not one the fused kernels "
+                 "implement (LayerNorm, RMSNorm)", id="norm-subclass"),
+    pytest.param(own_forward, "mlp.act has a forward of its own (set on the instance)",
+                 id="instance-forward"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("substitute, reason", SUBSTITUTIONS)
+def test_a_layer_the_fused_kernels_do_not_know_runs_the_plain_path(fused_calls, substitute, reason):
+    model, x = tiny(), images()
+    with torch.inference_mode():
+        before = model(x)
+        substitute(model.blocks[1])
+        tokens = model.blocks[0](model.embed(x))
+        assert model.blocks[1].fast_path_blocker(tokens) == reason
+        assert onednn.unfused_layer(model.blocks[1]) == reason
+        fused_calls.clear()
+        out = model(x)
+    assert len(fused_calls) == 1  # block 0 only
+    plain = plain_output(model, x)
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=0)
+    if substitute is not add_module:  # the new layer computes something else, and it ran
+        assert (out - before).abs().max() > 1e-3
+
+
+@requires_onednn
+def test_a_missing_slot_or_a_sub_module_in_training_is_named():
+    block = tiny().blocks[0]
+    assert onednn.unfused_layer(block) == ""
+    block.mlp.drop1.train()
+    assert onednn.unfused_layer(block) == "mlp.drop1 is in training mode"
+    block.mlp.drop1.eval()
+    del block.mlp.drop2
+    assert onednn.unfused_layer(block) == "mlp.drop2 is missing"
+
+
 def test_layer_scale_falls_back_to_plain_path(fused_calls):
     model = tiny(init_values=0.1)
     x = images()
     with torch.inference_mode():
         out = model(x)
         tokens = model.embed(x)
-        assert model.blocks[0].fast_path_blocker(tokens) == "LayerScale is not fused"
+        assert model.blocks[0].fast_path_blocker(tokens) == (
+            "ls1 is a LayerScale, not one the fused kernels implement (Identity)"
+        )
     assert fused_calls == []  # (the Linear layers' oneDNN products sum in another order)
     torch.testing.assert_close(out, plain_output(model, x), atol=1e-5, rtol=0)
 
@@ -663,10 +848,73 @@ def test_summary_jit_and_fx_leave_the_model_as_built(fused_calls):
     calls = len(fused_calls)
     torch.testing.assert_close(fused(model, x), expected, atol=0, rtol=0)
     assert len(fused_calls) == calls + 2  # both blocks still fused
-    with torch.inference_mode():  # the compiled copies run the plain path
-        torch.testing.assert_close(scripted(x), expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(traced(x), expected, atol=1e-5, rtol=0)
-    assert len(fused_calls) == calls + 2
+    with torch.inference_mode():
+        torch.testing.assert_close(scripted(x), expected, atol=1e-5, rtol=0)  # the plain path
+        assert len(fused_calls) == calls + 2
+        assert torch.equal(traced(x), expected)  # fx calls the blocks: the fused path
+    assert len(fused_calls) == calls + 4
+
+
+# -- torch.fx and TorchScript: what timm's tests/test_models.py checks ------------------------
+
+
+def small_vit() -> vitkit.VisionTransformer:
+    """vit_small_patch16_224 with two blocks: wide enough (384) for every fast layer."""
+    torch.manual_seed(0)
+    return randomize(vitkit.create_model("vit_small_patch16_224", depth=2))
+
+
+@requires_onednn
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "inference"])
+def test_fx_traced_model_computes_the_eager_bits(fused_calls, grad):
+    """timm's `test_model_forward_fx`: `torch.all(fx_outputs == outputs)`. With grad on (as
+    timm runs it) the eager model takes oneDNN's products; under inference_mode the fused
+    blocks. fx records each fast layer as one call, so the traced model takes the same."""
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    with torch.inference_mode(not grad):
+        outputs = model(x)
+        fx_outputs = torch.fx.symbolic_trace(model)(x)
+    assert len(fused_calls) == (0 if grad else 2 * 2)
+    assert outputs.shape == (2, 1000) and not torch.isnan(outputs).any()
+    assert torch.all(fx_outputs == outputs)
+
+
+@requires_timm
+@requires_torchvision
+@requires_onednn
+def test_timms_fx_feature_extractor_computes_the_eager_bits():
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    outputs = model(x)
+    fx_outputs = torch.cat(tuple(timm_fx_model(model)(x).values()))
+    assert torch.all(fx_outputs == outputs)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_fx_then_torchscript_runs_the_plain_path():
+    """timm's `test_model_forward_fx_torchscript`: the traced model scripts (its annotations
+    are types, not strings) and computes what the scripted model computes, bit for bit."""
+    model, x = small_vit().eval(), torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        scripted = torch.jit.script(torch.fx.symbolic_trace(model))(x)
+        assert torch.equal(scripted, torch.jit.script(model)(x))
+        # measured 1.3e-6 on logits up to 4: oneDNN's products against the plain path's
+        torch.testing.assert_close(scripted, model(x), atol=1e-5, rtol=0)
+
+
+@requires_onednn
+def test_with_the_fast_path_off_fx_traces_through_the_blocks():
+    """The escape hatch for graph passes that rewrite the layers inside a block."""
+    model = tiny()
+    graph = torch.fx.symbolic_trace(model).graph
+    modules = {node.target for node in graph.nodes if node.op == "call_module"}
+    assert {"blocks.0", "blocks.1"} <= modules
+    model.set_fast_path(False)
+    traced = torch.fx.symbolic_trace(model)
+    modules = {node.target for node in traced.graph.nodes if node.op == "call_module"}
+    assert "blocks.0" not in modules and "blocks.0.norm1" in modules
+    x = images()
+    with torch.inference_mode():
+        assert torch.equal(traced(x), model(x))
 
 
 # -- gradient checkpointing ------------------------------------------------------------------

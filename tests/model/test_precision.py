@@ -164,7 +164,7 @@ def test_int8_quantises_every_block_linear_and_the_head(digits):
     assert sorted(dynamic if int8_unsupported_reason() else int8) == sorted(expected)
     assert isinstance(model.patch_embed.proj, nn.Conv2d)  # pixels stay float
     if not int8_unsupported_reason():
-        assert onednn.unfused_option(model.blocks[0]) == ""
+        assert onednn.unfused_layer(model.blocks[0]) == ""
 
 
 def test_int8_without_onednn_int8_kernels_keeps_quantize_dynamic(digits, monkeypatch):
@@ -175,8 +175,9 @@ def test_int8_without_onednn_int8_kernels_keeps_quantize_dynamic(digits, monkeyp
     model = quantize_int8(_copy(reference))
     assert not any(isinstance(m, Int8Linear) for m in model.modules())
     assert type(model.blocks[0].attn.qkv).__module__.startswith("torch.ao.nn.quantized.dynamic")
-    assert onednn.unfused_option(model.blocks[0]) == (
-        "qkv is a Linear (e.g. quantised), not a plain Linear"
+    assert onednn.unfused_layer(model.blocks[0]) == (
+        "attn.qkv is a torch.ao.nn.quantized.dynamic.modules.linear.Linear, not one the fused "
+        "kernels implement (Linear, OneDNNLinear, Int8Linear)"
     )
     with torch.inference_mode():
         assert top1_agreement(reference(x), model(x)) >= 0.98

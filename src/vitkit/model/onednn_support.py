@@ -74,6 +74,23 @@ def default_gelu_in_epilogue() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+def record_as_leaf(module: nn.Module, x: torch.fx.Proxy) -> torch.fx.Proxy | None:
+    """Record `module(x)` as one call in the graph torch.fx is tracing, as fx records torch.nn's
+    own layers; None where it cannot (`module` is the root being traced, or not under it).
+
+    The traced model then calls the module, which chooses its kernels as the eager model does,
+    so both compute the same bits; tracing through it would record the plain path, whose
+    products sum in another order."""
+    tracer = x.tracer
+    if getattr(tracer, "root", None) is module:
+        return None
+    try:
+        path = tracer.path_of_module(module)
+    except NameError:  # a module outside the traced root
+        return None
+    return tracer.create_proxy("call_module", path, (x,), {})
+
+
 def dispatch_mode() -> object | None:
     """The active torch dispatch mode (e.g. FlopCounterMode), if any. Call only where
     `unsupported_reason()` is empty: the private function it asks then exists."""

@@ -1,7 +1,7 @@
 """Inference in lower precision: bfloat16 where the CPU computes it natively, int8 anywhere.
 
 - `bf16`: the model's weights become bfloat16 (inputs are cast by the patch embedding, as
-  Hugging Face's ViT does), and the CPU fast path (`onednn.py`) runs its fused blocks on
+  Hugging Face's ViT does), and the CPU fast path (`vit/onednn.py`) runs its fused blocks on
   oneDNN's bf16 kernels with weights packed once. On a CPU without native bf16 (AVX-512 BF16
   or AMX), bf16 products are emulated and slower than float32, so `set_precision` keeps
   float32 there and logs why; on a GPU bf16 always applies. `torch.autocast('cpu',
@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from .onednn_int8 import Int8Linear, int8_unsupported_reason
+from .onednn_linear import OneDNNLinear
 from .onednn_support import native_bf16
-from .vit.onednn import OneDNNLinear
 
 log = logging.getLogger(__name__)
 

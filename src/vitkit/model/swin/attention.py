@@ -36,6 +36,10 @@ class WindowAttention(nn.Module):
     """Version 1: scaled dot-product attention with a learned relative-position-bias table."""
 
     fused_attn = True  # one SDPA call over the windows (see `forward`)
+    logit_scale_max = LOGIT_SCALE_MAX  # version 2's clamp
+    # TorchScript reads these as constants (it takes no global float; it compiles no branch
+    # under a False `fused_attn`)
+    __constants__ = ["fused_attn", "logit_scale_max"]
 
     def __init__(
         self,
@@ -109,16 +113,24 @@ class WindowAttention(nn.Module):
         name; `summary --flow` turns it off to show each step), and so does `torch.export`
         (`_exporting`)."""
         q, k, v = self.queries_keys_values(x)
-        # bf16 training on CPU: written out (SDPA's masked CPU backward in bf16 ran 5-7x the
-        # written-out attention at Swin-T's window shapes)
-        if self.fused_attn and not _exporting() and not bf16_cpu_training(q):
-            bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
-            drop = self.attn_drop.p if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
-                                                 scale=self.scale)  # fmt: skip
-        else:
-            out = self.attn_drop(self.attention(q, k, mask)) @ v  # (B * nW, heads, N, d)
-        out = out.transpose(1, 2).reshape(x.shape)  # (B * nW, N, C)
+        if self.fused_attn:  # a constant under TorchScript: version 2 compiles no SDPA call
+            # bf16 training on CPU: written out (SDPA's masked CPU backward in bf16 ran 5-7x
+            # the written-out attention at Swin-T's window shapes)
+            fused = not bf16_cpu_training(q)
+            if not torch.jit.is_scripting():  # TorchScript compiles the fused path
+                fused = fused and not _exporting()
+            if fused:
+                bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
+                drop = self.attn_drop.p if self.training else 0.0
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
+                                                     scale=self.scale)  # fmt: skip
+                return self.project(out, x.shape)
+        out = self.attn_drop(self.attention(q, k, mask)) @ v  # (B * nW, heads, N, d)
+        return self.project(out, x.shape)
+
+    def project(self, out: Tensor, shape: list[int]) -> Tensor:
+        """Heads (B * nW, heads, N, d) -> the output projection of windows `shape` (B*nW, N, C)."""
+        out = out.transpose(1, 2).reshape(shape)  # (B * nW, N, C)
         return self.proj_drop(self.proj(out))
 
 
@@ -187,4 +199,4 @@ class CosineWindowAttention(WindowAttention):
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """Cosine similarity times the per-head scale, clamped at 100, (B * nW, heads, N, N)."""
         cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-        return cosine * torch.clamp(self.logit_scale, max=LOGIT_SCALE_MAX).exp()
+        return cosine * torch.clamp(self.logit_scale, max=self.logit_scale_max).exp()

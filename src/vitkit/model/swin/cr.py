@@ -14,8 +14,8 @@ What differs from timm's V2 (`swin.py` with version 2):
 The windows, shift mask, patch merging, stage, MLP and stochastic depth are vitkit's Swin's.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the
+# code it generates, where TorchScript cannot read them as strings (fx, then torch.jit.script).
 import math
 from typing import Any
 
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..layers import DropPath, Mlp, PatchEmbed
 from ..layers.patch_embed import to_2tuple
-from .attention import LOGIT_SCALE_MAX, WindowAttention
+from .attention import WindowAttention
 from .cr_config import SwinCrConfig
 from .stage import PatchMerging, SwinBlock, SwinStage
 from .swin import SwinHead, SwinTransformer
@@ -100,8 +100,8 @@ class CrWindowAttention(WindowAttention):
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """Cosine similarity times the per-head scale, clamped at 100, (B * nW, heads, N, N)."""
         cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-        scale = torch.clamp(self.logit_scale.reshape(1, -1, 1, 1), max=LOGIT_SCALE_MAX).exp()
-        return cosine * scale
+        scale = self.logit_scale.reshape(1, -1, 1, 1)  # (1, heads, 1, 1)
+        return cosine * torch.clamp(scale, max=self.logit_scale_max).exp()
 
 
 class CrBlock(SwinBlock):
@@ -171,6 +171,9 @@ class SwinTransformerV2Cr(SwinTransformer):
     `...attn.meta_mlp`, `...norm3`, `head.fc`).
     """
 
+    # Python-side only: TorchScript compiles properties otherwise (`layers` is `stages`).
+    __jit_unused_properties__ = ["pretrained_cfg", "layers"]
+
     def __init__(self, config: SwinCrConfig | None = None, /, **options: Any) -> None:
         nn.Module.__init__(self)
         if config is None:
@@ -192,6 +195,7 @@ class SwinTransformerV2Cr(SwinTransformer):
             for i, dim in enumerate(config.stage_dims)
         ]
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self.output_fmt = "NCHW"  # of forward_features, as timm's cr
         self.init_weights()
 
     @torch.no_grad()
@@ -287,7 +291,10 @@ class SwinTransformerV2Cr(SwinTransformer):
         """A map (B, C, h, w) -> logits (B, num_classes), or the pooled (B, C) features; with
         global_pool 'none' the map stays NCHW."""
         out = self.head(x.permute(0, 2, 3, 1), pre_logits=pre_logits)  # from (B, h, w, C)
-        return out.permute(0, 3, 1, 2) if out.ndim == 4 else out  # (B, C', h, w) if unpooled
+        # asked of the head, not of `out`: torch.fx cannot branch on a traced tensor's ndim
+        if self.head.global_pool == "none":
+            return out.permute(0, 3, 1, 2)  # (B, C', h, w)
+        return out
 
     def forward_intermediates(
         self,

@@ -95,7 +95,13 @@ class SwinBlock(nn.Module):
         x = F.pad(x, (0, 0, 0, -width % ww, 0, -height % wh))  # (B, Hp, Wp, C)
         padded_h, padded_w = x.shape[1], x.shape[2]
         mask = self.attn_mask
-        if shifted and self.dynamic_mask:
+        if torch.jit.is_scripting():  # the mask is Python-side: a scripted Swin needs it built
+            if shifted and self.dynamic_mask:
+                raise ValueError(
+                    "a TorchScript Swin needs its shift masks built: script a model built "
+                    "without dynamic_img_size"
+                )
+        elif shifted and self.dynamic_mask:
             mask = shift_mask(padded_h, padded_w, self.window_size, self.shift_size,
                               device=x.device, dtype=x.dtype)  # fmt: skip
         windows = window_partition(x, self.window_size)  # (B * nW, wh * ww, C)
@@ -150,8 +156,9 @@ class SwinStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
-        if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-            for block in self.blocks:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            return x
+        if not torch.jit.is_scripting():  # TorchScript has no activation checkpointing
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                for block in self.blocks:
+                    x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                return x
         return self.blocks(x)

@@ -15,8 +15,8 @@ Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted Win
       -> pool over H, W, head          (B, num_classes)      forward_head
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the
+# code it generates, where TorchScript cannot read them as strings (fx, then torch.jit.script).
 import math
 from typing import Any
 
@@ -75,6 +75,9 @@ class SwinTransformer(nn.Module):
     `norm`, `head.fc`); `forward_features` returns the normed last map in NHWC, as timm's.
     """
 
+    # Python-side only (it reads `config`): TorchScript compiles properties otherwise.
+    __jit_unused_properties__ = ["pretrained_cfg"]
+
     def __init__(self, config: SwinConfig | None = None, /, **options: Any) -> None:
         super().__init__()
         if config is None:
@@ -104,6 +107,7 @@ class SwinTransformer(nn.Module):
             for i, dim in enumerate(config.stage_dims)
         ]
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
+        self.output_fmt = "NHWC"  # of forward_features, as timm's (its tests read it)
         self.init_weights()
 
     @torch.no_grad()

@@ -4,13 +4,20 @@ A reader of the model can skip this module: `layers/` is the paper, and this fil
 the same function faster on CPUs. Where torch can run the kernels, `layer_classes()` gives the
 model builder `OneDNNBlock` for `Block` and `OneDNNLinear` for the Linear layers of attention and
 MLP: subclasses with the same parameters, keys and hooks, whose `forward` takes the kernels when
-they apply and is the plain layer's otherwise (and under TorchScript and torch.fx).
+they apply and is the plain layer's otherwise (and under TorchScript). torch.fx records each
+as one call (`onednn_support.record_as_leaf`), so a traced model runs what the eager model runs,
+bit for bit; with the fast path off, fx traces through them.
 
-- `OneDNNLinear`: the forward product and the input gradient on oneDNN's inner product, the
-  weight gradient on `torch.mm` (float32 on CPU, training included).
+- `OneDNNLinear` (`model/onednn_linear.py`, shared): the forward product and the input
+  gradient on oneDNN's inner product, the weight gradient on `torch.mm` (float32 on CPU,
+  training included).
 - `OneDNNBlock`: in eval mode with grad off, oneDNN GEMMs with the bias, GELU and residual add
   fused in, on weights packed once into oneDNN's layout, plus SDPA attention, in cache-sized
-  slices of whole images; float32, or bf16 where the CPU has native bf16.
+  slices of whole images; float32, or bf16 where the CPU has native bf16. Only for blocks made
+  of the layers on `FUSED_LAYERS`, an allow-list of what the fused kernels compute (sub-module
+  name -> exact classes): a layer not on it (a new attention variant, a norm subclass, a
+  wrapper, a module added) sends the block down the plain path, with the reason
+  (`fast_path_blocker`), so a new variant is never skipped silently.
 
 `enable_fast_path` (`VisionTransformer.set_fast_path`) sets their `fast_path` flag and options,
 as timm's `fused_attn`; no class changes after construction. The private torch APIs they
@@ -31,20 +38,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Block, Mlp
+from ..layers import Attention, Block, DropPath, Mlp
 from ..onednn_int8 import Int8Linear
+from ..onednn_linear import MIN_FEATURES, OneDNNLinear, onednn_inner_product
 from ..onednn_support import (
     default_gelu_in_epilogue,
     dispatch_mode,
     native_bf16,
+    record_as_leaf,
     unsupported_reason,
 )
 
 logger = logging.getLogger(__name__)
-
-# Narrower products are too small to repay the custom kernel's per-call costs (measured: a
-# 128-wide encoder trained at 0.97x, a 192-wide one at 1.11x).
-MIN_FEATURES = 192
 
 # The fused path runs a batch in slices of whole images whose widest activation (the MLP's
 # hidden layer) stays under this many bytes, so each kernel's output is still in the last-level
@@ -53,115 +58,14 @@ MIN_FEATURES = 192
 # 16 MiB-L3 one, 24 MiB still beat 12 and 6 MiB and unsliced batches.
 SLICE_BYTES = 24 * 2**20
 
-# -- oneDNN Linear ---------------------------------------------------------------------------
-
-
-def _onednn_linear_applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether `OneDNNLinear` may call oneDNN: a float32 CPU input with nothing that needs to
-    see (or cannot trace) the kernel: autocast, compiling or tracing, a dispatch mode such as
-    FlopCounterMode, a tensor subclass, a torch.func transform."""
-    return (
-        not torch.compiler.is_compiling()  # first: the compiler must not trace the rest
-        and not torch.jit.is_tracing()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not unsupported_reason()
-        and not torch.is_autocast_enabled("cpu")
-        and dispatch_mode() is None
-        and not torch.overrides.has_torch_function((x,))
-        and not torch._C._are_functorch_transforms_active()
-    )
-
-
-def _onednn_inner_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-class _InnerProduct(torch.autograd.Function):
-    """x W^T + b, forward and input gradient by oneDNN's inner product, weight gradient by
-    torch.mm: the products MKL computes slowest on some CPUs go to oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        return _onednn_inner_product(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x, weight = ctx.saved_tensors
-        grad = grad.contiguous()  # e.g. the qkv gradient arrives permuted
-        rows = grad.view(-1, grad.shape[-1])  # (tokens, out_features)
-        need_x, need_weight, need_bias = ctx.needs_input_grad
-        grad_x = None
-        if need_x and torch.is_grad_enabled():  # create_graph=True: differentiable ops
-            grad_x = grad @ weight
-        elif need_x:
-            grad_x = _onednn_inner_product(grad, weight.t().contiguous(), None)  # W^T: (in, out)
-        grad_weight = None
-        if need_weight:
-            inputs = x.reshape(-1, x.shape[-1])  # (tokens, in_features)
-            grad_weight = rows.t().mm(inputs)  # (out_features, in_features)
-        grad_bias = rows.sum(0) if need_bias else None
-        return grad_x, grad_weight, grad_bias
-
-
-class OneDNNLinear(nn.Linear):
-    """`nn.Linear` whose product runs on oneDNN's inner-product kernel for float32 CPU inputs,
-    in the forward and the input gradient (~1.3x MKL's GEMM on an AVX-512 AMD CPU, ~1.1-1.2x a
-    whole ViT training step; ~1.1-1.2x the GEMM on an AVX2 one); anywhere else, for layers
-    narrower than `min_features`, with `fast_path` off, and when TorchScript or torch.fx
-    compiles it, it is `F.linear`. Same parameters, state-dict keys and hooks as `nn.Linear`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # nn.Linear's arguments
-        super().__init__(*args, **kwargs)
-        self.fast_path = True  # `enable_fast_path` switches it
-        self.min_features = MIN_FEATURES
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not torch.jit.is_scripting():  # TorchScript and torch.fx compile F.linear below
-            if self.fast_path and not isinstance(x, torch.fx.Proxy):
-                narrow = min(self.in_features, self.out_features) < self.min_features
-                if not narrow and _onednn_linear_applies(x, self.weight):
-                    return _InnerProduct.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-
 # -- the fused inference block ---------------------------------------------------------------
 
 
-def unfused_option(block: Block) -> str:
-    """The block option the fused kernels do not implement ('' when there is none): they
-    compute exactly LN -> qkv -> SDPA -> proj + x -> LN -> fc1 -> exact GELU -> fc2 + x, so
-    any other layer in that chain sends the block down the plain path."""
-    attn, mlp = block.attn, block.mlp
-    if type(mlp) is not Mlp:
-        return f"the {type(mlp).__name__} MLP is not fused"
-    linears = {"qkv": attn.qkv, "proj": attn.proj, "fc1": mlp.fc1, "fc2": mlp.fc2}
-    int8 = [type(layer) is Int8Linear for layer in linears.values()]
-    for name, layer in linears.items():
-        if type(layer) not in (nn.Linear, OneDNNLinear, Int8Linear):
-            return f"{name} is a {type(layer).__name__} (e.g. quantised), not a plain Linear"
-    if any(int8) and not all(int8):
-        return "some of the block's Linear layers are int8 and others not"
-    if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
-        return f"the {type(mlp.act).__name__} activation is not fused (only exact GELU)"
-    extra = {
-        "attn.q_norm": attn.q_norm,
-        "attn.k_norm": attn.k_norm,
-        "attn.norm": attn.norm,
-        "mlp.norm": mlp.norm,
-    }
-    for name, layer in extra.items():
-        if not isinstance(layer, nn.Identity):
-            return f"{name} is not fused"
-    return ""
-
-
-def _has_forward_hooks(module: nn.Module) -> bool:
-    """Whether any forward (pre-)hook, global or on `module` or a sub-module, would run."""
-    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+def _global_forward_hooks() -> bool:
+    """Whether a global forward (pre-)hook would run (those of sub-modules: `unfused_layer`)."""
+    return bool(
+        nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+    )
 
 
 # oneDNN-packed copies of the fused path's Linear weights, per layer and compute dtype: kept
@@ -218,7 +122,7 @@ def _linear(
     layer writes `out_dtype` (default x's)."""
     if isinstance(layer, Int8Linear):
         return layer.forward_fused(x, out_dtype=out_dtype)
-    return _onednn_inner_product(x, *_weight_bias(x, layer))
+    return onednn_inner_product(x, *_weight_bias(x, layer))
 
 
 def _linear_gelu(x: Tensor, layer: nn.Linear | Int8Linear, in_epilogue: bool) -> Tensor:
@@ -315,13 +219,9 @@ class OneDNNBlock(Block):
             return "the block is in training mode"
         if torch.is_grad_enabled():
             return "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
-        if not isinstance(self.ls1, nn.Identity) or not isinstance(self.ls2, nn.Identity):
-            return "LayerScale is not fused"
-        unfused = unfused_option(self)
+        unfused = unfused_layer(self)
         if unfused:
             return unfused
-        if not self.attn.fused_attn:
-            return "attn.fused_attn is False (explicit attention requested)"
         if x.device.type != "cpu":
             return f"the fused kernels are oneDNN's (CPU); the input is on {x.device.type}"
         # an int8 block computes in float32 (its weight scales' dtype), as the model's input
@@ -340,8 +240,8 @@ class OneDNNBlock(Block):
             return f"oneDNN has no fast {dtype} kernel on this CPU"
         if dispatch_mode() is not None or torch.overrides.has_torch_function((x,)):
             return "a dispatch mode or tensor subclass is active"
-        if _has_forward_hooks(self):
-            return "forward hooks are registered on the block or its sub-layers"
+        if _global_forward_hooks():
+            return "global forward hooks are registered (they must see every layer run)"
         return ""
 
     @property
@@ -351,6 +251,10 @@ class OneDNNBlock(Block):
 
     def forward(self, x: Tensor) -> Tensor:
         if not torch.jit.is_scripting():  # TorchScript compiles the plain block below
+            if self.fast_path and isinstance(x, torch.fx.Proxy):
+                leaf = record_as_leaf(self, x)  # torch.fx: one call to this block
+                if leaf is not None:
+                    return leaf
             if not self.fast_path_blocker(x):
                 if torch.is_autocast_enabled("cpu"):  # bf16 kernels on float32 weights
                     with torch.autocast("cpu", enabled=False):
@@ -389,6 +293,111 @@ class OneDNNBlock(Block):
         x = _linear_add(attn.merge_heads(h), attn.proj, x)  # (B, N, D)
         h = _linear_gelu(_norm(self.norm2, x), self.mlp.fc1, in_epilogue)  # (B, N, hidden)
         return _linear_add(h, self.mlp.fc2, x)
+
+
+# -- what the fused kernels implement: an allow-list -------------------------------------------
+
+# Linear layers whose product `_linear` computes (oneDNN's float kernel, or the int8 one).
+_LINEARS: tuple[type[nn.Module], ...] = (nn.Linear, OneDNNLinear, Int8Linear)
+_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)  # run as modules (`_norm`)
+_EVAL_IDENTITY: tuple[type[nn.Module], ...] = (nn.Identity, nn.Dropout, DropPath)
+# The allowed layers that compute something else in training mode (dropout): the fused path
+# leaves a block where one of them is (e.g. `block.attn.train()` in an eval model).
+_TRAINING_DIFFERS: tuple[type[nn.Module], ...] = (nn.Dropout, DropPath, Attention)
+
+# Every sub-module of a block the fused path runs, by its name in the block, and the exact
+# classes (not subclasses: a subclass may compute something else) it may be there: the fused
+# kernels compute norm1 -> attn.qkv -> SDPA -> attn.proj + x -> norm2 -> mlp.fc1 -> exact GELU
+# -> mlp.fc2 + x, and nothing else. A sub-module not listed (a new layer, rotary positions, a
+# wrapper), a class not listed (LayerScale, q/k norm, another MLP or activation, a norm
+# subclass) or a slot missing sends the block down the plain path, which runs the layers.
+FUSED_LAYERS: dict[str, tuple[type[nn.Module], ...]] = {
+    "": (OneDNNBlock,),
+    "norm1": _NORMS,
+    "attn": (Attention,),
+    "attn.qkv": _LINEARS,
+    "attn.q_norm": (nn.Identity,),
+    "attn.k_norm": (nn.Identity,),
+    "attn.attn_drop": _EVAL_IDENTITY,
+    "attn.norm": (nn.Identity,),
+    "attn.proj": _LINEARS,
+    "attn.proj_drop": _EVAL_IDENTITY,
+    "ls1": (nn.Identity,),
+    "drop_path1": _EVAL_IDENTITY,
+    "norm2": _NORMS,
+    "mlp": (Mlp,),
+    "mlp.fc1": _LINEARS,
+    "mlp.act": (nn.GELU,),
+    "mlp.drop1": _EVAL_IDENTITY,
+    "mlp.norm": (nn.Identity,),
+    "mlp.fc2": _LINEARS,
+    "mlp.drop2": _EVAL_IDENTITY,
+    "ls2": (nn.Identity,),
+    "drop_path2": _EVAL_IDENTITY,
+}
+_LINEAR_SLOTS = [name for name, allowed in FUSED_LAYERS.items() if allowed is _LINEARS]
+
+
+def _unfused_setting(name: str, module: nn.Module) -> str:
+    """What an allowed layer is set to that the fused kernels do not compute ('' if nothing)."""
+    if isinstance(module, nn.GELU) and module.approximate != "none":
+        return f"{name} is GELU(approximate={module.approximate!r}); the fused one is exact"
+    if isinstance(module, Attention) and not module.fused_attn:
+        return f"{name}.fused_attn is False (explicit attention requested)"
+    name = name or "the block"
+    if "forward" in vars(module):
+        return f"{name} has a forward of its own (set on the instance)"
+    if module.training and isinstance(module, _TRAINING_DIFFERS):
+        return f"{name} is in training mode"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return f"{name} has forward hooks (they must see it run)"
+    return ""
+
+
+def _not_allowed(name: str, cls: type, allowed: tuple[type, ...] | None) -> str:
+    """The reason a `cls` at `name` is not fused; its module is named where an allowed class
+    has the same name (torch's quantised Linear is also `Linear`)."""
+    if allowed is None:
+        return f"{name} ({cls.__qualname__}) is not a layer the fused kernels implement"
+    found = cls.__qualname__
+    if any(other.__qualname__ == found for other in allowed):
+        found = f"{cls.__module__}.{found}"
+    names = ", ".join(other.__qualname__ for other in allowed)
+    return f"{name or 'the block'} is a {found}, not one the fused kernels implement ({names})"
+
+
+def unfused_layer(block: nn.Module) -> str:
+    """Why the fused kernels do not compute `block` ('' when they do): the first sub-module
+    that is not on `FUSED_LAYERS` (by name and exact class), has a setting they do not
+    compute, computes dropout (training mode), has forward hooks or a `forward` of its own; a
+    missing slot; a mix of int8 and float Linear layers. Called in every forward: one pass
+    over `_modules`."""
+    walk: list[tuple[str, nn.Module]] = [("", block)]
+    int8 = 0
+    for name, module in walk:  # breadth first; the loop reads what it appends
+        cls, allowed = type(module), FUSED_LAYERS.get(name)
+        if allowed is None or cls not in allowed:
+            return _not_allowed(name, cls, allowed)
+        int8 += cls is Int8Linear
+        if (
+            cls is nn.GELU
+            or cls is Attention
+            or (module.training and cls in _TRAINING_DIFFERS)
+            or module._forward_hooks
+            or module._forward_pre_hooks
+            or "forward" in vars(module)
+        ):
+            unfused = _unfused_setting(name, module)
+            if unfused:
+                return unfused
+        prefix = f"{name}." if name else ""
+        walk.extend((prefix + child, sub) for child, sub in module._modules.items())
+    if len(walk) != len(FUSED_LAYERS):  # every name was listed, so some are missing
+        found = {name for name, _ in walk}
+        return f"{next(name for name in FUSED_LAYERS if name not in found)} is missing"
+    if 0 < int8 < len(_LINEAR_SLOTS):
+        return "some of the block's Linear layers are int8 and others not"
+    return ""
 
 
 # -- the choice at build time, and the switch --------------------------------------------------

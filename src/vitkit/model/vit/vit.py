@@ -20,8 +20,8 @@ Register tokens are Darcet et al., "Vision Transformers Need Registers" (ICLR 20
 attention-pooling head is SigLIP's (Zhai et al., 2023).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: torch.fx copies `forward`'s annotations into the
+# code it generates, where TorchScript cannot read them as strings (fx, then torch.jit.script).
 import logging
 from typing import Any
 

@@ -20,9 +20,9 @@ from torch.utils.data import Dataset
 from ...data import Mixup, Splits, transformed
 from ...data.data_config import DataConfig
 from ...files import atomic_write
-from ...model import ViTConfig, get_config, to_2tuple
+from ...model import get_config, to_2tuple
+from ...model.onednn_linear import MIN_FEATURES
 from ...model.onednn_support import native_bf16
-from ...model.vit.onednn import MIN_FEATURES
 from ...weights import inspect, load_pretrained, load_state_dict
 from ...weights.checkpoint import save
 from ...weights.cnn import create_timm_classifier, is_timm_name
@@ -136,8 +136,7 @@ def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, An
     img_size = options.pop("img_size", None)
     if config.model is not None:
         info = inspect(config.pretrained, arch=config.model, overrides=options)
-        if isinstance(info.config, ViTConfig):  # a Swin's arch is checked when read
-            check_arch(info.config, config.model, options)
+        check_arch(info.config, config.model, options)  # a family may check it as it reads
     model = load_pretrained(
         config.pretrained,
         num_classes=splits.num_classes,
