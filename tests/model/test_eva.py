@@ -10,6 +10,7 @@ import torch
 
 from _helpers import optional_import, randomize, requires_timm
 from vitkit import cli, create_model, list_models
+from vitkit.explain.attention import attention_maps
 from vitkit.model import architecture_of, get_config
 from vitkit.model.layers.rope import AxialRope, CenteredRope, MixedRope, apply_rope
 
@@ -202,6 +203,8 @@ def test_attention_weights_are_the_forward_softmax():
         _close(logits, model(x), 1e-5)
     assert len(attentions) == 2 and attentions[0].shape == (1, 6, 197, 197)
     assert torch.allclose(attentions[0].sum(-1), torch.ones(1, 6, 197))
+    maps = attention_maps(model, x)  # what `vitkit explain` draws
+    assert maps["relevance"].shape == maps["rollout"].shape == (1, 14, 14)
 
 
 def test_options_are_checked():

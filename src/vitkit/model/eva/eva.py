@@ -328,8 +328,8 @@ class Eva(IntermediateFeatures, nn.Module):
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """All tokens after the final norm, (B, P + N, D); with `return_attention`, also each
         block's attention weights (B, heads, P + N, P + N)."""
+        tokens = self.embed(x)  # checks the input first
         grid = self.patch_embed.grid_for(*x.shape[-2:])
-        tokens = self.embed(x)
         if return_attention:
             rope = self.rope_embed(grid, tokens.device)
             attentions = []
