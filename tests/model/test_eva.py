@@ -172,6 +172,21 @@ def test_features_and_intermediates_equal_timms():
 
 
 @requires_timm
+@requires_timm
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "vit_small_patch16_rope_mixed_ape_224"])
+def test_set_input_size_equals_timms(name):
+    theirs = randomize(timm.create_model(name, pretrained=False, depth=2))
+    ours = create_model(name, depth=2).eval()
+    ours.load_state_dict(theirs.state_dict())
+    for model in (ours, theirs):
+        model.set_input_size(img_size=160, patch_size=20)
+    x = torch.randn(1, 3, 160, 160, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _close(ours(x), theirs(x))
+    assert ours.feature_info[0]["reduction"] == 20  # the maps' stride (timm keeps the old one)
+
+
+@requires_timm
 def test_rope_embeddings_equal_timms():
     from timm.layers import pos_embed_sincos as sincos
 

@@ -34,7 +34,7 @@ from ..intermediates import IntermediateFeatures, take_indices
 from ..layers.attention import AttentionPool
 from ..layers.norm import make_norm
 from ..layers.patch_embed import PatchEmbed
-from ..layers.pos_embed import resample_pos_embed
+from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
 from .block import EvaBlock
@@ -255,6 +255,42 @@ class Eva(IntermediateFeatures, nn.Module):
             self.fc_norm = nn.Identity()
             self.reset_classifier(0, "none")
         return take
+
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None
+    ) -> None:
+        """Take another image and / or patch size from now on, as timm's: the patch kernel
+        PI-resized to a new patch size (FlexiViT, `resample_patch_embed`), the absolute
+        positions resampled (bicubic); RoPE follows the grid of each input (its reference grid,
+        `ref_feat_shape`, stays)."""
+        old_grid, old = self.patch_embed.grid_size, self.patch_embed
+        self.config = self.config.replace(
+            img_size=self.config.img_size if img_size is None else img_size,
+            patch_size=self.config.patch_size if patch_size is None else patch_size,
+        )
+        new = PatchEmbed(
+            img_size=self.config.img_size,
+            patch_size=self.config.patch_size,
+            in_chans=self.config.in_chans,
+            embed_dim=self.embed_dim,
+            dynamic_img_size=self.config.dynamic_img_size,
+            dynamic_img_pad=self.config.dynamic_img_pad,
+            bias=old.proj.bias is not None,
+        )
+        state = old.state_dict()
+        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
+        new.load_state_dict(state)
+        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        for entry in self.feature_info:
+            entry["reduction"] = self.config.patch_size
+        if self.pos_embed is not None and new.grid_size != old_grid:
+            table = resample_pos_embed(
+                self.pos_embed.detach(),
+                new_size=new.grid_size,
+                old_size=old_grid,
+                num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
+            )
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
 
     # -- forward ------------------------------------------------------------------------------
 
