@@ -22,20 +22,18 @@ from .config import EvaConfig
 def build_mlp(config: EvaConfig) -> nn.Module:
     """timm's choice: SwiGLU with separate gate and value (`fc1_g`, `fc1_x`) where a hidden norm
     or an aligned width asks for it (post-norm blocks: the norm only), else packed in one
-    `fc1`; otherwise the GELU MLP."""
+    `fc1`; otherwise the GELU MLP. With `scale_mlp`, a norm on the hidden layer."""
     dim, hidden = config.embed_dim, int(config.embed_dim * config.mlp_ratio)
-    norm_of = (lambda width: make_norm(config.norm_layer, width, config.norm_eps)) if (
-        config.scale_mlp
-    ) else (lambda width: None)  # fmt: skip
     drop = config.proj_drop_rate
-    if not config.swiglu_mlp:
-        return Mlp(dim, hidden, drop=drop, act_layer="gelu", norm=norm_of(hidden))
     separate = config.scale_mlp or (config.swiglu_align_to and not config.use_post_norm)
+    if config.swiglu_mlp and separate and config.swiglu_align_to:
+        hidden += -hidden % config.swiglu_align_to
+    norm = make_norm(config.norm_layer, hidden, config.norm_eps) if config.scale_mlp else None
+    if not config.swiglu_mlp:
+        return Mlp(dim, hidden, drop=drop, act_layer="gelu", norm=norm)
     if separate:
-        if config.swiglu_align_to:
-            hidden += -hidden % config.swiglu_align_to
-        return SwiGLU(dim, hidden, drop=drop, norm=norm_of(hidden))
-    return SwiGLUPacked(dim, hidden * 2, drop=drop, norm=norm_of(hidden))
+        return SwiGLU(dim, hidden, drop=drop, norm=norm)
+    return SwiGLUPacked(dim, hidden * 2, drop=drop, norm=norm)
 
 
 class EvaBlock(nn.Module):
