@@ -5,6 +5,7 @@ import torch
 
 from _helpers import randomize, requires_timm
 from vitkit import create_model, get_config, list_models
+from vitkit.model import get_architecture
 from vitkit.model.layers.patch_embed import to_2tuple
 from vitkit.model.vit.family import SIZES
 from vitkit.model.vit.presets import FAMILIES
@@ -15,8 +16,8 @@ from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
 # the hybrids in test_hybrid.py, the other blocks in test_block_variants.py.
 _FAMILIES = FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
 _FAMILY_NAMES = {name for family in _FAMILIES for name in family.configs()}
-# The ViT names; the Swin presets are tested in test_swin_registry.py.
-_VIT_NAMES = [n for n in list_models() if not n.startswith("swin")]
+# The ViT names; the Swin presets are tested in test_swin_registry.py, the EVA's in test_eva.py.
+_VIT_NAMES = sorted(get_architecture("vit").presets)
 # The paper's sizes (Table 1; Ti and S from DeiT) at the patch sizes and resolutions it reports.
 _PAPER_NAMES = [
     f"vit_{size}_patch{patch}_{res}"
