@@ -78,6 +78,8 @@ class Predictor:
             gradients, so an fp32 copy is kept to explain with.
     """
 
+    platform = "pytorch_libtorch"  # what runs the model, in the Open Inference Protocol's words
+
     def __init__(
         self,
         model: nn.Module,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,10 +59,17 @@ class Batcher:
     queued images. `start` and `stop` in the event loop that serves the requests."""
 
     def __init__(
-        self, run: Callable[[Tensor, list[int]], Sequence[Any]], batching: Batching
+        self,
+        run: Callable[[Tensor, list[int]], Sequence[Any]],
+        batching: Batching,
+        *,
+        on_batch: Callable[[int, float], None] | None = None,
+        on_queue: Callable[[int], None] | None = None,
     ) -> None:
         self.run = run
         self.batching = batching
+        self.on_batch = on_batch  # (images, seconds) after each forward pass, e.g. metrics
+        self.on_queue = on_queue or (lambda waiting: None)  # images waiting, when it changes
         self.batch_sizes: Counter[int] = Counter()  # batch size -> forward passes
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
@@ -95,6 +103,7 @@ class Batcher:
         items = [_Item(image, topk, loop.create_future()) for image in images]
         for item in items:
             self._queue.put_nowait(item)
+        self.on_queue(self.waiting)
         return list(await asyncio.gather(*(item.done for item in items)))
 
     async def call(self, function: Callable[..., T], *args: Any) -> T:
@@ -105,7 +114,11 @@ class Batcher:
         assert self._queue is not None
         while True:
             batch = await self._gather(self._queue)
+            self.on_queue(self.waiting)
+            if not batch:  # every request of it gave up (timed out, client gone)
+                continue
             self.batch_sizes[len(batch)] += 1
+            started = time.perf_counter()
             try:
                 images = torch.stack([item.image for item in batch])  # (B, C, H, W)
                 results = await self.call(self.run, images, [item.topk for item in batch])
@@ -115,6 +128,8 @@ class Batcher:
                     if not item.done.done():
                         item.done.set_exception(err)
                 continue
+            if self.on_batch is not None:
+                self.on_batch(len(batch), time.perf_counter() - started)
             for item, result in zip(batch, results):
                 if not item.done.done():  # its client may have gone
                     item.done.set_result(result)
@@ -135,4 +150,18 @@ class Batcher:
                 batch.append(await asyncio.wait_for(queue.get(), left))
             except (TimeoutError, asyncio.TimeoutError):
                 break
-        return batch
+        return [item for item in batch if not item.done.done()]  # not those that gave up
+
+    async def warm_up(self, image: Tensor, sizes: Sequence[int]) -> None:
+        """One forward pass of each batch size in `sizes`, of copies of `image` (C, H, W), so
+        that no request pays for the first passes (allocations, kernels chosen per shape)."""
+        for size in sizes:
+            images = image.expand(size, *image.shape).contiguous()  # (B, C, H, W)
+            await self.call(self.run, images, [1] * size)
+
+
+def warm_up_sizes(max_batch: int) -> list[int]:
+    """The batch sizes warmed up before the server is ready: the powers of two up to
+    `max_batch`, and `max_batch` itself."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
+    return sizes if sizes[-1] == max_batch else [*sizes, max_batch]
