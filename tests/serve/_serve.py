@@ -50,9 +50,9 @@ def image_bytes(seed: int, size=(37, 29), mode: str = "RGB", fmt: str = "PNG") -
 
 
 @contextlib.contextmanager
-def running(app) -> Iterator[str]:
-    """`app` served by uvicorn in a thread on 127.0.0.1 and a free port: its base URL; the
-    server is stopped (gracefully) on exit."""
+def running(app, *, ready: bool = True) -> Iterator[str]:
+    """`app` served by uvicorn in a thread on 127.0.0.1 and a free port: its base URL, once
+    warmed up (`ready`); the server is stopped (gracefully) on exit."""
     from vitkit.serve.server import address, bind, server
 
     sock = bind("127.0.0.1", 0)
@@ -62,6 +62,9 @@ def running(app) -> Iterator[str]:
     deadline = time.monotonic() + 30
     while not uvicorn_server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    while ready and not app.state.api.ready.is_set():
+        assert time.monotonic() < deadline, "the server did not warm up"
         time.sleep(0.01)
     try:
         yield address(sock)
