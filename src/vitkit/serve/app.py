@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,6 +27,7 @@ from starlette.routing import Route
 from torch import Tensor
 
 from .. import __version__
+from .access import AccessLogMiddleware
 from .batcher import Batcher, Batching, QueueFull, warm_up_sizes
 from .errors import RequestError, within
 from .limits import Limits
@@ -101,6 +103,7 @@ class _Api:
                          "max_queue": batching.max_queue},
             "batch_sizes": {str(k): n for k, n in sorted(self.batcher.batch_sizes.items())},
             "waiting": self.batcher.waiting,
+            "pid": os.getpid(),
             "limits": {"max_upload_bytes": self.limits.max_upload_bytes,
                        "max_pixels": self.limits.max_pixels, "min_side": self.limits.min_side,
                        "max_files": self.limits.max_files},
@@ -247,10 +250,12 @@ def create_app(
     limits: Limits | None = None,
     warm_up: bool = True,
     load_s: float | None = None,
+    access_log: bool = False,
 ) -> Starlette:
     """The ASGI app serving `service` (run it with uvicorn, `server.serve`), its requests
     batched as `batching` says and bounded by `limits`; ready once warmed up (`warm_up`),
-    the model's load time (`load_s`) among its metrics."""
+    the model's load time (`load_s`) among its metrics, each request logged in the Common Log
+    Format with `access_log`."""
     api = _Api(service, batching or Batching(), limits or Limits(), warm_up=warm_up,
                load_s=load_s)  # fmt: skip
     routes = [
@@ -267,6 +272,8 @@ def create_app(
     ]
     handlers = {RequestError: _refused, HTTPException: _refused, Exception: _failed}
     middleware = [Middleware(MetricsMiddleware, metrics=api.metrics)]
+    if access_log:
+        middleware.insert(0, Middleware(AccessLogMiddleware))
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan,
                     middleware=middleware)  # fmt: skip
     app.state.api = api
