@@ -128,8 +128,13 @@ def serving(*argv: str, wait_ready: bool = True) -> Iterator[Served]:
             time.sleep(0.05)
         yield served
     finally:
-        process.kill()
-        process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def _ready(httpx, url: str) -> bool:

@@ -45,6 +45,14 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (exists and is no zombie)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _expected(checkpoint, images: list[bytes]) -> list[list[dict]]:
     """Each image's four classes, computed here as the server computes them."""
     from vitkit.serve.limits import Limits
@@ -143,3 +151,19 @@ def test_weights_that_cannot_load_fail_once_in_one_line(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("vitkit: error: ") and "broken.safetensors" in last
     assert "Traceback" not in done.stderr
+
+
+def test_the_workers_end_with_a_parent_killed_outright(checkpoint):
+    with serving(str(checkpoint), "--workers", "2", wait_ready=False) as served:
+        parent = served.process.pid
+        deadline = time.monotonic() + 60
+        while len(workers := _children(parent)) != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        served.process.kill()
+        served.process.wait()
+        alive = set(workers)
+        while alive:  # they see their parent gone, and stop
+            assert time.monotonic() < deadline, f"workers {alive} outlived their parent"
+            time.sleep(0.1)
+            alive = {pid for pid in alive if _running(pid)}

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -85,6 +86,9 @@ def run_workers(worker: Callable[[int, Any], int], count: int, metrics_dir: str)
     loop). The workers' metrics go to `metrics_dir`."""
     # read when prometheus_client is first imported, as it is next (`metrics.MULTIPROC_ENV`)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    import uvicorn  # noqa: F401  (imported once here, not in every worker)
+
+    from . import app  # noqa: F401
     from .metrics import forget_worker
 
     context = multiprocessing.get_context("fork")
@@ -110,22 +114,31 @@ def run_workers(worker: Callable[[int, Any], int], count: int, metrics_dir: str)
 
 
 def _start(context: Any, worker: Callable[[int, Any], int], index: int, loaded: Any) -> Any:
-    process = context.Process(target=_worker_main, args=(worker, index, loaded),
+    process = context.Process(target=_worker_main, args=(worker, index, loaded, os.getpid()),
                               name=f"vitkit-worker-{index}", daemon=False)  # fmt: skip
     process.start()
     return process
 
 
-def _worker_main(worker: Callable[[int, Any], int], index: int, loaded: Any) -> None:
+def _worker_main(worker: Callable[[int, Any], int], index: int, loaded: Any, parent: int) -> None:
     """A worker's process: SIGTERM and SIGINT end it quietly (uvicorn handles them while it
-    serves); exits with what `worker` returns."""
+    serves), and so does its parent's end; exits with what `worker` returns."""
 
     def leave(signum: int, frame: Any) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     raise SystemExit(worker(index, loaded))
+
+
+def _end_with(parent: int) -> None:
+    """SIGTERM to this worker once `parent` is gone (killed with SIGKILL, say): no worker
+    outlives the server, holding its port (gunicorn's workers watch their parent too)."""
+    while os.getppid() == parent:
+        time.sleep(POLL_S * 5)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stop(processes: list[Any]) -> None:
