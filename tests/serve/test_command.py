@@ -116,6 +116,11 @@ def test_the_command_serves_until_sigterm_and_finishes_the_request_in_flight(che
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             found = re.search(r"serving \S+ at (http://127\.0\.0\.1:\d+)", line)
             url = found.group(1) if found else None
+        # the startup line: the model, the URL, the batch sizes, the workers
+        startup = (
+            "(fp32, pytorch_libtorch): batches of up to 16 images (warm-up 1, 2, 4, 8, 16), 1 "
+        )
+        assert f"{startup}worker x " in line
         assert httpx.get(f"{url}/health").json() == {"status": "ready"}
         answers: list[httpx.Response] = []
         request = threading.Thread(target=lambda: answers.append(httpx.post(

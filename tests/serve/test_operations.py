@@ -4,6 +4,8 @@ past --timeout-s answered 504."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 
@@ -137,3 +139,27 @@ def test_a_request_past_the_timeout_is_answered_504_and_the_server_goes_on(check
         assert answer.status_code == 200
         samples = _samples(base)
         assert _requests(samples, "/predict", "504") == 1
+
+
+CLF = re.compile(
+    r"^127\.0\.0\.1 - - \[\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "
+    r'"POST /predict\?topk=2 HTTP/1\.1" 200 \d+$'
+)
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+def test_the_access_log_is_the_common_log_format_and_off_by_default(checkpoint, caplog, access_log):
+    from vitkit.serve.app import create_app
+
+    app = create_app(service_of(checkpoint), warm_up=False, access_log=access_log)
+    with caplog.at_level(logging.INFO, logger="vitkit.access"), running(app) as base:
+        png = {"Content-Type": "image/png"}
+        answer = httpx.post(f"{base}/predict?topk=2", content=image_bytes(0), headers=png)
+        assert answer.status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "vitkit.access"]
+    if not access_log:
+        assert lines == []
+        return
+    (line,) = lines
+    assert CLF.match(line), line
+    assert line.endswith(f" {len(answer.content)}")
