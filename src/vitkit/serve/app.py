@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .. import __version__
 from .access import AccessLogMiddleware
-from .batcher import Batcher, Batching, QueueFull, warm_up_sizes
+from .batcher import Arrival, Batcher, Batching, QueueFull, warm_up_sizes
 from .errors import RequestError, within
 from .limits import Limits
 from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
@@ -118,20 +118,23 @@ class _Api:
     @_within_timeout
     async def predict(self, request: Request) -> Response:
         topk = _topk(request.query_params.get("topk"), len(self.service.class_names))
-        uploads = await uploads_of(request, self.limits)
-        self.room_for(len(uploads))  # before any decoding: overload costs little
-        images = [await self.prepared(upload) for upload in uploads]
-        results = await self.classify(images, topk)
+        with self.batcher.arriving() as arrival:
+            uploads = await uploads_of(request, self.limits)
+            self.room_for(len(uploads))  # before any decoding: overload costs little
+            images = [await self.prepared(upload) for upload in uploads]
+            results = await self.classify(images, topk, arrival)
         return JSONResponse({
             "model": self.service.name,
             "precision": self.service.precision,
             "results": [{"image": u.name, "predictions": r} for u, r in zip(uploads, results)],
         })  # fmt: skip
 
-    async def classify(self, images: list[Tensor], topk: int) -> list[Any]:
+    async def classify(
+        self, images: list[Tensor], topk: int, arrival: Arrival | None = None
+    ) -> list[Any]:
         """Each prepared image's top-k, through the batcher; 503 when its queue is full."""
         try:
-            return await self.batcher.submit(images, topk)
+            return await self.batcher.submit(images, topk, arrival)
         except QueueFull as err:
             raise _busy(str(err)) from None
 

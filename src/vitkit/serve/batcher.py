@@ -1,6 +1,8 @@
 """Dynamic batching: images of concurrent requests wait in one bounded queue and go through
 the model together, up to `max_batch` at a time, the first waiting at most `max_wait_ms` for
-others (as TorchServe's `batch_size` / `max_batch_delay` and Triton's dynamic batcher do).
+others (as TorchServe's `batch_size` / `max_batch_delay` and Triton's dynamic batcher do), and
+only while another request is on its way (`arriving`: its body being read, its images
+decoded): a client alone never waits for company that is not coming.
 Each image gets its own result back; a full queue refuses new work at once (`QueueFull`)
 instead of growing memory. The model runs on one thread of its own, so the event loop keeps
 accepting and decoding while a batch computes."""
@@ -8,10 +10,11 @@ accepting and decoding while a batch computes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -47,6 +50,13 @@ class QueueFull(Exception):
     """The queue has no room for a request's images."""
 
 
+class Arrival:
+    """A request on its way to the queue (`Batcher.arriving`), until it submits or fails."""
+
+    def __init__(self) -> None:
+        self.counted = True
+
+
 @dataclass
 class _Item:
     image: Tensor  # (C, H, W)
@@ -73,6 +83,7 @@ class Batcher:
         self.batch_sizes: Counter[int] = Counter()  # batch size -> forward passes
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
+        self._arriving = 0  # requests on their way to submit (`arriving`)
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="vitkit-model")
 
     async def start(self) -> None:
@@ -91,9 +102,29 @@ class Batcher:
         """Images in the queue now."""
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def submit(self, images: Sequence[Tensor], topk: int) -> list[Any]:
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[Arrival]:
+        """A request on its way: the batch being gathered waits for it (up to `max_wait_ms`)
+        until it submits (pass the arrival to `submit`) or leaves the block."""
+        arrival = Arrival()
+        self._arriving += 1
+        try:
+            yield arrival
+        finally:
+            self._arrived(arrival)
+
+    def _arrived(self, arrival: Arrival) -> None:
+        if arrival.counted:
+            arrival.counted = False
+            self._arriving -= 1
+
+    async def submit(
+        self, images: Sequence[Tensor], topk: int, arrival: Arrival | None = None
+    ) -> list[Any]:
         """The results of `images`, each computed in whatever batch it joined; `QueueFull`
         (nothing queued) when the queue cannot take them all."""
+        if arrival is not None:
+            self._arrived(arrival)
         if self._queue is None:
             raise RuntimeError("the batcher is not started; call start() in the serving loop")
         if self.waiting + len(images) > self.batching.max_queue:
@@ -135,7 +166,8 @@ class Batcher:
                     item.done.set_result(result)
 
     async def _gather(self, queue: asyncio.Queue[_Item]) -> list[_Item]:
-        """The next batch: the first image, then others until `max_batch` or `max_wait_ms`."""
+        """The next batch: the first image, then others until `max_batch`, or `max_wait_ms`,
+        or none is queued and no request is on its way."""
         batch = [await queue.get()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batching.max_wait_ms / 1000
@@ -143,6 +175,8 @@ class Batcher:
             if not queue.empty():
                 batch.append(queue.get_nowait())
                 continue
+            if self._arriving == 0:  # nobody else is coming: no use waiting
+                break
             left = deadline - loop.time()
             if left <= 0:
                 break

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from .batcher import Arrival
 from .errors import RequestError, within
 from .uploads import Upload, read_body
 
@@ -104,6 +105,10 @@ class _OpenInference:
 
     async def _infer(self, request: Request) -> Response:
         name = self._name(request)
+        with self.api.batcher.arriving() as arrival:
+            return await self._answer(name, request, arrival)
+
+    async def _answer(self, name: str, request: Request, arrival: Arrival) -> Response:
         header, binary = _split(await read_body(request, self.api.limits), request)
         inputs = header.get("inputs")
         if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
@@ -121,7 +126,7 @@ class _OpenInference:
         else:
             images = list(self._tensor(tensor, binary))
         self.api.room_for(len(images))
-        results = await self.api.classify(images, classes)  # every class, most probable first
+        results = await self.api.classify(images, classes, arrival)  # every class, in order
         outputs = _outputs(results, classes, min(topk, classes), header.get("outputs"))
         answer: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": outputs}
         if "id" in header:
