@@ -163,3 +163,24 @@ def test_the_access_log_is_the_common_log_format_and_off_by_default(checkpoint, 
     (line,) = lines
     assert CLF.match(line), line
     assert line.endswith(f" {len(answer.content)}")
+
+
+def test_connections_go_without_nagles_delay(url):
+    """The listening sockets set TCP_NODELAY (accepted connections inherit it): without it,
+    every answer's body waited for the client's delayed ACK of its headers (~40 ms)."""
+    import socket
+
+    from vitkit.serve.server import bind
+    from vitkit.serve.workers import shared_socket
+
+    for sock in (bind("127.0.0.1", 0), shared_socket("127.0.0.1", 0)):
+        with sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    with httpx.Client(base_url=url) as client:  # one connection, one request after the other
+        client.get("/health")
+        took = []
+        for _ in range(15):
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            took.append(time.perf_counter() - started)
+    assert sorted(took)[7] < 0.03  # the median; 40 ms or more with Nagle's delay

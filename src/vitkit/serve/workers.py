@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .server import listen as start_listening
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often the parent looks at its workers
@@ -58,8 +60,7 @@ def shared_socket(host: str, port: int, *, listen: bool = True) -> socket.socket
             f"cannot listen on {host}:{port}: {err.strerror}; choose another --port or --host"
         ) from None
     if listen:
-        sock.listen(2048)
-        sock.setblocking(False)
+        start_listening(sock)
     return sock
 
 
