@@ -16,7 +16,7 @@ import base64
 import binascii
 import json
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -29,14 +29,29 @@ from .batcher import Arrival
 from .errors import RequestError, within
 from .uploads import Upload, read_body
 
-if TYPE_CHECKING:
-    from .app import _Api
-
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor extension
 DEFAULT_TOPK = 5
 
 
-def oip_routes(api: _Api) -> list[Route]:
+class Api(Protocol):
+    """What the routes use of the app's API (`app._Api`): its service, limits, batcher and
+    readiness, and how it prepares and classifies images."""
+
+    service: Any
+    limits: Any
+    batcher: Any
+    ready: Any
+
+    def room_for(self, count: int) -> None: ...
+
+    async def prepared(self, upload: Upload) -> torch.Tensor: ...
+
+    async def classify(
+        self, images: list[torch.Tensor], topk: int, arrival: Arrival | None = None
+    ) -> list[Any]: ...
+
+
+def oip_routes(api: Api) -> list[Route]:
     """The /v2 routes over the API's service and batcher."""
     v2 = _OpenInference(api)
     return [
@@ -50,7 +65,7 @@ def oip_routes(api: _Api) -> list[Route]:
 
 
 class _OpenInference:
-    def __init__(self, api: _Api) -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api
         self.service = api.service
 
