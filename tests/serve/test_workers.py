@@ -167,3 +167,24 @@ def test_the_workers_end_with_a_parent_killed_outright(checkpoint):
             assert time.monotonic() < deadline, f"workers {alive} outlived their parent"
             time.sleep(0.1)
             alive = {pid for pid in alive if _running(pid)}
+
+
+def test_a_port_another_server_shares_is_refused_in_one_line(checkpoint, capsys):
+    """`--workers` binds with SO_REUSEPORT, which would join another server's workers on the
+    port without a word: the port is checked with a plain bind first."""
+    import socket
+
+    from vitkit import cli
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code = cli.main(["serve", str(checkpoint), "--workers", "2", "--port", str(port)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err[-1] == (
+        f"vitkit: error: cannot listen on 127.0.0.1:{port}: Address already in use; choose "
+        "another --port or --host"
+    )

@@ -45,13 +45,27 @@ def threads_per_worker(workers: int, threads: int = 0) -> int:
 
 def shared_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
     """A TCP socket on `host`:`port` that other processes' sockets may share (SO_REUSEPORT);
-    `listen=False` only holds the port (the kernel gives it no connection)."""
+    `listen=False` only holds the port (the kernel gives it no connection), after checking
+    that no other server has it, one that shares its port included (port 0: chooses one)."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError("--workers needs SO_REUSEPORT (Linux, BSD, macOS); run one worker here")
+    if not listen:  # a plain bind fails where any server, sharing or not, holds the port
+        with _bound(host, port, share=False) as alone:
+            port = alone.getsockname()[1]
+    sock = _bound(host, port, share=True)
+    if listen:
+        start_listening(sock)
+    return sock
+
+
+def _bound(host: str, port: int, *, share: bool) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (`share`: with SO_REUSEPORT); OSError names the
+    address and what to do."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if share:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as err:
@@ -59,8 +73,6 @@ def shared_socket(host: str, port: int, *, listen: bool = True) -> socket.socket
         raise OSError(
             f"cannot listen on {host}:{port}: {err.strerror}; choose another --port or --host"
         ) from None
-    if listen:
-        start_listening(sock)
     return sock
 
 
