@@ -102,7 +102,8 @@ def _lines(stream, into: queue.Queue) -> None:
         into.put(line)
 
 
-def test_the_command_serves_until_sigterm_and_finishes_the_request_in_flight(checkpoint):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_the_command_serves_until_sigterm_and_finishes_the_request_in_flight(checkpoint, stop):
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "vitkit", "serve", str(checkpoint),
                "--port", "0", "--max-wait-ms", "1500"]  # fmt: skip
@@ -128,7 +129,7 @@ def test_the_command_serves_until_sigterm_and_finishes_the_request_in_flight(che
             timeout=30)))  # fmt: skip
         request.start()
         time.sleep(0.5)  # the request waits 1.5 s in the batcher for others
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop)
         request.join(30)
         assert answers and answers[0].status_code == 200, answers
         assert len(answers[0].json()["results"][0]["predictions"]) == 4
