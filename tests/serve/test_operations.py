@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 import time
 
@@ -60,6 +61,8 @@ def test_metrics_parse_and_move_with_the_requests(url):
     assert after[("vitkit_queue_depth", ())] == 0
     assert after[("vitkit_ready", ())] == 1 and after[("vitkit_warmup_seconds", ())] > 0
     assert after[("vitkit_images_per_second", ())] > 0
+    if sys.platform.startswith("linux"):  # prometheus_client reads the process's /proc
+        assert after[("process_resident_memory_bytes", ())] > 10 * 2**20
 
 
 def test_a_path_no_route_has_is_counted_as_unmatched(url):

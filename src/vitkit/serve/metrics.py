@@ -1,7 +1,8 @@
 """What the server has done, for Prometheus (`GET /metrics`, its text format, written by the
 `prometheus-client` library): requests by route, method and status, their latency, the batch
 sizes and the model's time per batch, the images waiting, images through the model (a counter,
-and a gauge of the last seconds' rate), the model's load and warm-up time, and readiness.
+and a gauge of the last seconds' rate), the model's load and warm-up time, readiness, and (one
+process) the process's memory and CPU time.
 
 Each app has its own registry (two apps in one process count apart). Under `--workers N` every
 worker writes its values to files in one folder (`PROMETHEUS_MULTIPROC_DIR`, prometheus-client's
@@ -21,6 +22,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
     multiprocess,
 )
@@ -103,6 +105,8 @@ class Metrics:
             registry=r,
         )
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        if multiprocess_dir() is None:  # one process: its memory, CPU time and open files too
+            ProcessCollector(registry=r)
 
     def batch(self, size: int, seconds: float) -> None:
         """A forward pass of `size` images ended after `seconds`."""
