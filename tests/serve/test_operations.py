@@ -187,3 +187,24 @@ def test_connections_go_without_nagles_delay(url):
             assert client.get("/health").status_code == 200
             took.append(time.perf_counter() - started)
     assert sorted(took)[7] < 0.03  # the median; 40 ms or more with Nagle's delay
+
+
+def test_a_model_that_fails_its_warm_up_is_never_ready_and_says_why(checkpoint, caplog):
+    from vitkit.serve.app import create_app
+
+    service = service_of(checkpoint)
+
+    def broken(images, topk):
+        raise FloatingPointError("the model's outputs are not finite")
+
+    service.predict = broken
+    app = create_app(service)
+    with caplog.at_level(logging.ERROR), running(app, ready=False) as base:
+        deadline = time.monotonic() + 30
+        while not any("warm-up" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert httpx.get(f"{base}/health/ready").status_code == 503
+        assert httpx.get(f"{base}/health/live").status_code == 200
+    (record,) = [r for r in caplog.records if "warm-up" in r.getMessage()]
+    assert record.getMessage() == "the warm-up of tiny.safetensors failed; /health/ready stays 503"

@@ -204,7 +204,13 @@ class _Api:
         started = time.perf_counter()
         if self.warm_up:
             image = self.service.example_image()
-            await self.batcher.warm_up(image, warm_up_sizes(self.batcher.batching.max_batch))
+            try:
+                await self.batcher.warm_up(image, warm_up_sizes(self.batcher.batching.max_batch))
+            except Exception:  # the model cannot run: never ready, and the log says why
+                log.exception(
+                    "the warm-up of %s failed; /health/ready stays 503", self.service.name
+                )
+                return
         seconds = time.perf_counter() - started
         self.metrics.warmup_time.set(seconds)
         self.metrics.ready.set(1)

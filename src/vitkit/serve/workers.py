@@ -114,9 +114,9 @@ def run_workers(worker: Callable[[int, Any], int], count: int, metrics_dir: str)
                     continue
                 process.join()
                 forget_worker(process.pid)
-                if not loaded.is_set():
+                if not loaded.is_set():  # its error said; a signal's death is a failure
                     _stop(processes)
-                    return process.exitcode or 1
+                    return process.exitcode if (process.exitcode or 0) > 0 else 1
                 log.warning("worker %d (pid %s) ended with exit code %s; starting another",
                             i, process.pid, process.exitcode)  # fmt: skip
                 processes[i] = _start(context, worker, i, loaded)
