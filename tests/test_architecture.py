@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "summary": {"model"},
     "plots": {"model", "files"},
     "explain": {"model", "data", "plots"},
-    "inference": {"model", "data", "weights", "explain"},
+    "inference": {"model", "data", "weights", "explain", "export"},
     "export": {"model", "files"},
     "convert": {"weights"},
     "serve": {"options", "data", "explain", "inference"},

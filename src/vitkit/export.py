@@ -312,6 +312,18 @@ def onnx_metadata(module: Exportable) -> dict[str, str]:
     return props
 
 
+def read_onnx_metadata(proto: Any) -> tuple[dict[str, Any] | None, list[str] | None]:
+    """(data config, class names) of a loaded ONNX model (`onnx.ModelProto`) as
+    `export_onnx` wrote them, None where the file records none."""
+    props = {p.key: p.value for p in proto.metadata_props}
+    data_config = props.get(DATA_CONFIG_PROP)
+    names = props.get(CLASS_NAMES_PROP)
+    return (
+        json.loads(data_config) if data_config is not None else None,
+        json.loads(names) if names is not None else None,
+    )
+
+
 def _set_metadata(path: Path, props: dict[str, str]) -> None:
     import onnx
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import IO, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -34,7 +35,12 @@ def predict(model: nn.Module, images: Tensor, topk: int = 5) -> tuple[Tensor, Te
     """Top-k class probabilities and indices, most probable first, for a batch (B, C, H, W) of
     normalised images; a FloatingPointError names the images whose outputs are not finite."""
     model.eval()
-    logits = model(images).float()
+    return top_classes(model(images).float(), topk)
+
+
+def top_classes(logits: Tensor, topk: int) -> tuple[Tensor, Tensor]:
+    """The top-k probabilities and indices of a batch of logits (B, classes), most probable
+    first; a FloatingPointError names the images whose logits are not finite."""
     bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
     if bad:
         raise FloatingPointError(
@@ -77,6 +83,8 @@ class Predictor:
         explanations: keep what explanations need at this precision: an int8 model has no
             gradients, so an fp32 copy is kept to explain with.
     """
+
+    platform = "pytorch_libtorch"  # what runs the model, in the Open Inference Protocol's words
 
     def __init__(
         self,
@@ -195,3 +203,101 @@ def load_for_inference(
 def _what(info: WeightsInfo) -> str:
     """What weights hold, for refusals: 'a timm CNN (resnet18)', else what they are."""
     return f"a timm CNN ({info.cnn['name']})" if info.cnn else info.kind
+
+
+class OnnxPredictor:
+    """A classifier exported by `vitkit export` (`export.export_onnx`) run by onnxruntime,
+    behind `Predictor`'s interface: images prepared as the data config in the file's metadata
+    says, its top classes named by the file's class names. An ONNX graph has no gradients:
+    it does not explain.
+
+    Args:
+        path: the .onnx file (its weights beside it as `<path>.data` when over 2 GiB).
+        threads: onnxruntime's threads (default: torch's, as the process set them).
+        data_overrides: `DataConfig` options over the file's own (`with_overrides`).
+    """
+
+    platform = "onnxruntime_onnx"
+    explanation = None
+    explainer = None
+    maps: tuple[str, ...] = ()
+    device = torch.device("cpu")
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        data_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        proto, self.session = _onnx_session(path, threads or torch.get_num_threads())
+        from .export import read_onnx_metadata
+
+        config, names = read_onnx_metadata(proto)
+        if config is None:
+            raise ValueError(
+                f"{path} records no data config (metadata vitkit_data_config); export the "
+                "checkpoint with vitkit export, which writes it"
+            )
+        self.name = str(path)
+        self.what = "an ONNX graph"
+        self.data_config = with_overrides(DataConfig.from_dict(config), data_overrides or {})
+        output = self.session.get_outputs()[0]
+        if output.name != "logits":
+            raise ValueError(
+                f"{path} gives {output.name!r}, not class scores ('logits'); serve an ONNX file "
+                "of a model with a classifier head"
+            )
+        classes = output.shape[-1]
+        self.class_names = list(names) if names else [str(i) for i in range(classes)]
+        self.precision = "int8" if _quantised(proto) else "fp32"
+        self._input = self.session.get_inputs()[0]
+        self._fixed_batch = self._input.shape[0] == 1  # exported with dynamic_batch=False
+        self._prepare = eval_transform(self.data_config)
+
+    @property
+    def in_chans(self) -> int:
+        return self.data_config.input_size[0]
+
+    def prepare(self, image: Image.Image) -> Tensor:
+        """A decoded image -> the normalised (C, H, W) tensor the graph takes."""
+        return self._prepare(image)
+
+    def predict(self, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
+        """As `Predictor.predict`: (probabilities, class indices), each (B, k)."""
+        batch = images.float().numpy()
+        chunks = [batch[i : i + 1] for i in range(len(batch))] if self._fixed_batch else [batch]
+        logits = [self.session.run(None, {self._input.name: chunk})[0] for chunk in chunks]
+        return top_classes(torch.from_numpy(np.concatenate(logits)).float(), topk)
+
+    def explain(self, image: Any, **kwargs: Any) -> Explanation:
+        raise ValueError(
+            f"{self.name} is an ONNX graph, which has no gradients to explain with; serve the "
+            "checkpoint it was exported from to explain"
+        )
+
+
+def _onnx_session(path: str | os.PathLike, threads: int) -> tuple[Any, Any]:
+    """The ONNX model (without its external weights) and an onnxruntime CPU session of it."""
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as err:
+        raise ImportError(
+            f"serving an ONNX file needs onnx and onnxruntime: pip install 'vitkit[onnx]' "
+            f"({err})", name=err.name,
+        ) from err  # fmt: skip
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such ONNX file")
+    proto = onnx.load(str(path), load_external_data=False)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return proto, session
+
+
+def _quantised(proto: Any) -> bool:
+    """Whether an ONNX graph runs int8 products (onnxruntime's dynamic quantiser's nodes)."""
+    ops = {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul"}
+    return any(node.op_type in ops for node in proto.graph.node)

@@ -14,7 +14,7 @@ import pytest
 from vitkit.cli.errors import describe
 
 # extra -> (the top-level modules it brings, a command that needs them, after a checkpoint CKPT).
-SERVE = ("starlette", "uvicorn", "anyio", "multipart", "python_multipart")
+SERVE = ("starlette", "uvicorn", "anyio", "multipart", "python_multipart", "prometheus_client")
 ONNX = ("onnx", "onnxscript", "onnx_ir", "onnxruntime")
 EXTRA_CASES = {
     "serve": (SERVE, ["serve", "--checkpoint", "CKPT"]),

@@ -119,6 +119,17 @@ def test_health_info_and_openapi(url):
     )
 
 
+def test_openapi_describes_every_route(checkpoint):
+    from vitkit.serve.app import create_app
+
+    from .conftest import service_of
+
+    app = create_app(service_of(checkpoint))
+    from vitkit.serve.openapi import openapi
+
+    assert {route.path for route in app.routes} - {"/openapi.json"} == set(openapi("0")["paths"])
+
+
 def test_page_calls_the_api(url):
     page = httpx.get(f"{url}/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

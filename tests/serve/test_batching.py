@@ -20,11 +20,11 @@ pytestmark = pytest.mark.requires("starlette", "uvicorn", "multipart", "httpx", 
 PNG = {"Content-Type": "image/png"}
 
 
-def _app(service, **batching):
+def _app(service, warm_up: bool = True, **batching):
     from vitkit.serve.app import create_app
     from vitkit.serve.batcher import Batching
 
-    return create_app(service, batching=Batching(**batching))
+    return create_app(service, batching=Batching(**batching), warm_up=warm_up)
 
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(checkpoint):
@@ -87,7 +87,8 @@ def test_a_full_queue_answers_503_with_retry_after_then_serves(checkpoint):
     model = Gated(vitkit.load(checkpoint))
     service = Service(Predictor(model, name="gated"))
     good = image_bytes(0)
-    with running(_app(service, max_batch=1, max_wait_ms=0, max_queue=2)) as url:
+    # no warm-up: the gate holds every forward pass, the test's first request's included
+    with running(_app(service, False, max_batch=1, max_wait_ms=0, max_queue=2)) as url:
 
         def ask() -> int:
             return httpx.post(f"{url}/predict", content=good, headers=PNG, timeout=60).status_code
@@ -130,3 +131,17 @@ def test_the_settings_are_checked_once_by_their_schema():
     assert str(err.value) == "max_upload_mb must be >= 0.001, got 0"
     assert Limits(max_upload_mb=2).max_upload_bytes == 2 * 1024 * 1024
     assert Limits().max_upload_bytes == 20 * 1024 * 1024
+
+
+def test_a_client_alone_does_not_wait_for_company_that_is_not_coming(checkpoint):
+    """The first image of a batch waits for others only while another request is on its way:
+    one client's request runs at once, however long --max-wait-ms is."""
+    service = service_of(checkpoint)
+    with running(_app(service, max_batch=8, max_wait_ms=10_000)) as url:
+        for seed in range(3):
+            started = time.monotonic()
+            answer = httpx.post(f"{url}/predict", content=image_bytes(seed), headers=PNG,
+                                timeout=60)  # fmt: skip
+            assert answer.status_code == 200
+            assert time.monotonic() - started < 5  # not the 10 s a batch may wait
+        assert httpx.get(f"{url}/info").json()["batch_sizes"] == {"1": 3}

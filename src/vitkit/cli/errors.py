@@ -25,6 +25,7 @@ EXTRAS = {
     "multipart": "serve",
     "python_multipart": "serve",
     "anyio": "serve",
+    "prometheus_client": "serve",
     "pycocotools": "detection",
     "tensorboard": "tensorboard",
     "timm": "interop",

@@ -1,27 +1,38 @@
-"""The HTTP API (Starlette): /predict, /explain, /health, /info, /openapi.json and the page at /.
-Every refusal is a JSON `{"error": ...}` with a 4xx status (503 with Retry-After when the
-queue is full); the server goes on serving."""
+"""The HTTP API (Starlette): /predict, /explain, /health (and /health/live, /health/ready),
+/metrics, /info, /openapi.json, the page at /, and the Open Inference Protocol's /v2 routes
+(`oip`). Every refusal is a JSON `{"error": ...}` with a 4xx status (503 with Retry-After when
+the queue is full, 504 past `--timeout-s`); the server goes on serving. Once started, the model
+is warmed up with one batch of each served size (`batcher.warm_up_sizes`) in the background:
+/health/ready answers 503 until that ends."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from torch import Tensor
 
 from .. import __version__
-from .batcher import Batcher, Batching, QueueFull
-from .errors import RequestError
+from .access import AccessLogMiddleware
+from .batcher import Arrival, Batcher, Batching, QueueFull, warm_up_sizes
+from .errors import RequestError, within
 from .limits import Limits
+from .metrics import CONTENT_TYPE, Metrics, MetricsMiddleware
+from .oip import oip_routes
 from .openapi import openapi
 from .page import PAGE
 from .service import MAPS, Service, explanation_json, overlay_png
@@ -30,19 +41,58 @@ from .uploads import Upload, decode_image, uploads_of
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _within_timeout(endpoint: Endpoint) -> Endpoint:
+    """`endpoint` answering 504 once the request has taken `limits.timeout_s`."""
+
+    @functools.wraps(endpoint)
+    async def bounded(self: _Api, request: Request) -> Response:
+        return await within(self.limits.timeout_s, endpoint(self, request))
+
+    return bounded
 
 
 class _Api:
     """The endpoints over one service, its batcher and the request limits."""
 
-    def __init__(self, service: Service, batching: Batching, limits: Limits) -> None:
+    def __init__(
+        self,
+        service: Service,
+        batching: Batching,
+        limits: Limits,
+        *,
+        warm_up: bool = True,
+        load_s: float | None = None,
+    ) -> None:
         self.service = service
         self.limits = limits
-        self.batcher = Batcher(service.predict, batching)
+        self.metrics = Metrics()
+        self.batcher = Batcher(service.predict, batching, on_batch=self.metrics.batch,
+                               on_queue=self.metrics.queue.set)  # fmt: skip
+        self.ready = asyncio.Event()  # set once warmed up
+        self.warm_up = warm_up
         self._decoders = anyio.Semaphore(limits.decoders)
+        self._warming: asyncio.Task | None = None
+        if load_s is not None:
+            self.metrics.load_time.set(load_s)
+        self.metrics.ready.set(0)
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ready"})
+
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"status": "live"})
+
+    async def health_ready(self, request: Request) -> Response:
+        if not self.ready.is_set():
+            return JSONResponse({"status": "warming up"}, 503,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def info(self, request: Request) -> Response:
         batching = self.batcher.batching
@@ -53,6 +103,7 @@ class _Api:
                          "max_queue": batching.max_queue},
             "batch_sizes": {str(k): n for k, n in sorted(self.batcher.batch_sizes.items())},
             "waiting": self.batcher.waiting,
+            "pid": os.getpid(),
             "limits": {"max_upload_bytes": self.limits.max_upload_bytes,
                        "max_pixels": self.limits.max_pixels, "min_side": self.limits.min_side,
                        "max_files": self.limits.max_files},
@@ -64,21 +115,30 @@ class _Api:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi(__version__))
 
+    @_within_timeout
     async def predict(self, request: Request) -> Response:
         topk = _topk(request.query_params.get("topk"), len(self.service.class_names))
-        uploads = await uploads_of(request, self.limits)
-        self._room_for(len(uploads))  # before any decoding: overload costs little
-        images = [await self._prepared(upload) for upload in uploads]
-        try:
-            results = await self.batcher.submit(images, topk)
-        except QueueFull as err:
-            raise _busy(str(err)) from None
+        with self.batcher.arriving() as arrival:
+            uploads = await uploads_of(request, self.limits)
+            self.room_for(len(uploads))  # before any decoding: overload costs little
+            images = [await self.prepared(upload) for upload in uploads]
+            results = await self.classify(images, topk, arrival)
         return JSONResponse({
             "model": self.service.name,
             "precision": self.service.precision,
             "results": [{"image": u.name, "predictions": r} for u, r in zip(uploads, results)],
         })  # fmt: skip
 
+    async def classify(
+        self, images: list[Tensor], topk: int, arrival: Arrival | None = None
+    ) -> list[Any]:
+        """Each prepared image's top-k, through the batcher; 503 when its queue is full."""
+        try:
+            return await self.batcher.submit(images, topk, arrival)
+        except QueueFull as err:
+            raise _busy(str(err)) from None
+
+    @_within_timeout
     async def explain(self, request: Request) -> Response:
         query = request.query_params
         map_name = _choice(query, "map", MAPS)
@@ -91,7 +151,7 @@ class _Api:
         if len(uploads) != 1:
             raise RequestError(400, f"/explain takes one image, got {len(uploads)}")
         (upload,) = uploads
-        await self._prepared(upload)  # the same checks as /predict
+        await self.prepared(upload)  # the same checks as /predict
         try:
             explained = await self.batcher.call(self.service.explain, upload.data, upload.name,
                                                 target, map_name)  # fmt: skip
@@ -109,7 +169,7 @@ class _Api:
         }
         return Response(png, media_type="image/png", headers=headers)
 
-    async def _prepared(self, upload: Upload) -> Tensor:
+    async def prepared(self, upload: Upload) -> Tensor:
         """The upload decoded and prepared, off the event loop, a few at a time."""
         async with self._decoders:
             return await run_in_threadpool(self._decode_and_prepare, upload)
@@ -118,7 +178,8 @@ class _Api:
         image = decode_image(upload, self.limits, in_chans=self.service.in_chans)
         return self.service.prepare(image)
 
-    def _room_for(self, count: int) -> None:
+    def room_for(self, count: int) -> None:
+        """Refuse (413, 503) `count` images the queue cannot take, before any work on them."""
         batching = self.batcher.batching
         if count > batching.max_queue:  # would never fit: no use retrying
             raise RequestError(413, f"{count} images in one request, more than the queue holds "
@@ -130,11 +191,31 @@ class _Api:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.batcher.start()
-        log.info("serving %s (%s)", self.service.name, self.service.precision)
+        self._warming = asyncio.create_task(self._warm_up())
         try:
             yield
         finally:
+            self._warming.cancel()
+            await asyncio.gather(self._warming, return_exceptions=True)
             await self.batcher.stop()
+
+    async def _warm_up(self) -> None:
+        """One batch of each served size, then ready (at once with `warm_up=False`)."""
+        started = time.perf_counter()
+        if self.warm_up:
+            image = self.service.example_image()
+            try:
+                await self.batcher.warm_up(image, warm_up_sizes(self.batcher.batching.max_batch))
+            except Exception:  # the model cannot run: never ready, and the log says why
+                log.exception(
+                    "the warm-up of %s failed; /health/ready stays 503", self.service.name
+                )
+                return
+        seconds = time.perf_counter() - started
+        self.metrics.warmup_time.set(seconds)
+        self.metrics.ready.set(1)
+        self.ready.set()
+        log.debug("%s warmed up in %.2f s", self.service.name, seconds)
 
 
 def _busy(why: str) -> RequestError:
@@ -172,20 +253,37 @@ async def _failed(request: Request, err: Exception) -> Response:
 
 
 def create_app(
-    service: Service, *, batching: Batching | None = None, limits: Limits | None = None
+    service: Service,
+    *,
+    batching: Batching | None = None,
+    limits: Limits | None = None,
+    warm_up: bool = True,
+    load_s: float | None = None,
+    access_log: bool = False,
 ) -> Starlette:
     """The ASGI app serving `service` (run it with uvicorn, `server.serve`), its requests
-    batched as `batching` says and bounded by `limits`."""
-    api = _Api(service, batching or Batching(), limits or Limits())
+    batched as `batching` says and bounded by `limits`; ready once warmed up (`warm_up`),
+    the model's load time (`load_s`) among its metrics, each request logged in the Common Log
+    Format with `access_log`."""
+    api = _Api(service, batching or Batching(), limits or Limits(), warm_up=warm_up,
+               load_s=load_s)  # fmt: skip
     routes = [
         Route("/", api.page, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
+        Route("/health/live", api.live, methods=["GET"]),
+        Route("/health/ready", api.health_ready, methods=["GET"]),
+        Route("/metrics", api.metrics_text, methods=["GET"]),
         Route("/info", api.info, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
         Route("/predict", api.predict, methods=["POST"]),
         Route("/explain", api.explain, methods=["POST"]),
+        *oip_routes(api),
     ]
     handlers = {RequestError: _refused, HTTPException: _refused, Exception: _failed}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan)
+    middleware = [Middleware(MetricsMiddleware, metrics=api.metrics)]
+    if access_log:
+        middleware.insert(0, Middleware(AccessLogMiddleware))
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan,
+                    middleware=middleware)  # fmt: skip
     app.state.api = api
     return app

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
+from typing import TypeVar
+
+import anyio
+
+T = TypeVar("T")
 
 
 class RequestError(Exception):
@@ -14,3 +19,13 @@ class RequestError(Exception):
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+
+
+async def within(seconds: float, work: Awaitable[T]) -> T:
+    """`work`'s result, or 504 once it has taken `seconds` (`--timeout-s`)."""
+    try:
+        with anyio.fail_after(seconds):
+            return await work
+    except TimeoutError:
+        raise RequestError(504, f"the request took over {seconds:g} s; retry later, or start "
+                           "the server with a larger --timeout-s") from None  # fmt: skip

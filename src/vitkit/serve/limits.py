@@ -25,6 +25,8 @@ class Limits(Options):
         body_timeout_s: the time the client has to send its whole body (408 after it: a slow
             client does not hold a connection and its memory for ever).
         decoders: images decoded at once, over all requests (bounds the decoding memory).
+        timeout_s: the time a request may take from its arrival to its answer (504 after it:
+            a client is not kept waiting behind a queue that does not move).
     """
 
     GROUPS: ClassVar[dict[str, str]] = {"limits": "limits on each request"}
@@ -39,6 +41,9 @@ class Limits(Options):
     max_files: int = option(64, "images in one request", range=AT_LEAST_ONE)
     body_timeout_s: float = option(30.0, "seconds to send the whole body", range=POSITIVE)
     decoders: int = option(4, "images decoded at once, over all requests", range=AT_LEAST_ONE)
+    timeout_s: float = option(60.0, "seconds a request may take from its arrival to its "
+                              "answer; beyond, 504", range=POSITIVE, metavar="S",
+                              group="limits")  # fmt: skip
 
     @property
     def max_upload_bytes(self) -> int:

@@ -124,6 +124,65 @@ _PATHS = {
         }
     },
     "/health": {"get": {"summary": "ready", "responses": {"200": _json("ready", {})}}},
+    "/health/live": {
+        "get": {
+            "summary": "the process answers (liveness)",
+            "responses": {"200": _json("live", {"type": "object"})},
+        }
+    },
+    "/health/ready": {
+        "get": {
+            "summary": "the model is loaded and warmed up (readiness)",
+            "responses": {
+                "200": _json("ready", {"type": "object"}),
+                "503": _json("warming up", {"type": "object"}),
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "the server's metrics in Prometheus' text format",
+            "responses": {"200": {"description": "metrics", "content": {"text/plain": {}}}},
+        }
+    },
+    "/v2": {
+        "get": {
+            "summary": "Open Inference Protocol: the server's metadata",
+            "responses": {"200": _json("server metadata", {"type": "object"})},
+        }
+    },
+    "/v2/health/live": {
+        "get": {
+            "summary": "Open Inference Protocol: liveness",
+            "responses": {"200": _json("live", {"type": "object"})},
+        }
+    },
+    "/v2/health/ready": {
+        "get": {
+            "summary": "Open Inference Protocol: readiness (503 before)",
+            "responses": {"200": _json("ready", {"type": "object"})},
+        }
+    },
+    "/v2/models/{name}": {
+        "get": {
+            "summary": "Open Inference Protocol: the model's inputs and outputs",
+            "responses": {"200": _json("model metadata", {"type": "object"})},
+        }
+    },
+    "/v2/models/{name}/ready": {
+        "get": {
+            "summary": "Open Inference Protocol: the model is ready",
+            "responses": {"200": _json("ready", {"type": "object"})},
+        }
+    },
+    "/v2/models/{name}/infer": {
+        "post": {
+            "summary": "Open Inference Protocol: probabilities and top classes of FP32 images "
+            "[batch, C, H, W] or BYTES image files [batch] (JSON, or Triton's binary tensors)",
+            "requestBody": {"required": True, "content": {"application/json": {}}},
+            "responses": {"200": _json("the outputs", {"type": "object"}), **_REFUSALS},
+        }
+    },
     "/info": {
         "get": {
             "summary": "the model, its classes, data config, precision, batching and the batch "

@@ -1,7 +1,8 @@
 """Running the app with uvicorn on a socket bound first: a port in use is an error that says
 so (uvicorn alone would exit the process), and port 0 gives a free port whose number is known
 before the first request. SIGTERM and Ctrl-C stop accepting, finish the requests in flight,
-then end the batcher (uvicorn's graceful shutdown, then the app's lifespan)."""
+then end the batcher (uvicorn's graceful shutdown, then the app's lifespan); the process then
+exits 0, as uvicorn and gunicorn do. How many processes serve (`Processes`) is `workers`'."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..options import Options, Range, option
+from ..options import AT_LEAST_ONE, NON_NEGATIVE, Options, Range, option
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,22 @@ class Address(Options):
                        group="address")  # fmt: skip
 
 
+@dataclass(frozen=True, kw_only=True)
+class Processes(Options):
+    """How many processes serve, their threads, and their logs."""
+
+    GROUPS: ClassVar[dict[str, str]] = {"processes": "processes, threads and logs"}
+
+    workers: int = option(1, "server processes sharing the port, each with its own model, "
+                          "batcher and share of the cores; one that dies is replaced",
+                          range=AT_LEAST_ONE, metavar="N", group="processes")  # fmt: skip
+    threads: int = option(0, "torch (and onnxruntime) threads of each worker; 0: the usable "
+                          "cores shared out among the workers", range=NON_NEGATIVE,
+                          metavar="N", group="processes")  # fmt: skip
+    access_log: bool = option(False, "log every request in the Common Log Format (stderr)",
+                              group="processes")  # fmt: skip
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on `host`:`port` (0: a free port); OSError names the address
     and what to do."""
@@ -42,9 +59,18 @@ def bind(host: str, port: int) -> socket.socket:
         raise OSError(
             f"cannot listen on {host}:{port}: {err.strerror}; choose another --port or --host"
         ) from None
+    listen(sock)
+    return sock
+
+
+def listen(sock: socket.socket) -> None:
+    """Listen on a bound socket, its connections without Nagle's delay (TCP_NODELAY, which
+    accepted connections inherit): else a response's body waits for the ACK of its headers,
+    which the client delays by up to 40 ms (Linux's delayed ACK), on every request."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(2048)
     sock.setblocking(False)
-    return sock
 
 
 def address(sock: socket.socket) -> str:

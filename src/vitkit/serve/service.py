@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Sequence
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -40,10 +42,25 @@ class Service:
         self.class_names = predictor.class_names
         self.data_config = predictor.data_config
         self.precision = predictor.precision
+        self.platform = predictor.platform  # the Open Inference Protocol's name of the runtime
 
     @property
     def in_chans(self) -> int:
         return self.predictor.in_chans
+
+    @property
+    def short_name(self) -> str:
+        """The model's name in URLs (the Open Inference Protocol's /v2/models/{name}): its
+        weights' file or folder name without the suffix ('model' for a run's weights: the
+        run folder's name)."""
+        path = PurePath(self.name)
+        if path.name == "model.safetensors" and path.parent.name:
+            path = path.parent
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem if path.suffix else path.name) or "model"
+
+    def example_image(self) -> Tensor:
+        """A (C, H, W) image of the model's input size (zeros), to warm the model up with."""
+        return torch.zeros(self.data_config.input_size)
 
     def prepare(self, image: Image.Image) -> Tensor:
         """A decoded image -> the normalised (C, H, W) tensor the model takes."""
