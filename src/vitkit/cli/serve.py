@@ -90,7 +90,7 @@ def _worker(
         app = _app(args, *settings)
         sock = shared_socket(host, port)
     except Exception as err:
-        code, message = describe(err, OPTION_FLAGS, "serve")
+        code, message = describe(err, options.option_flags(args), "serve")
         print(f"vitkit: error: {message}", file=sys.stderr)
         return int(code)
     loaded.set()
