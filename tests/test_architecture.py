@@ -215,3 +215,33 @@ def test_a_family_is_named_only_in_its_rooms_and_where_it_is_registered():
                 if module.startswith(room_modules):
                     wrong.append(f"{rel} imports {module}")
     assert sorted(set(wrong)) == []
+
+
+_TABLES = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+
+
+def table_lines(tree: ast.Module) -> set[int]:
+    """The lines of a module's data tables: module-level assignments of literal containers,
+    and the field declarations of class bodies (an option schema's fields)."""
+    lines = set()
+    for node in tree.body:
+        values = [node] if isinstance(node, (ast.Assign, ast.AnnAssign)) else []
+        if values and isinstance(node.value, _TABLES):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.AnnAssign, ast.Assign)):
+                    lines.update(range(item.lineno, item.end_lineno + 1))
+    return lines
+
+
+def test_formatting_is_skipped_only_on_data_tables():
+    """`# fmt: skip` keeps a table's columns aligned; code is left to `ruff format`."""
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        tables = table_lines(ast.parse(text))
+        for number, line in enumerate(text.splitlines(), 1):
+            if "# fmt: skip" in line and number not in tables:
+                wrong.append(f"{path.relative_to(SRC)}:{number}")
+    assert wrong == []

@@ -236,8 +236,12 @@ def export_onnx(
                 atomic_write(path.with_name(name), _copy_from(folder / name))
     log.debug(
         "wrote %s (opset %d, %s, dynamic batch: %s, dynamic image size: %s)",
-        path, opset, precision, dynamic_batch, dynamic_img_size,
-    )  # fmt: skip
+        path,
+        opset,
+        precision,
+        dynamic_batch,
+        dynamic_img_size,
+    )
     return path
 
 

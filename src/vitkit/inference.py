@@ -156,9 +156,16 @@ class Predictor:
                 "explanations=True (an fp32 copy is kept) or in fp32"
             )
         return explain_image(
-            self.explainer, image, self.data_config, target=target, head_fusion=head_fusion,
-            discard_ratio=discard_ratio, per_head=per_head, class_names=self.class_names, out=out,
-        )  # fmt: skip
+            self.explainer,
+            image,
+            self.data_config,
+            target=target,
+            head_fusion=head_fusion,
+            discard_ratio=discard_ratio,
+            per_head=per_head,
+            class_names=self.class_names,
+            out=out,
+        )
 
 
 def load_for_inference(
@@ -196,8 +203,9 @@ def load_for_inference(
     model.data_config = with_overrides(model.data_config, data_overrides or {})
     if classifier and not model.meta.get("class_names"):
         log.warning("%s names no classes; they are named by their indices", weights)
-    return Predictor(model, precision=precision, name=str(weights), what=_what(info),
-                     explanations=explanations)  # fmt: skip
+    return Predictor(
+        model, precision=precision, name=str(weights), what=_what(info), explanations=explanations
+    )
 
 
 def _what(info: WeightsInfo) -> str:
@@ -284,9 +292,9 @@ def _onnx_session(path: str | os.PathLike, threads: int) -> tuple[Any, Any]:
         import onnxruntime
     except ImportError as err:
         raise ImportError(
-            f"serving an ONNX file needs onnx and onnxruntime: pip install 'vitkit[onnx]' "
-            f"({err})", name=err.name,
-        ) from err  # fmt: skip
+            f"serving an ONNX file needs onnx and onnxruntime: pip install 'vitkit[onnx]' ({err})",
+            name=err.name,
+        ) from err
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such ONNX file")
     proto = onnx.load(str(path), load_external_data=False)

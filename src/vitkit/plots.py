@@ -45,8 +45,9 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike) -> N
     plt = pyplot()
     epochs = [row["epoch"] for row in history]
     accuracy = "val_acc1" in history[0]
-    fig, axes = plt.subplots(1, 2 if accuracy else 1, figsize=(10 if accuracy else 5, 4),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, 2 if accuracy else 1, figsize=(10 if accuracy else 5, 4), squeeze=False
+    )
     # Points are marked on short runs: a single epoch is a point, which a line alone does not draw.
     style = {"marker": "o", "markersize": 4} if len(epochs) <= MARKED_EPOCHS else {}
     loss_ax = axes[0, 0]
@@ -124,8 +125,13 @@ def plot_per_class(
     for offset, (name, colour) in enumerate(
         (("precision", "tab:blue"), ("recall", "tab:orange"), ("f1", "tab:green"))
     ):
-        ax.barh([r + (offset - 1) * height for r in rows], scores[name], height=height,
-                label=name if name != "f1" else "F1", color=colour)  # fmt: skip
+        ax.barh(
+            [r + (offset - 1) * height for r in rows],
+            scores[name],
+            height=height,
+            label=name if name != "f1" else "F1",
+            color=colour,
+        )
     support = scores.get("support")
     labels = [f"{n} ({support[i]})" if support else str(n) for i, n in enumerate(class_names)]
     ax.set_yticks(rows, labels, fontsize=8)

@@ -92,12 +92,17 @@ def run(args: argparse.Namespace) -> int:
         )
     skipped = data_lib.unreadable_files(scored.dataset)
     title = f"{Path(args.checkpoint).name} on {scored.description}"
-    plot_confusion(result["confusion"], names, pictures.confusion,
-                   title=f"{title}: top-1 {result['acc1']:.4f}")  # fmt: skip
+    plot_confusion(
+        result["confusion"], names, pictures.confusion, title=f"{title}: top-1 {result['acc1']:.4f}"
+    )
     plot_per_class(result["per_class"], names, pictures.per_class, title=title)
     if args.json:
-        row = {"checkpoint": args.checkpoint, "data": spec, "part": scored.part,
-               "description": scored.description}  # fmt: skip
+        row = {
+            "checkpoint": args.checkpoint,
+            "data": spec,
+            "part": scored.part,
+            "description": scored.description,
+        }
         row.update(_json_scores(result, names, pictures, skipped))
         print(json_text(row))
     else:
@@ -116,9 +121,12 @@ def _evaluation_set(
     in_chans = model.data_config.input_size[0]
     if args.split is None:
         scored = data_lib.evaluation_set(
-            spec, trained_on=meta.data, class_names=meta.class_names and names,
-            in_chans=in_chans, **split,
-        )  # fmt: skip
+            spec,
+            trained_on=meta.data,
+            class_names=meta.class_names and names,
+            in_chans=in_chans,
+            **split,
+        )
     else:
         splits = data_lib.load_data(spec, in_chans=in_chans, skip_corrupt=True, **split)
         parts = {"train": splits.train, "val": splits.val, "test": splits.test}
@@ -193,7 +201,9 @@ def _print_text(
             f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
         )
     if len(names) > TABLE_ROWS:
-        print(f"(the first {TABLE_ROWS} of {len(names)} classes; --json and the per-class "
-              "picture have all)")  # fmt: skip
+        print(
+            f"(the first {TABLE_ROWS} of {len(names)} classes; --json and the per-class "
+            "picture have all)"
+        )
     print(f"confusion matrix: {pictures.confusion}")
     print(f"per-class scores: {pictures.per_class}")

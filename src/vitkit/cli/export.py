@@ -109,8 +109,9 @@ def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
 
     if args.verify:
         import onnxruntime  # noqa: F401  (missing: the one-line hint of `main`)
-    export_onnx(model, args.output, opset=args.opset, verify=args.verify,
-                precision=args.precision, **shapes)  # fmt: skip
+    export_onnx(
+        model, args.output, opset=args.opset, verify=args.verify, precision=args.precision, **shapes
+    )
     props = onnx_metadata(model)
     named = ((CLASS_NAMES_PROP, "the class names"), (DATA_CONFIG_PROP, "the data config"))
     return [what for key, what in named if key in props]

@@ -16,9 +16,11 @@ from .status import ExitCode
 def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(subparsers, "models")
     p.add_argument(
-        "pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vit_base*'; with "
-        "--options, one model's name",
-    )  # fmt: skip
+        "pattern",
+        nargs="?",
+        default="*",
+        help="shell-style filter, e.g. 'vit_base*'; with --options, one model's name",
+    )
     p.add_argument(
         "--options",
         action="store_true",
@@ -61,8 +63,9 @@ def options_table(name: str) -> str:
         f"{name}: options of the {arch.title}, set with --model-opt KEY=VALUE "
         "(lists as 2,2,6,2); the defaults are this model's"
     ]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3]
-              for row in rows]  # fmt: skip
+    lines += [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -72,5 +75,10 @@ def _shown(value: Any) -> str:
         return ",".join(map(_shown, value)) if value else "()"
     if value is None:
         return "null"
-    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(
-        value, float) else str(value)  # fmt: skip
+    return (
+        str(value).lower()
+        if isinstance(value, bool)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )

@@ -90,7 +90,10 @@ def _topk(asked: int | None, classes: int) -> int:
     if asked is None:
         return min(5, classes)
     if asked > classes:
-        log.warning("--topk %d: the checkpoint has %s; listing all of them", asked,
-                    plural(classes, "class", "classes"))  # fmt: skip
+        log.warning(
+            "--topk %d: the checkpoint has %s; listing all of them",
+            asked,
+            plural(classes, "class", "classes"),
+        )
         return classes
     return asked

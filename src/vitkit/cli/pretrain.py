@@ -34,17 +34,20 @@ def run(args: argparse.Namespace) -> int:
 
     config, out = run_config(args, name_of=lambda data: f"mae-{Path(data).name}")
     outcome = run_job(
-        MaeTask, config, out, resume=args.resume, overwrite=args.overwrite,
+        MaeTask,
+        config,
+        out,
+        resume=args.resume,
+        overwrite=args.overwrite,
         progress=progress_bar(not args.no_progress),
-    )  # fmt: skip
+    )
     result = outcome.result
     if outcome.rank != 0:
         return ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK
     if args.json:
         print(json_text(outcome.summary()))
     if result.interrupted:
-        print(f"interrupted; continue with: vitkit pretrain --out {out} --resume",
-              file=sys.stderr)  # fmt: skip
+        print(f"interrupted; continue with: vitkit pretrain --out {out} --resume", file=sys.stderr)
         return ExitCode.INTERRUPTED
     if not args.json:
         history = result.history

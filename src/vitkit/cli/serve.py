@@ -36,9 +36,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "in a browser. Images are prepared as `vitkit predict` prepares them; concurrent "
         "requests are batched. Needs the serve extra: pip install 'vitkit[serve]'.",
     )
-    p.add_argument("source", nargs="?", metavar="RUN_OR_CHECKPOINT",
-                   help="a run folder (its model.safetensors), any weights --checkpoint "
-                   "takes, or an .onnx file (onnxruntime; no /explain)")  # fmt: skip
+    p.add_argument(
+        "source",
+        nargs="?",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run folder (its model.safetensors), any weights --checkpoint "
+        "takes, or an .onnx file (onnxruntime; no /explain)",
+    )
     options.checkpoint(p, required=False)
     add_flags(p, Address, check_ranges=True)
     add_flags(p, Processes, check_ranges=True)
@@ -114,8 +118,13 @@ def _app(args: argparse.Namespace, batching: Batching, limits: Limits, processes
     started = time.perf_counter()
     predictor = _load(args)
     load_s = time.perf_counter() - started
-    return create_app(Service(predictor), batching=batching, limits=limits, load_s=load_s,
-                      access_log=processes.access_log)  # fmt: skip
+    return create_app(
+        Service(predictor),
+        batching=batching,
+        limits=limits,
+        load_s=load_s,
+        access_log=processes.access_log,
+    )
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -124,26 +133,49 @@ def _load(args: argparse.Namespace) -> Any:
         return options.load_predictor(args, purpose="serve", explanations=True)
     from ..inference import OnnxPredictor
 
-    ignored = [flag for flag, given in (("--arch", args.arch), ("--num-heads", args.num_heads),
-                                        ("--device", args.device)) if given]  # fmt: skip
+    ignored = [
+        flag
+        for flag, given in (
+            ("--arch", args.arch),
+            ("--num-heads", args.num_heads),
+            ("--device", args.device),
+        )
+        if given
+    ]
     if args.precision != "fp32" or ignored:
         given = ignored + ([f"--precision {args.precision}"] if args.precision != "fp32" else [])
-        raise UserError(f"{', '.join(given)}: an ONNX file runs as it was exported (onnxruntime, "
-                        "CPU); export it with vitkit export --precision int8 for int8")  # fmt: skip
+        raise UserError(
+            f"{', '.join(given)}: an ONNX file runs as it was exported (onnxruntime, "
+            "CPU); export it with vitkit export --precision int8 for int8"
+        )
     return OnnxPredictor(args.checkpoint, data_overrides=options.preparation_given(args))
 
 
 def _announce(
-    args: argparse.Namespace, url: str, service: Any, batching: Batching,
-    processes: Processes, threads: int,
-) -> None:  # fmt: skip
+    args: argparse.Namespace,
+    url: str,
+    service: Any,
+    batching: Batching,
+    processes: Processes,
+    threads: int,
+) -> None:
     """The startup line: the model, the URL, the batch sizes, the workers and threads."""
     how = f" ({service.precision}, {service.platform})" if service is not None else ""
     workers = processes.workers
     sizes = ", ".join(map(str, warm_up_sizes(batching.max_batch)))
-    log.info("serving %s at %s%s: batches of up to %d images (warm-up %s), %d worker%s x %d "
-             "thread%s; Ctrl-C to stop", args.checkpoint, url, how, batching.max_batch, sizes,
-             workers, "s" if workers > 1 else "", threads, "s" if threads > 1 else "")  # fmt: skip
+    log.info(
+        "serving %s at %s%s: batches of up to %d images (warm-up %s), %d worker%s x %d "
+        "thread%s; Ctrl-C to stop",
+        args.checkpoint,
+        url,
+        how,
+        batching.max_batch,
+        sizes,
+        workers,
+        "s" if workers > 1 else "",
+        threads,
+        "s" if threads > 1 else "",
+    )
 
 
 def _serve_until_stopped(app: Any, sock: Any) -> int:

@@ -51,9 +51,16 @@ def make_shapes_coco(
         image.save(folder / name)
         images.append({"id": image_id, "file_name": name, "height": size[0], "width": size[1]})
         for category, (x, y, w, h) in boxes:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id,
-                                "category_id": category, "bbox": [x, y, w, h], "area": w * h,
-                                "iscrowd": 0})  # fmt: skip
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": category,
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
     categories = [{"id": i + 1, "name": name} for i, name in enumerate(SHAPES)]
     path = folder / "annotations.json"
     coco = {"images": images, "annotations": annotations, "categories": categories}
@@ -141,11 +148,18 @@ def coco_map(annotations: str | Path, detections: Sequence[dict[str, Any]]) -> d
         ) from None
     results = []
     for found in detections:
-        for box, score, label in zip(found["boxes"].tolist(), found["scores"].tolist(),
-                                     found["labels"].tolist()):  # fmt: skip
+        for box, score, label in zip(
+            found["boxes"].tolist(), found["scores"].tolist(), found["labels"].tolist()
+        ):
             x1, y1, x2, y2 = box
-            results.append({"image_id": int(found["image_id"]), "category_id": int(label),
-                            "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score})  # fmt: skip
+            results.append(
+                {
+                    "image_id": int(found["image_id"]),
+                    "category_id": int(label),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": score,
+                }
+            )
     if not results:
         return dict.fromkeys(COCO_METRICS, 0.0)
     printed = io.StringIO()

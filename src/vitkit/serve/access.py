@@ -45,5 +45,4 @@ def common_log_line(scope: Any, status: int, size: int) -> str:
     target = f"{path}?{query}" if query else path
     when = time.strftime("%d/%b/%Y:%H:%M:%S %z")
     version = scope.get("http_version", "1.1")
-    return (f'{host} - - [{when}] "{scope["method"]} {target} HTTP/{version}" {status} '
-            f"{size or '-'}")  # fmt: skip
+    return f'{host} - - [{when}] "{scope["method"]} {target} HTTP/{version}" {status} {size or "-"}'

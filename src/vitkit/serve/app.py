@@ -69,8 +69,9 @@ class _Api:
         self.service = service
         self.limits = limits
         self.metrics = Metrics()
-        self.batcher = Batcher(service.predict, batching, on_batch=self.metrics.batch,
-                               on_queue=self.metrics.queue.set)  # fmt: skip
+        self.batcher = Batcher(
+            service.predict, batching, on_batch=self.metrics.batch, on_queue=self.metrics.queue.set
+        )
         self.ready = asyncio.Event()  # set once warmed up
         self.warm_up = warm_up
         self._decoders = anyio.Semaphore(limits.decoders)
@@ -87,8 +88,9 @@ class _Api:
 
     async def health_ready(self, request: Request) -> Response:
         if not self.ready.is_set():
-            return JSONResponse({"status": "warming up"}, 503,
-                                headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+            return JSONResponse(
+                {"status": "warming up"}, 503, headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
         return JSONResponse({"status": "ready"})
 
     async def metrics_text(self, request: Request) -> Response:
@@ -96,18 +98,26 @@ class _Api:
 
     async def info(self, request: Request) -> Response:
         batching = self.batcher.batching
-        return JSONResponse({
-            **self.service.info(),
-            "version": __version__,
-            "batching": {"max_batch": batching.max_batch, "max_wait_ms": batching.max_wait_ms,
-                         "max_queue": batching.max_queue},
-            "batch_sizes": {str(k): n for k, n in sorted(self.batcher.batch_sizes.items())},
-            "waiting": self.batcher.waiting,
-            "pid": os.getpid(),
-            "limits": {"max_upload_bytes": self.limits.max_upload_bytes,
-                       "max_pixels": self.limits.max_pixels, "min_side": self.limits.min_side,
-                       "max_files": self.limits.max_files},
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                **self.service.info(),
+                "version": __version__,
+                "batching": {
+                    "max_batch": batching.max_batch,
+                    "max_wait_ms": batching.max_wait_ms,
+                    "max_queue": batching.max_queue,
+                },
+                "batch_sizes": {str(k): n for k, n in sorted(self.batcher.batch_sizes.items())},
+                "waiting": self.batcher.waiting,
+                "pid": os.getpid(),
+                "limits": {
+                    "max_upload_bytes": self.limits.max_upload_bytes,
+                    "max_pixels": self.limits.max_pixels,
+                    "min_side": self.limits.min_side,
+                    "max_files": self.limits.max_files,
+                },
+            }
+        )
 
     async def page(self, request: Request) -> Response:
         return HTMLResponse(PAGE)
@@ -123,11 +133,13 @@ class _Api:
             self.room_for(len(uploads))  # before any decoding: overload costs little
             images = [await self.prepared(upload) for upload in uploads]
             results = await self.classify(images, topk, arrival)
-        return JSONResponse({
-            "model": self.service.name,
-            "precision": self.service.precision,
-            "results": [{"image": u.name, "predictions": r} for u, r in zip(uploads, results)],
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "model": self.service.name,
+                "precision": self.service.precision,
+                "results": [{"image": u.name, "predictions": r} for u, r in zip(uploads, results)],
+            }
+        )
 
     async def classify(
         self, images: list[Tensor], topk: int, arrival: Arrival | None = None
@@ -153,8 +165,9 @@ class _Api:
         (upload,) = uploads
         await self.prepared(upload)  # the same checks as /predict
         try:
-            explained = await self.batcher.call(self.service.explain, upload.data, upload.name,
-                                                target, map_name)  # fmt: skip
+            explained = await self.batcher.call(
+                self.service.explain, upload.data, upload.name, target, map_name
+            )
         except ValueError as err:
             raise RequestError(400, str(err)) from None
         names = self.service.class_names
@@ -182,11 +195,16 @@ class _Api:
         """Refuse (413, 503) `count` images the queue cannot take, before any work on them."""
         batching = self.batcher.batching
         if count > batching.max_queue:  # would never fit: no use retrying
-            raise RequestError(413, f"{count} images in one request, more than the queue holds "
-                               f"({batching.max_queue}); send fewer at a time")  # fmt: skip
+            raise RequestError(
+                413,
+                f"{count} images in one request, more than the queue holds "
+                f"({batching.max_queue}); send fewer at a time",
+            )
         if self.batcher.waiting + count > batching.max_queue:
-            raise _busy(f"{self.batcher.waiting} images are waiting (the queue holds at most "
-                        f"{batching.max_queue})")  # fmt: skip
+            raise _busy(
+                f"{self.batcher.waiting} images are waiting (the queue holds at most "
+                f"{batching.max_queue})"
+            )
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -219,8 +237,11 @@ class _Api:
 
 
 def _busy(why: str) -> RequestError:
-    return RequestError(503, f"the server is busy: {why}; retry in {RETRY_AFTER_S} s",
-                        {"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+    return RequestError(
+        503,
+        f"the server is busy: {why}; retry in {RETRY_AFTER_S} s",
+        {"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def _topk(text: str | None, classes: int) -> int:
@@ -265,8 +286,7 @@ def create_app(
     batched as `batching` says and bounded by `limits`; ready once warmed up (`warm_up`),
     the model's load time (`load_s`) among its metrics, each request logged in the Common Log
     Format with `access_log`."""
-    api = _Api(service, batching or Batching(), limits or Limits(), warm_up=warm_up,
-               load_s=load_s)  # fmt: skip
+    api = _Api(service, batching or Batching(), limits or Limits(), warm_up=warm_up, load_s=load_s)
     routes = [
         Route("/", api.page, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
@@ -283,7 +303,8 @@ def create_app(
     middleware = [Middleware(MetricsMiddleware, metrics=api.metrics)]
     if access_log:
         middleware.insert(0, Middleware(AccessLogMiddleware))
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=api.lifespan,
-                    middleware=middleware)  # fmt: skip
+    app = Starlette(
+        routes=routes, exception_handlers=handlers, lifespan=api.lifespan, middleware=middleware
+    )
     app.state.api = api
     return app

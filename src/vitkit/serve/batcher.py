@@ -128,8 +128,10 @@ class Batcher:
         if self._queue is None:
             raise RuntimeError("the batcher is not started; call start() in the serving loop")
         if self.waiting + len(images) > self.batching.max_queue:
-            raise QueueFull(f"{self.waiting} images are waiting (the queue holds at most "
-                            f"{self.batching.max_queue})")  # fmt: skip
+            raise QueueFull(
+                f"{self.waiting} images are waiting (the queue holds at most "
+                f"{self.batching.max_queue})"
+            )
         loop = asyncio.get_running_loop()
         items = [_Item(image, topk, loop.create_future()) for image in images]
         for item in items:

@@ -27,5 +27,8 @@ async def within(seconds: float, work: Awaitable[T]) -> T:
         with anyio.fail_after(seconds):
             return await work
     except TimeoutError:
-        raise RequestError(504, f"the request took over {seconds:g} s; retry later, or start "
-                           "the server with a larger --timeout-s") from None  # fmt: skip
+        raise RequestError(
+            504,
+            f"the request took over {seconds:g} s; retry later, or start "
+            "the server with a larger --timeout-s",
+        ) from None

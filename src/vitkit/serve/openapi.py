@@ -50,8 +50,13 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema,
-            "description": description}  # fmt: skip
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": description,
+    }
 
 
 _PATHS = {
@@ -201,6 +206,9 @@ _PATHS = {
 
 def openapi(version: str) -> dict[str, Any]:
     """The description, for vitkit `version`."""
-    info = {"title": "vitkit serve", "version": version,
-            "description": "A Vision Transformer classifier behind HTTP."}  # fmt: skip
+    info = {
+        "title": "vitkit serve",
+        "version": version,
+        "description": "A Vision Transformer classifier behind HTTP.",
+    }
     return {"openapi": "3.1.0", "info": info, "paths": _PATHS}

@@ -117,8 +117,12 @@ def run_workers(worker: Callable[[int, Any], int], count: int, metrics_dir: str)
                 if not loaded.is_set():  # its error said; a signal's death is a failure
                     _stop(processes)
                     return process.exitcode if (process.exitcode or 0) > 0 else 1
-                log.warning("worker %d (pid %s) ended with exit code %s; starting another",
-                            i, process.pid, process.exitcode)  # fmt: skip
+                log.warning(
+                    "worker %d (pid %s) ended with exit code %s; starting another",
+                    i,
+                    process.pid,
+                    process.exitcode,
+                )
                 processes[i] = _start(context, worker, i, loaded)
             time.sleep(POLL_S)
         log.info("stopping %d workers: answering the requests in flight", count)
@@ -127,8 +131,12 @@ def run_workers(worker: Callable[[int, Any], int], count: int, metrics_dir: str)
 
 
 def _start(context: Any, worker: Callable[[int, Any], int], index: int, loaded: Any) -> Any:
-    process = context.Process(target=_worker_main, args=(worker, index, loaded, os.getpid()),
-                              name=f"vitkit-worker-{index}", daemon=False)  # fmt: skip
+    process = context.Process(
+        target=_worker_main,
+        args=(worker, index, loaded, os.getpid()),
+        name=f"vitkit-worker-{index}",
+        daemon=False,
+    )
     process.start()
     return process
 

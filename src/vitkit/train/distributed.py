@@ -130,8 +130,14 @@ def make_loader(
     """
     rank, size = world()
     if is_stream(dataset):
-        part = StreamPart(as_stream(dataset), train=train, batch_size=batch_size, seed=seed,
-                          rank=rank, world_size=size)  # fmt: skip
+        part = StreamPart(
+            as_stream(dataset),
+            train=train,
+            batch_size=batch_size,
+            seed=seed,
+            rank=rank,
+            world_size=size,
+        )
         return DataLoader(
             part,
             batch_size=batch_size,

@@ -50,7 +50,7 @@ class RunOutcome:
                 "metric": result.best_metric,
                 "value": result.best,
                 "epoch": result.best_epoch,
-            },  # fmt: skip
+            },
             "last": result.history[-1] if result.history else None,
             "test": test,
             "skipped_images": result.corrupt_images,
@@ -92,8 +92,16 @@ def run_job(
         if rank == 0:  # on --resume too: the settings it took (more epochs) are the run's now
             write_record(out, config, job.recorded_model(), job.meta, world_size, task=job.name)
         job.log_start(out)
-        result = fit(job, job.train_set, job.val_set, config, out_dir=out, resume=resume,
-                     progress=progress, loggers=config.loggers)  # fmt: skip
+        result = fit(
+            job,
+            job.train_set,
+            job.val_set,
+            config,
+            out_dir=out,
+            resume=resume,
+            progress=progress,
+            loggers=config.loggers,
+        )
         if result.corrupt_images:
             log.warning("skipped %d unreadable training image(s)", result.corrupt_images)
         test = None if result.interrupted else job.finish(out, result)

@@ -88,5 +88,6 @@ def write_csv(path: Path, history: list[dict[str, Any]]) -> None:
 def log_epoch(row: dict[str, Any], epochs: int, keys: tuple[str, ...]) -> None:
     """One line per epoch: `keys` of the row (the task's), the learning rate and the time."""
     values = "  ".join(f"{key} {row[key]:.4f}" for key in keys if key in row)
-    log.info("epoch %d/%d  %s  lr %.2e  %.1fs", row["epoch"], epochs, values, row["lr"],
-             row["seconds"])  # fmt: skip
+    log.info(
+        "epoch %d/%d  %s  lr %.2e  %.1fs", row["epoch"], epochs, values, row["lr"], row["seconds"]
+    )

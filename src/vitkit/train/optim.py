@@ -179,9 +179,12 @@ class Schedule:
         if warmup < asked:
             log.info(
                 "warm-up shortened from %s (%s) to %s: at most %d%% of the run's %s",
-                _count(config.warmup_epochs, "epoch"), _count(asked, "step"),
-                _count(warmup, "step"), round(100 * MAX_WARMUP_FRACTION), _count(total, "step"),
-            )  # fmt: skip
+                _count(config.warmup_epochs, "epoch"),
+                _count(asked, "step"),
+                _count(warmup, "step"),
+                round(100 * MAX_WARMUP_FRACTION),
+                _count(total, "step"),
+            )
         return cls(
             lr=lr,
             total_steps=total,

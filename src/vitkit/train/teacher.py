@@ -131,10 +131,14 @@ def load_teacher(
         )
     path = Path(spec)
     if not path.exists():
-        what = "teacher {} does not exist" if spec.endswith(".onnx") else (
-            "teacher {!r} is neither a file nor timm:NAME / torchvision:NAME; give a "
-            "checkpoint, an .onnx file, or e.g. timm:resnet18 with --teacher-weights FILE"
-        )  # fmt: skip
+        what = (
+            "teacher {} does not exist"
+            if spec.endswith(".onnx")
+            else (
+                "teacher {!r} is neither a file nor timm:NAME / torchvision:NAME; give a "
+                "checkpoint, an .onnx file, or e.g. timm:resnet18 with --teacher-weights FILE"
+            )
+        )
         raise ValueError(what.format(spec))
     info = inspect(path)  # what the file is, read once
     if info.error is not None and isinstance(info.error, MissingOptionError):
@@ -151,8 +155,9 @@ def load_teacher(
         raise ValueError(
             f"teacher {spec} is {info.kind} without a classifier head; distil from a classifier"
         )
-    return Teacher(model, num_classes=model.num_classes, data_config=model.data_config,
-                   name=spec, **norm)  # fmt: skip
+    return Teacher(
+        model, num_classes=model.num_classes, data_config=model.data_config, name=spec, **norm
+    )
 
 
 def _library_model(library: str, name: str, weights: str | None) -> tuple[nn.Module, DataConfig]:
@@ -175,9 +180,12 @@ def _library_model(library: str, name: str, weights: str | None) -> tuple[nn.Mod
             raise ValueError(f"torchvision has no model {name!r} ({err})") from None
         # torchvision's classification weights: ImageNet statistics, 224 crop of a 256 resize.
         data_config = DataConfig(
-            input_size=(3, 224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-            interpolation="bilinear", crop_pct=0.875,
-        )  # fmt: skip
+            input_size=(3, 224, 224),
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            interpolation="bilinear",
+            crop_pct=0.875,
+        )
     if weights is None:
         log.warning("teacher %s:%s has random weights (no --teacher-weights)", library, name)
         return model, data_config

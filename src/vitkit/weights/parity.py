@@ -212,8 +212,10 @@ def _hf_parity(model: nn.Module, path: Path, given: dict[str, Any]) -> Parity:
     fields: dict[str, Any] = {}
     if stated is None:
         act = ACTIVATIONS.get(config.act_layer, config.act_layer)
-        assumed = [f"the activation ({act} assumed)", f"the norm epsilon ({config.norm_eps:g} "
-                   "assumed)"]  # fmt: skip
+        assumed = [
+            f"the activation ({act} assumed)",
+            f"the norm epsilon ({config.norm_eps:g} assumed)",
+        ]
         if "num_heads" not in given:
             assumed.append(f"the head count ({config.num_heads} assumed)")
         fields = {"assumed": tuple(assumed), "fix": ("hf_config", "to check against transformers")}

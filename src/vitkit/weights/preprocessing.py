@@ -168,12 +168,22 @@ def assumed_data_config(format: str, config: Any, source: str) -> DataConfig:
     their family's documented default (`preprocessing.FAMILY_DEFAULTS`)."""
     if format == "vitkit" and config is not None:
         height, width = to_2tuple(config.img_size, "img_size")
-        assumed = DataConfig(input_size=(config.in_chans, height, width), mean=0.5, std=0.5,
-                             interpolation="bilinear", crop_mode="squash")  # fmt: skip
+        assumed = DataConfig(
+            input_size=(config.in_chans, height, width),
+            mean=0.5,
+            std=0.5,
+            interpolation="bilinear",
+            crop_mode="squash",
+        )
         whose = "vitkit's"
     elif config is None:  # a timm CNN: timm's `_cfg` of its CNNs
-        assumed = DataConfig(input_size=(3, 224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                             interpolation="bicubic", crop_pct=0.875)  # fmt: skip
+        assumed = DataConfig(
+            input_size=(3, 224, 224),
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            interpolation="bicubic",
+            crop_pct=0.875,
+        )
         whose = "timm's CNN"
     else:
         assumed = default_data_config(format, config)

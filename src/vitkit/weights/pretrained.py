@@ -83,8 +83,13 @@ def load_pretrained(
     Missing, unexpected and mis-shaped weights are reported in one readable CheckpointError.
     """
     _check_call(format, model, img_size, overrides)
-    fitting = Fitting(num_classes=num_classes, img_size=img_size, patch_size=patch_size,
-                      distilled=distilled, pos_resample=pos_resample)  # fmt: skip
+    fitting = Fitting(
+        num_classes=num_classes,
+        img_size=img_size,
+        patch_size=patch_size,
+        distilled=distilled,
+        pos_resample=pos_resample,
+    )
     reading = {"num_heads": num_heads, "arch": arch, "config": hf_config}
     reading = {k: v for k, v in reading.items() if v is not None}
     if img_size is not None:  # what a Swin's weights do not record (swin/reading.py)

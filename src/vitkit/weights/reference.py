@@ -136,8 +136,11 @@ def compare(model: nn.Module, outputs: Outputs, **fields: Any) -> Parity:
             "features": features,
             "pooled": model.forward_head(features, pre_logits=True),
         }
-    names = {"output": "logits" if cfg.num_classes else "pooled features",
-             "features": "tokens", "pooled": "pooled features"}  # fmt: skip
+    names = {
+        "output": "logits" if cfg.num_classes else "pooled features",
+        "features": "tokens",
+        "pooled": "pooled features",
+    }
     for key, value in theirs.items():
         if value.ndim == 3 and ours[key].ndim == 4:  # a Swin's NHWC map, as HF's tokens
             ours[key] = ours[key].flatten(1, 2)  # (B, H * W, C)

@@ -38,33 +38,66 @@ NATIVE_GRID = "native"  # ref_feat_shape: the patch grid at the row's resolution
 EVA02 = dict(mlp_ratio=4 * 2 / 3, swiglu_mlp=True, use_rot_pos_emb=True, ref_feat_shape=(16, 16))
 EVA02_BL = {**EVA02, "qkv_fused": False, "scale_mlp": True}
 ROPE_REG = dict(
-    init_values=1e-5, class_token=False, num_reg_tokens=1, use_rot_pos_emb=True,
-    use_abs_pos_emb=False, ref_feat_shape=(16, 16),
-)  # fmt: skip
-PE = dict(attn_type="rope", use_pre_transformer_norm=True, use_rot_pos_emb=True,
-          rope_grid_indexing="xy", norm_eps=1e-5)  # fmt: skip
+    init_values=1e-5,
+    class_token=False,
+    num_reg_tokens=1,
+    use_rot_pos_emb=True,
+    use_abs_pos_emb=False,
+    ref_feat_shape=(16, 16),
+)
+PE = dict(
+    attn_type="rope",
+    use_pre_transformer_norm=True,
+    use_rot_pos_emb=True,
+    rope_grid_indexing="xy",
+    norm_eps=1e-5,
+)
 PE_CORE = {**PE, "global_pool": "map", "attn_pool_num_heads": 8, "attn_pool_mlp_ratio": 4.0,
            "ref_feat_shape": NATIVE_GRID}  # fmt: skip
 PE_DENSE = {**PE, "use_post_transformer_norm": False, "use_fc_norm": False,
             "ref_feat_shape": (32, 32)}  # fmt: skip
-NAVER = dict(attn_type="rope", init_values=1e-5, global_pool="token", use_rot_pos_emb=True,
-             rope_grid_indexing="xy")  # fmt: skip
+NAVER = dict(
+    attn_type="rope",
+    init_values=1e-5,
+    global_pool="token",
+    use_rot_pos_emb=True,
+    rope_grid_indexing="xy",
+)
 AXIAL = {**NAVER, "use_abs_pos_emb": False, "rope_temperature": 100.0}
 MIXED = {**NAVER, "use_abs_pos_emb": False, "rope_temperature": 10.0, "rope_type": "mixed"}
 APE = dict(no_embed_class=True, use_abs_pos_emb=True)
 DINOV3 = dict(
-    dynamic_img_size=True, init_values=1e-5, rope_type="dinov3", rope_temperature=100.0,
-    rope_rotate_half=True, use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=4,
-    use_fc_norm=False, norm_eps=1e-5,
-)  # fmt: skip
+    dynamic_img_size=True,
+    init_values=1e-5,
+    rope_type="dinov3",
+    rope_temperature=100.0,
+    rope_rotate_half=True,
+    use_rot_pos_emb=True,
+    use_abs_pos_emb=False,
+    num_reg_tokens=4,
+    use_fc_norm=False,
+    norm_eps=1e-5,
+)
 SWIGLU_8 = dict(swiglu_mlp=True, swiglu_align_to=8)
 SAPIENS2 = dict(
-    dynamic_img_size=True, attn_type="rope", qkv_fused=False, qk_norm=True, global_pool="token",
-    swiglu_mlp=True, init_values=1.0, attn_only_layer_scale=True, rope_type="dinov3",
-    rope_temperature=100.0, rope_rotate_half=True, rope_rescale_coords=2.0,
-    use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=8, use_fc_norm=False,
+    dynamic_img_size=True,
+    attn_type="rope",
+    qkv_fused=False,
+    qk_norm=True,
+    global_pool="token",
+    swiglu_mlp=True,
+    init_values=1.0,
+    attn_only_layer_scale=True,
+    rope_type="dinov3",
+    rope_temperature=100.0,
+    rope_rotate_half=True,
+    rope_rescale_coords=2.0,
+    use_rot_pos_emb=True,
+    use_abs_pos_emb=False,
+    num_reg_tokens=8,
+    use_fc_norm=False,
     norm_layer="rmsnorm",
-)  # fmt: skip
+)
 # Sapiens2's grouped-query attention: key / value heads of its middle blocks (the first and the
 # last eight keep every head).
 SAPIENS2_KV_HEADS = {"base": 6, "large": 8, "huge": 8, "giant": 12, "5b": 16}

@@ -221,13 +221,28 @@ class ParallelThingsBlock(nn.Module):
         self.attns = nn.ModuleList()
         self.ffns = nn.ModuleList()
         for _ in range(num_parallel):
-            attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                             proj_drop=proj_drop, qk_norm=qk_norm, scale_norm=scale_attn_norm,
-                             proj_bias=proj_bias, linear_layer=linear_layer, **norm)  # fmt: skip
+            attn = Attention(
+                dim,
+                num_heads=num_heads,
+                qkv_bias=qkv_bias,
+                attn_drop=attn_drop,
+                proj_drop=proj_drop,
+                qk_norm=qk_norm,
+                scale_norm=scale_attn_norm,
+                proj_bias=proj_bias,
+                linear_layer=linear_layer,
+                **norm,
+            )
             mlp_norm = make_norm(norm_layer, hidden, norm_eps) if scale_mlp_norm else None
-            mlp = MLP_CLASSES[mlp_layer](dim, hidden, drop=proj_drop, act_layer=act_layer,
-                                         bias=proj_bias, norm=mlp_norm,
-                                         linear_layer=linear_layer)  # fmt: skip
+            mlp = MLP_CLASSES[mlp_layer](
+                dim,
+                hidden,
+                drop=proj_drop,
+                act_layer=act_layer,
+                bias=proj_bias,
+                norm=mlp_norm,
+                linear_layer=linear_layer,
+            )
             self.attns.append(_branch("attn", attn, dim, init_values, drop_path, **norm))
             self.ffns.append(_branch("mlp", mlp, dim, init_values, drop_path, **norm))
 
@@ -253,21 +268,33 @@ def build_block_variant(config: Any, drop_path: float, index: int, linear_layer:
     parallel block, or a `Block` with differential attention (timm builds them the same way,
     passing the block index as `depth`)."""
     common = dict(
-        num_heads=config.num_heads, mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias,
-        qk_norm=config.qk_norm, proj_bias=config.proj_bias, proj_drop=config.drop_rate,
-        attn_drop=config.attn_drop_rate, drop_path=drop_path, init_values=config.init_values,
-        act_layer=config.act_layer, norm_layer=config.norm_layer, norm_eps=config.norm_eps,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio,
+        qkv_bias=config.qkv_bias,
+        qk_norm=config.qk_norm,
+        proj_bias=config.proj_bias,
+        proj_drop=config.drop_rate,
+        attn_drop=config.attn_drop_rate,
+        drop_path=drop_path,
+        init_values=config.init_values,
+        act_layer=config.act_layer,
+        norm_layer=config.norm_layer,
+        norm_eps=config.norm_eps,
         linear_layer=linear_layer,
-    )  # fmt: skip
+    )
     diff = config.attn_layer == "diff"
     if config.block == "parallel_scaling" and diff:
         return DiffParallelScalingBlock(config.embed_dim, depth=index, **common)
     if config.block == "parallel_scaling":
         return ParallelScalingBlock(config.embed_dim, **common)
-    extra = dict(scale_attn_norm=config.scale_attn_norm, scale_mlp_norm=config.scale_mlp_norm,
-                 mlp_layer=config.mlp_layer)  # fmt: skip
+    extra = dict(
+        scale_attn_norm=config.scale_attn_norm,
+        scale_mlp_norm=config.scale_mlp_norm,
+        mlp_layer=config.mlp_layer,
+    )
     if config.block == "parallel_things":
         return ParallelThingsBlock(config.embed_dim, **common, **extra)
     attn_layer = partial(DiffAttention, depth=index)
-    return Block(config.embed_dim, qk_scale=config.qk_scale, attn_layer=attn_layer, **common,
-                 **extra)  # fmt: skip
+    return Block(
+        config.embed_dim, qk_scale=config.qk_scale, attn_layer=attn_layer, **common, **extra
+    )

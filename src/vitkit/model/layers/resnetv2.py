@@ -151,7 +151,7 @@ class ResNetStage(nn.Module):
                     out_chans,
                     stride if i == 0 else 1,
                     downsample=i == 0,
-                )  # fmt: skip
+                )
                 for i in range(depth)
             ]
         )

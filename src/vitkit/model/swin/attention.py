@@ -122,8 +122,9 @@ class WindowAttention(nn.Module):
             if fused:
                 bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
                 drop = self.attn_drop.p if self.training else 0.0
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop,
-                                                     scale=self.scale)  # fmt: skip
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale
+                )
                 return self.project(out, x.shape)
         out = self.attn_drop(self.attention(q, k, mask)) @ v  # (B * nW, heads, N, d)
         return self.project(out, x.shape)

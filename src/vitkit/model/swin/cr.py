@@ -140,13 +140,18 @@ class CrBlock(SwinBlock):
             resolution, window, half, config.always_partition
         )
         eps = config.norm_eps
-        self.attn = CrWindowAttention(dim, num_heads=num_heads, window=self.window_size,
-                                      attn_drop=config.attn_drop_rate,
-                                      proj_drop=config.proj_drop_rate)  # fmt: skip
+        self.attn = CrWindowAttention(
+            dim,
+            num_heads=num_heads,
+            window=self.window_size,
+            attn_drop=config.attn_drop_rate,
+            proj_drop=config.proj_drop_rate,
+        )
         self.norm1 = nn.LayerNorm(dim, eps=eps)
         self.drop_path1 = DropPath(drop_path)
-        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), drop=config.proj_drop_rate,
-                       act_layer=config.act_layer)  # fmt: skip
+        self.mlp = Mlp(
+            dim, int(dim * config.mlp_ratio), drop=config.proj_drop_rate, act_layer=config.act_layer
+        )
         self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.drop_path2 = DropPath(drop_path)
         self.norm3 = nn.LayerNorm(dim, eps=eps) if extra_norm else nn.Identity()
@@ -188,8 +193,12 @@ class SwinTransformerV2Cr(SwinTransformer):
         self.patch_embed = _patch_embed(config)
         self.stages = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.Identity()  # none in cr: the identity, for the methods that apply one
-        self.head = SwinHead(config.num_features, config.num_classes,
-                             global_pool=config.global_pool, drop=config.drop_rate)  # fmt: skip
+        self.head = SwinHead(
+            config.num_features,
+            config.num_classes,
+            global_pool=config.global_pool,
+            drop=config.drop_rate,
+        )
         self.feature_info = [
             {"num_chs": dim, "reduction": config.patch_size * 2**i, "module": f"stages.{i}"}
             for i, dim in enumerate(config.stage_dims)
@@ -279,8 +288,9 @@ class SwinTransformerV2Cr(SwinTransformer):
         self.config = self.config.replace(num_classes=num_classes, global_pool=pool)
         self.num_classes, self.global_pool = num_classes, pool
         device = self.patch_embed.proj.weight.device
-        head = SwinHead(self.num_features, num_classes, global_pool=pool,
-                        drop=self.config.drop_rate)  # fmt: skip
+        head = SwinHead(
+            self.num_features, num_classes, global_pool=pool, drop=self.config.drop_rate
+        )
         self.head = head.to(device).train(self.training)
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -309,9 +319,13 @@ class SwinTransformerV2Cr(SwinTransformer):
         """`SwinTransformer.forward_intermediates`, the final features NCHW as
         `forward_features`' (`norm` applies the identity: cr has no final norm, as timm's)."""
         out = super().forward_intermediates(
-            x, indices, norm=norm, output_fmt=output_fmt,
-            intermediates_only=intermediates_only, stop_early=stop_early,
-        )  # fmt: skip
+            x,
+            indices,
+            norm=norm,
+            output_fmt=output_fmt,
+            intermediates_only=intermediates_only,
+            stop_early=stop_early,
+        )
         if intermediates_only:
             return out
         final, maps = out

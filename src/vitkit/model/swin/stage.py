@@ -66,8 +66,13 @@ class SwinBlock(nn.Module):
         self.window_size, self.shift_size = clamp_window(
             resolution, (window, window), half, always_partition
         )
-        attention = dict(num_heads=num_heads, window=self.window_size, qkv_bias=qkv_bias,
-                         attn_drop=attn_drop, proj_drop=proj_drop)  # fmt: skip
+        attention = dict(
+            num_heads=num_heads,
+            window=self.window_size,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+        )
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         if version == 2:
             pretrained = (pretrained_window, pretrained_window)
@@ -102,8 +107,14 @@ class SwinBlock(nn.Module):
                     "without dynamic_img_size"
                 )
         elif shifted and self.dynamic_mask:
-            mask = shift_mask(padded_h, padded_w, self.window_size, self.shift_size,
-                              device=x.device, dtype=x.dtype)  # fmt: skip
+            mask = shift_mask(
+                padded_h,
+                padded_w,
+                self.window_size,
+                self.shift_size,
+                device=x.device,
+                dtype=x.dtype,
+            )
         windows = window_partition(x, self.window_size)  # (B * nW, wh * ww, C)
         windows = self.attn(windows, mask)  # (B * nW, wh * ww, C)
         x = window_reverse(windows, self.window_size, padded_h, padded_w)  # (B, Hp, Wp, C)

@@ -100,8 +100,12 @@ class SwinTransformer(nn.Module):
         )
         self.layers = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.LayerNorm(config.num_features, eps=config.norm_eps)
-        self.head = SwinHead(config.num_features, config.num_classes,
-                             global_pool=config.global_pool, drop=config.drop_rate)  # fmt: skip
+        self.head = SwinHead(
+            config.num_features,
+            config.num_classes,
+            global_pool=config.global_pool,
+            drop=config.drop_rate,
+        )
         self.feature_info = [
             {"num_chs": dim, "reduction": config.patch_size * 2**i, "module": f"layers.{i}"}
             for i, dim in enumerate(config.stage_dims)
@@ -203,9 +207,11 @@ class SwinTransformer(nn.Module):
                 value = getattr(self.config, name)
                 if isinstance(value, tuple) and len(value) > 1:
                     per_stage[name] = value[:kept]
-            self.config = self.config.replace(depths=self.config.depths[:kept],
-                                              num_heads=self.config.num_heads[:kept],
-                                              **per_stage)  # fmt: skip
+            self.config = self.config.replace(
+                depths=self.config.depths[:kept],
+                num_heads=self.config.num_heads[:kept],
+                **per_stage,
+            )
         if prune_head or cut:
             self.reset_classifier(0, "none")
         return take
@@ -225,24 +231,38 @@ class SwinTransformer(nn.Module):
         is not (another aspect ratio) is refused: pass `window_size`."""
         config = self.config
         size = config.img_size if img_size is None else img_size
-        new = config.replace(img_size=size, always_partition=config.always_partition
-                             if always_partition is None else always_partition)  # fmt: skip
+        new = config.replace(
+            img_size=size,
+            always_partition=config.always_partition
+            if always_partition is None
+            else always_partition,
+        )
         windows = self._scaled_windows(new.grid_size, window_size)
         new = new.replace(window_size=windows[0] if len(set(windows)) == 1 else windows)
         if window_size is not None or not hasattr(self, "_window_reference"):
             reference = (config.windows, config.grid_size) if window_size is None else None
             self._window_reference = reference or (windows, new.grid_size)
         old = self.patch_embed
-        self.patch_embed = PatchEmbed(img_size=size, patch_size=config.patch_size,
-                                      in_chans=config.in_chans, embed_dim=config.embed_dim,
-                                      norm=True, norm_eps=config.norm_eps,
-                                      dynamic_img_size=config.dynamic_img_size)  # fmt: skip
+        self.patch_embed = PatchEmbed(
+            img_size=size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            embed_dim=config.embed_dim,
+            norm=True,
+            norm_eps=config.norm_eps,
+            dynamic_img_size=config.dynamic_img_size,
+        )
         self.patch_embed.load_state_dict(old.state_dict())
         self.patch_embed.to(old.proj.weight.device).train(old.training)
         for index, stage in enumerate(self.layers):
             for position, block in enumerate(stage.blocks):
-                _resize_block(block, new.stage_resolution(index), new.windows[index],
-                              shift=position % 2 == 1, always=new.always_partition)  # fmt: skip
+                _resize_block(
+                    block,
+                    new.stage_resolution(index),
+                    new.windows[index],
+                    shift=position % 2 == 1,
+                    always=new.always_partition,
+                )
         self.config = new
 
     def _scaled_windows(
@@ -295,8 +315,9 @@ class SwinTransformer(nn.Module):
         self.config = self.config.replace(num_classes=num_classes, global_pool=pool)
         self.num_classes, self.global_pool = num_classes, pool
         device = self.patch_embed.proj.weight.device
-        head = SwinHead(self.num_features, num_classes, global_pool=pool,
-                        drop=self.config.drop_rate)  # fmt: skip
+        head = SwinHead(
+            self.num_features, num_classes, global_pool=pool, drop=self.config.drop_rate
+        )
         if isinstance(head.fc, nn.Linear):
             trunc_normal_(head.fc.weight)
             nn.init.zeros_(head.fc.bias)
@@ -369,8 +390,9 @@ def _build_stage(config: SwinConfig, index: int) -> SwinStage:
     total = max(sum(config.depths) - 1, 1)
     downsample: nn.Module = nn.Identity()
     if index > 0:
-        downsample = PatchMerging(dims[index - 1], dims[index], post_norm=config.version == 2,
-                                  eps=config.norm_eps)  # fmt: skip
+        downsample = PatchMerging(
+            dims[index - 1], dims[index], post_norm=config.version == 2, eps=config.norm_eps
+        )
     blocks = [
         SwinBlock(
             dims[index],

@@ -460,8 +460,11 @@ def check_tokens(config: ViTConfig) -> None:
 def check_encoder(config: ViTConfig) -> None:
     if config.encoder != "torch":
         return
-    changed = [f"{name}={getattr(config, name)!r}" for name in _NATIVE_ONLY
-               if getattr(config, name) != default_of(type(config), name)]  # fmt: skip
+    changed = [
+        f"{name}={getattr(config, name)!r}"
+        for name in _NATIVE_ONLY
+        if getattr(config, name) != default_of(type(config), name)
+    ]
     if changed:
         raise ValueError(
             f"encoder='torch' (nn.TransformerEncoderLayer) cannot express "
@@ -507,8 +510,12 @@ def check_blocks(config: ViTConfig) -> None:
         raise ValueError("dynamic_img_pad=True pads raw images; it cannot follow a hybrid stem")
     if config.block == "parallel_things" and config.attn_layer != "attn":
         raise ValueError("block='parallel_things' has plain attention only (as timm)")
-    scaling_lacks = (config.scale_attn_norm, config.scale_mlp_norm, config.mlp_layer != "mlp",
-                     config.qk_scale is not None)  # fmt: skip
+    scaling_lacks = (
+        config.scale_attn_norm,
+        config.scale_mlp_norm,
+        config.mlp_layer != "mlp",
+        config.qk_scale is not None,
+    )
     if config.block == "parallel_scaling" and any(scaling_lacks):
         raise ValueError(
             "block='parallel_scaling' fuses a plain MLP into its input projection: it takes no "

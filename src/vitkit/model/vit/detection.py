@@ -217,8 +217,14 @@ def _level_stages(fpn: SimpleFeaturePyramid, index: int, level: nn.Sequential) -
         if isinstance(module, nn.Identity):
             continue
         params = sum(p.numel() for p in module.parameters())
-        stage = Stage(f"{pre}.{name}", f"level {index}", _layer_text(module), layout,
-                      Output(f"{pre}.{name}"), params)  # fmt: skip
+        stage = Stage(
+            f"{pre}.{name}",
+            f"level {index}",
+            _layer_text(module),
+            layout,
+            Output(f"{pre}.{name}"),
+            params,
+        )
         stages.append(stage)
     return stages
 

@@ -22,9 +22,13 @@ from .vit import VisionTransformer
 
 
 def random_masking(
-    batch: int, num_patches: int, keep: int, *, generator: torch.Generator | None = None,
+    batch: int,
+    num_patches: int,
+    keep: int,
+    *,
+    generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor]:
     """(ids_keep (B, keep), mask (B, N) with 1 at dropped patches): exactly `keep` patches per
     image, chosen uniformly at random (MAE's per-sample shuffle)."""
     noise = torch.rand(batch, num_patches, generator=generator, device=device)

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from .family import Family
 
-_REG1_GAP = dict(class_token=False, no_embed_class=True, reg_tokens=1, global_pool="avg",
-                 init_values=1e-5)  # fmt: skip
-_XP = dict(block="parallel_scaling", pre_norm=True, patch_bias=False, no_embed_class=True,
-           norm_layer="rmsnorm", qkv_bias=False, qk_norm=True)  # fmt: skip
+_REG1_GAP = dict(
+    class_token=False, no_embed_class=True, reg_tokens=1, global_pool="avg", init_values=1e-5
+)
+_XP = dict(
+    block="parallel_scaling",
+    pre_norm=True,
+    patch_bias=False,
+    no_embed_class=True,
+    norm_layer="rmsnorm",
+    qkv_bias=False,
+    qk_norm=True,
+)
 _TEST = dict(init_values=1e-5, class_token=False, reg_tokens=1)
 
 BLOCK_FAMILIES: tuple[Family, ...] = (

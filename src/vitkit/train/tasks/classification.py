@@ -121,9 +121,12 @@ def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> 
     )
     size = to_2tuple(img_size, "img_size") if img_size else splits.img_size or (224, 224)
     model.data_config = DataConfig(
-        input_size=(splits.in_chans, *size), mean=splits.mean, std=splits.std,
-        interpolation="bilinear", crop_mode="squash",
-    )  # fmt: skip
+        input_size=(splits.in_chans, *size),
+        mean=splits.mean,
+        std=splits.std,
+        interpolation="bilinear",
+        crop_mode="squash",
+    )
     return model
 
 
@@ -260,8 +263,10 @@ class ClassificationTask(Task):
         task = cls(model, config, teacher=teacher, meta=meta)
         task.splits = splits
         task.train_set, task.val_set, task.test_set = (
-            built.train_set, built.val_set, built.test_set,
-        )  # fmt: skip
+            built.train_set,
+            built.val_set,
+            built.test_set,
+        )
         return task
 
     def log_start(self, out: Path) -> None:
@@ -311,8 +316,9 @@ class ClassificationTask(Task):
         """Freeze what the config freezes (frozen parameters stay out of the optimiser), then
         gradient checkpointing; the EMA starts from the weights as they are."""
         if config.freeze is not None or config.linear_probe:
-            frozen = freeze_layers(self.model, blocks=config.freeze,
-                                   linear_probe=config.linear_probe)  # fmt: skip
+            frozen = freeze_layers(
+                self.model, blocks=config.freeze, linear_probe=config.linear_probe
+            )
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log.info("froze %d parameter tensors; %d parameters train", frozen, trained)
         super().prepare(config)

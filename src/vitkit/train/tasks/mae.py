@@ -80,8 +80,9 @@ class MaeTask(Task):
                 "it with resolve_config(values, job=PretrainConfig)"
             )
         if config.model is None:
-            raise ValueError("MAE pretraining needs a model name; build the config with "
-                             "resolve_config")  # fmt: skip
+            raise ValueError(
+                "MAE pretraining needs a model name; build the config with resolve_config"
+            )
         if is_timm_name(config.model):
             raise ValueError(f"MAE pretrains a ViT encoder; {config.model} is a CNN")
         base = get_config(config.model)
@@ -114,8 +115,12 @@ class MaeTask(Task):
             transformed(splits.train, train_tf),
             val_set,
         )
-        task.meta = {"data": config.data_spec(), "model_name": config.model,
-                     "mean": list(splits.mean), "std": list(splits.std)}  # fmt: skip
+        task.meta = {
+            "data": config.data_spec(),
+            "model_name": config.model,
+            "mean": list(splits.mean),
+            "std": list(splits.std),
+        }
         return task
 
     def recorded_model(self) -> nn.Module:
@@ -125,9 +130,14 @@ class MaeTask(Task):
         config = self.config
         log.info(
             "MAE pretraining of %s on %s: %d images, mask ratio %.2f, %d %s -> %s",
-            config.model, self.splits.name, len(self.train_set), config.mask_ratio,
-            config.epochs, "epoch" if config.epochs == 1 else "epochs", out,
-        )  # fmt: skip
+            config.model,
+            self.splits.name,
+            len(self.train_set),
+            config.mask_ratio,
+            config.epochs,
+            "epoch" if config.epochs == 1 else "epochs",
+            out,
+        )
 
     def checkpointed(self) -> nn.Module:
         return self.model.encoder

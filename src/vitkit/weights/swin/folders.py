@@ -245,9 +245,13 @@ def swin_data_config(model: SwinTransformer) -> DataConfig:
         return found
     chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
     imagenet = chans == 3
-    return DataConfig(input_size=(chans, height, width), interpolation="bicubic", crop_pct=0.9,
-                      mean=IMAGENET_MEAN if imagenet else 0.5,
-                      std=IMAGENET_STD if imagenet else 0.5)  # fmt: skip
+    return DataConfig(
+        input_size=(chans, height, width),
+        interpolation="bicubic",
+        crop_pct=0.9,
+        mean=IMAGENET_MEAN if imagenet else 0.5,
+        std=IMAGENET_STD if imagenet else 0.5,
+    )
 
 
 def swin_folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:

@@ -126,8 +126,10 @@ def coords_windows(sd: dict[str, Tensor]) -> tuple[int, ...] | None:
     for key, table in tables.items():
         stage = int(key.split(".")[1])
         if table.shape[1] != table.shape[2]:
-            raise CheckpointError(f"{key} is of a {tuple(table.shape[1:3])} window, not a square "
-                                  "one; vitkit's Swin has square windows")  # fmt: skip
+            raise CheckpointError(
+                f"{key} is of a {tuple(table.shape[1:3])} window, not a square "
+                "one; vitkit's Swin has square windows"
+            )
         windows.setdefault(stage, (table.shape[1] + 1) // 2)
     return tuple(windows[i] for i in sorted(windows)) if windows else None
 
@@ -156,8 +158,10 @@ def from_hf_swin(
     options: dict[str, Any] = {}
     if hf:
         if hf.get("use_absolute_embeddings"):
-            raise CheckpointError("the config has use_absolute_embeddings=True, which timm's "
-                                  "and vitkit's Swin do not have")  # fmt: skip
+            raise CheckpointError(
+                "the config has use_absolute_embeddings=True, which timm's "
+                "and vitkit's Swin do not have"
+            )
         size = hf.get("image_size", 224)
         options["img_size"] = size if isinstance(size, int) else tuple(size)
         options["window_size"] = hf.get("window_size", 7)
@@ -168,8 +172,10 @@ def from_hf_swin(
             )
         act = hf.get("hidden_act", "gelu")
         if act not in HF_ACTIVATIONS:
-            raise CheckpointError(f"hidden_act {act!r} has no vitkit counterpart; expected one "
-                                  f"of {', '.join(HF_ACTIVATIONS)}")  # fmt: skip
+            raise CheckpointError(
+                f"hidden_act {act!r} has no vitkit counterpart; expected one "
+                f"of {', '.join(HF_ACTIVATIONS)}"
+            )
         options["act_layer"] = HF_ACTIVATIONS[act]
         if "pretrained_window_sizes" in hf:  # transformers reads entry i for stage i
             stages = len(hf.get("depths", ())) or None

@@ -17,10 +17,15 @@ from .torchvision import torchvision_swin_builder, torchvision_swin_model
 def timm_sizes(config: SwinConfig) -> dict[str, Any]:
     """The sizes of a timm Swin the weights show and that can differ from its name's without
     another function: width, depths, heads, classes, channels, resolution and windows."""
-    return {"embed_dim": config.embed_dim, "depths": config.depths,
-            "num_heads": config.num_heads,
-            "num_classes": config.num_classes, "in_chans": config.in_chans,
-            "img_size": config.img_size, "window_size": config.windows}  # fmt: skip
+    return {
+        "embed_dim": config.embed_dim,
+        "depths": config.depths,
+        "num_heads": config.num_heads,
+        "num_classes": config.num_classes,
+        "in_chans": config.in_chans,
+        "img_size": config.img_size,
+        "window_size": config.windows,
+    }
 
 
 def torchvision_parity(model: SwinTransformer, path: Path, given: dict[str, Any]) -> Parity:

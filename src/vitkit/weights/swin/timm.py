@@ -79,8 +79,9 @@ def timm_swin_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
                 key, value = key[: -len("tau")] + "logit_scale", torch.log(1 / value)
             key = key.replace("head.", "head.fc.")
         elif original:
-            key = re.sub(r"layers\.(\d+)\.downsample",
-                         lambda m: f"layers.{int(m[1]) + 1}.downsample", key)  # fmt: skip
+            key = re.sub(
+                r"layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) + 1}.downsample", key
+            )
             key = key.replace("head.", "head.fc.")
         out[key] = value
     return out
@@ -107,8 +108,9 @@ def shown_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
     if version == 2:
         heads = [sd[f"layers.{i}.blocks.0.attn.logit_scale"].shape[0] for i in stages]
     else:
-        heads = [sd[f"layers.{i}.blocks.0.attn.relative_position_bias_table"].shape[1]
-                 for i in stages]  # fmt: skip
+        heads = [
+            sd[f"layers.{i}.blocks.0.attn.relative_position_bias_table"].shape[1] for i in stages
+        ]
     hidden = sd["layers.0.blocks.0.mlp.fc1.weight"].shape[0]
     shown = {
         "version": version,
@@ -139,7 +141,7 @@ def shown_cr_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
         "depths": depths,
         "num_heads": tuple(
             sd[f"stages.{i}.blocks.0.attn.logit_scale"].shape[0] for i in range(len(depths))
-        ),  # fmt: skip
+        ),
         "mlp_ratio": sd["stages.0.blocks.0.mlp.fc1.weight"].shape[0] / proj.shape[0],
         "num_classes": sd["head.fc.weight"].shape[0] if "head.fc.weight" in sd else 0,
     }
@@ -149,14 +151,27 @@ def shown_cr_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
 def _extra_norms(sd: Mapping[str, Tensor], depths: tuple[int, ...]) -> dict[str, Any]:
     """The `extra_norm_period` / `extra_norm_stage` that put `norm3` where the weights have
     it (the simplest that does); a CheckpointError where none does."""
-    found = {(s, b) for s, depth in enumerate(depths) for b in range(depth)
-             if f"stages.{s}.blocks.{b}.norm3.weight" in sd}  # fmt: skip
+    found = {
+        (s, b)
+        for s, depth in enumerate(depths)
+        for b in range(depth)
+        if f"stages.{s}.blocks.{b}.norm3.weight" in sd
+    }
     for period in range(max(depths) + 1):
         for stage_end in (False, True):
-            probe = SwinCrConfig(embed_dim=1, depths=depths, num_heads=(1,) * len(depths),
-                                 extra_norm_period=period, extra_norm_stage=stage_end)  # fmt: skip
-            placed = {(s, b) for s, depth in enumerate(depths) for b in range(depth)
-                      if probe.extra_norm(s, b)}  # fmt: skip
+            probe = SwinCrConfig(
+                embed_dim=1,
+                depths=depths,
+                num_heads=(1,) * len(depths),
+                extra_norm_period=period,
+                extra_norm_stage=stage_end,
+            )
+            placed = {
+                (s, b)
+                for s, depth in enumerate(depths)
+                for b in range(depth)
+                if probe.extra_norm(s, b)
+            }
             if placed == found:
                 return {"extra_norm_period": period, "extra_norm_stage": stage_end}
     raise CheckpointError(
@@ -309,8 +324,11 @@ def fill_swin(
         model.reset_classifier(num_classes)
     state_dict = dict(weights.state_dict)
     if model.num_classes != source.num_classes:
-        log.info("new %d-class head (the checkpoint has %d): fine-tune it",
-                 model.num_classes, source.num_classes)  # fmt: skip
+        log.info(
+            "new %d-class head (the checkpoint has %d): fine-tune it",
+            model.num_classes,
+            source.num_classes,
+        )
         own = model.state_dict()
         for key in _HEAD_KEYS:
             state_dict.pop(key, None)
@@ -320,8 +338,11 @@ def fill_swin(
     chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
     data_config = weights.data_config
     if data_config is None:
-        log.info("%s states no data config; assuming timm's Swin defaults: ImageNet mean and "
-                 "std, bicubic, centre crop 0.9", weights.name)  # fmt: skip
+        log.info(
+            "%s states no data config; assuming timm's Swin defaults: ImageNet mean and "
+            "std, bicubic, centre crop 0.9",
+            weights.name,
+        )
         imagenet = chans == 3
         data_config = DataConfig(
             input_size=(chans, height, width),

@@ -54,8 +54,12 @@ def torchvision_to_timm_swin(state_dict: Mapping[str, Tensor]) -> dict[str, Tens
     unknown = []
     for key, value in state_dict.items():
         match = re.fullmatch(r"features\.(\d+)\.(.+)", key)
-        top = {"features.0.0": "patch_embed.proj", "features.0.2": "patch_embed.norm",
-               "norm": "norm", "head": "head.fc"}  # fmt: skip
+        top = {
+            "features.0.0": "patch_embed.proj",
+            "features.0.2": "patch_embed.norm",
+            "norm": "norm",
+            "head": "head.fc",
+        }
         stem, _, leaf = key.rpartition(".")
         if stem in top:
             out[f"{top[stem]}.{leaf}"] = value
@@ -138,11 +142,15 @@ def torchvision_swin_model(config: SwinConfig) -> Any:
         raise ValueError("torchvision's SwinTransformer has one window for every stage")
     window = windows.pop()
     return tv.SwinTransformer(
-        patch_size=[config.patch_size] * 2, embed_dim=config.embed_dim,
-        depths=list(config.depths), num_heads=list(config.num_heads),
-        window_size=[window, window], mlp_ratio=config.mlp_ratio,
-        num_classes=config.num_classes, **extra,
-    )  # fmt: skip
+        patch_size=[config.patch_size] * 2,
+        embed_dim=config.embed_dim,
+        depths=list(config.depths),
+        num_heads=list(config.num_heads),
+        window_size=[window, window],
+        mlp_ratio=config.mlp_ratio,
+        num_classes=config.num_classes,
+        **extra,
+    )
 
 
 def _index_windows(state_dict: Mapping[str, Tensor]) -> tuple[int, ...] | None:

@@ -35,8 +35,12 @@ _TV_DEFAULTS = {"num_classes": 1000, "image_size": 224}
 def timm_sizes(config: ViTConfig) -> dict[str, Any]:
     """The sizes of a timm ViT the weights show and that can differ from its name's without
     another function: depth, classes, channels and resolution."""
-    return {"depth": config.depth, "num_classes": config.num_classes,
-            "in_chans": config.in_chans, "img_size": config.img_size}  # fmt: skip
+    return {
+        "depth": config.depth,
+        "num_classes": config.num_classes,
+        "in_chans": config.in_chans,
+        "img_size": config.img_size,
+    }
 
 
 def timm_assumed(config: ViTConfig, stated: Mapping[str, Any]) -> tuple[str, ...]:
@@ -63,8 +67,10 @@ def jax_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) -> P
     fields: dict[str, Any] = {}
     if name is None:
         act = ACTIVATIONS.get(config.act_layer, config.act_layer)
-        fields = {"assumed": (f"the activation ({act} assumed)",),
-                  "fix": ("arch", "to check against timm")}  # fmt: skip
+        fields = {
+            "assumed": (f"the activation ({act} assumed)",),
+            "fix": ("arch", "to check against timm"),
+        }
     try:
         import timm
         from timm.models.vision_transformer import _load_weights
@@ -105,8 +111,12 @@ def jax_parity(model: VisionTransformer, path: Path, given: dict[str, Any]) -> P
 def _jax_sizes(config: ViTConfig, name: str) -> dict[str, Any]:
     """What the arrays record beyond `_timm_sizes`, which timm takes from them too: width,
     heads, patch size, MLP width and the class token's position."""
-    sizes = {"embed_dim": config.embed_dim, "num_heads": config.num_heads,
-             "patch_size": config.patch_size, "no_embed_class": config.no_embed_class}  # fmt: skip
+    sizes = {
+        "embed_dim": config.embed_dim,
+        "num_heads": config.num_heads,
+        "patch_size": config.patch_size,
+        "no_embed_class": config.no_embed_class,
+    }
     hidden = round(config.embed_dim * config.mlp_ratio)
     if int(config.embed_dim * get_config(name).mlp_ratio) != hidden:
         ratio = hidden / config.embed_dim
@@ -122,8 +132,10 @@ def torchvision_parity(model: VisionTransformer, path: Path, given: dict[str, An
     builder = arch if arch in TORCHVISION_BUILDERS else torchvision_builder(config)
     fields: dict[str, Any] = {"assumed": ()}
     if builder is None and "num_heads" not in given and arch is None:  # no name gave them
-        fields = {"assumed": (f"the head count ({config.num_heads} assumed)",),
-                  "fix": ("num_heads", "if it differs")}  # fmt: skip
+        fields = {
+            "assumed": (f"the head count ({config.num_heads} assumed)",),
+            "fix": ("num_heads", "if it differs"),
+        }
     if config.conv_stem:
         stem = "the conv stem's strides, BatchNorm eps and activation (2, 1e-5, ReLU assumed)"
         fields["assumed"] += (stem,)

@@ -236,8 +236,12 @@ def torchvision_builder(config: ViTConfig) -> str | None:
     head count is then torchvision's; None for other sizes or a conv stem."""
     if config.conv_stem or config.mlp_layer != "mlp":
         return None
-    sizes = (config.patch_size, config.depth, config.embed_dim,
-             int(config.embed_dim * config.mlp_ratio))  # fmt: skip
+    sizes = (
+        config.patch_size,
+        config.depth,
+        config.embed_dim,
+        int(config.embed_dim * config.mlp_ratio),
+    )
     for name, (patch, layers, _, hidden, mlp) in TORCHVISION_BUILDERS.items():
         if sizes == (patch, layers, hidden, mlp):
             return name

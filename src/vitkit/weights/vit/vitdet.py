@@ -94,8 +94,7 @@ def _rename(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     if "embeddings.position_embeddings" in sd:
         table = sd.pop("embeddings.position_embeddings")  # (1, 1 + N, D)
         out["pos_embed"] = table[:, 1:]  # (1, N, D): ViTDet adds no class position
-        log.info("dropped the class position of HF VitDet's position table (it has no class "
-                 "token)")  # fmt: skip
+        log.info("dropped the class position of HF VitDet's position table (it has no class token)")
     residual = sorted({m[1] for k in sd if (m := re.match(r"encoder\.layer\.(\d+)\.residual", k))})
     if residual:
         raise CheckpointError(
