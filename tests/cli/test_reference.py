@@ -75,3 +75,28 @@ def test_the_map_names_every_module_with_its_first_sentence(tmp_path):
         "    b.py  B (e.g. a reader) does one thing.",
         "```",
     ]
+
+
+def test_the_walkthrough_names_what_the_code_has():
+    """The four routine changes in contributing.md name these seams; each must exist."""
+    import vitkit.data
+    import vitkit.model
+    import vitkit.model.vit.onednn
+    import vitkit.train
+    import vitkit.train.tasks.base
+    import vitkit.weights.families
+
+    page = (PAGE.parents[1] / "contributing.md").read_text()
+    walkthrough = page.split("### The four routine changes", 1)[1]
+    seams = {
+        "`Architecture`": vitkit.model.Architecture,
+        "`WeightsFamily`": vitkit.weights.families.WeightsFamily,
+        "`FUSED_LAYERS`": vitkit.model.vit.onednn.FUSED_LAYERS,
+        "`data.register_source(": vitkit.data.register_source,
+        "`StreamSource`": vitkit.data.StreamSource,
+        "`Task`": vitkit.train.tasks.base.Task,
+        "`run_job(": vitkit.train.run_job,
+    }
+    for written, seam in seams.items():
+        assert written in walkthrough and seam is not None, written
+    assert callable(vitkit.train.tasks.base.Task.setup)
