@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..model import architecture_of, get_config, list_models
 from .checkpoint import saved_shapes_problem
+from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
 from .eva import reading as eva_reading
 from .swin import folders as swin_folders
@@ -194,6 +195,7 @@ EVA = WeightsFamily(
     fill=eva_pretrained.fill_eva,
     folder_options=eva_reading.folder_options,
     timm_sizes=eva_reading.timm_sizes,
+    folders={"hf": eva_folders.refuse_hf_folder, "timm": eva_folders.refuse_timm_folder},
     read_by_name=("timm",),
 )
 
