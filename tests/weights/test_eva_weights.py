@@ -139,7 +139,7 @@ def test_keys_like_a_vits_read_as_an_eva_by_its_name():
 
 
 @requires_timm
-def test_a_hub_folder_and_files(tmp_path):
+def test_a_hub_folder_and_files(tmp_path, capsys):
     from timm.models._hub import save_for_hf
 
     name = "eva02_tiny_patch14_224"
@@ -152,6 +152,11 @@ def test_a_hub_folder_and_files(tmp_path):
     assert info.data_config.mean == pytest.approx((0.48145466, 0.4578275, 0.40821073))
     _same(load_pretrained(tmp_path / "hub"), source, 224)
     _same(load_any(tmp_path / "hub"), source, 224)
+    out = tmp_path / "converted.safetensors"
+    assert cli.main(["convert", "--from", "timm", str(tmp_path / "hub"), str(out)]) == 0
+    parity = capsys.readouterr().out.splitlines()[-1]
+    assert parity.startswith("parity vs timm eva02_tiny_patch14_224 (") and "(ok," in parity
+    _same(vitkit.load(out), source, 224)
     torch.save({"module." + k: v for k, v in source.state_dict().items()}, tmp_path / "e.pth")
     with pytest.raises(MissingOptionError, match="pass arch='<timm model name>'$"):
         load_pretrained(tmp_path / "e.pth")
