@@ -251,3 +251,110 @@ def test_fine_tune_a_timm_eva02_then_eval_predict_explain_export_and_infer(tmp_p
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
         assert not (tmp_path / format).exists()
+
+
+# -- original layouts, moved as timm's `checkpoint_filter_fn` moves them ---------------------
+
+
+def _renamed(state_dict: dict, swaps: tuple[tuple[str, str], ...]) -> dict:
+    out = {}
+    for key, value in state_dict.items():
+        for old, new in swaps:
+            key = key.replace(old, new)
+        out[key] = value
+    return out
+
+
+def _dinov3_original(model: torch.nn.Module) -> dict:
+    """timm's DINOv3 back in Meta's layout: storage tokens, `ls1.gamma`, one qkv bias (keys
+    zero), the rope periods buffer and the mask token."""
+    sd = model.state_dict()
+    out = _renamed({k: v for k, v in sd.items() if not k.endswith(("q_bias", "v_bias"))},
+                   (("reg_token", "storage_tokens"), ("gamma_1", "ls1.gamma"),
+                    ("gamma_2", "ls2.gamma")))  # fmt: skip
+    for i in range(len(model.blocks)):
+        q = sd.get(f"blocks.{i}.attn.q_bias", torch.zeros(model.embed_dim))
+        v = sd.get(f"blocks.{i}.attn.v_bias", torch.zeros(model.embed_dim))
+        out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([q, torch.zeros_like(q), v])
+    return {
+        **out,
+        "mask_token": torch.zeros(1, model.embed_dim),
+        "rope_embed.periods": torch.ones(8),
+    }
+
+
+def _pe_original(model: torch.nn.Module) -> dict:
+    """timm's PE core back in Meta's layout (`visual.` prefix, `conv1`, `resblocks`, the pool's
+    `probe` and packed projection, the head as `proj`)."""
+    sd = dict(model.state_dict())
+    out = {
+        "class_embedding": sd.pop("cls_token")[0, 0],
+        "positional_embedding": sd.pop("pos_embed")[0],
+        "proj": sd.pop("head.weight").t(),
+        "attn_pool.probe": sd.pop("attn_pool.latent"),
+        "attn_pool.attn.in_proj_weight": torch.cat([sd.pop("attn_pool.q.weight"),
+                                                    sd.pop("attn_pool.kv.weight")]),
+        "attn_pool.attn.in_proj_bias": torch.cat([sd.pop("attn_pool.q.bias"),
+                                                  sd.pop("attn_pool.kv.bias")]),
+    }  # fmt: skip
+    del sd["head.bias"]  # PE's projection has none (timm's starts at zero)
+    swaps = (
+        ("patch_embed.proj", "conv1"), ("blocks.", "transformer.resblocks."),
+        ("norm_pre", "ln_pre"), ("norm1", "ln_1"), ("norm2", "ln_2"),
+        ("attn.qkv.", "attn.in_proj_"), ("attn.proj", "attn.out_proj"),
+        ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj"),
+        ("attn_pool.proj", "attn_pool.attn.out_proj"), ("attn_pool.norm", "attn_pool.layernorm"),
+    )  # fmt: skip
+    out.update(_renamed(sd, swaps))
+    out = {("ln_post" + k[4:] if k.startswith("norm.") else k): v for k, v in out.items()}
+    return {"visual." + k: v for k, v in out.items()}
+
+
+def _eva02_original(model: torch.nn.Module, prefix: str, mim: bool) -> dict:
+    """timm's EVA-02 B back in BAAI's layout (`ffn_ln`, `inner_attn_ln`, `w1` / `w2` / `w3`,
+    `q_bias`), under OpenCLIP's prefix with a text tower, or as MIM pre-training weights."""
+    swaps = (("mlp.norm", "mlp.ffn_ln"), ("attn.norm", "attn.inner_attn_ln"),
+             ("mlp.fc1_g", "mlp.w1"), ("mlp.fc1_x", "mlp.w2"), ("mlp.fc2", "mlp.w3"),
+             ("q_proj.bias", "q_bias"), ("v_proj.bias", "v_bias"))  # fmt: skip
+    out = _renamed(dict(model.state_dict()), swaps)
+    if mim:
+        out = {("norm." + k[8:] if k.startswith("fc_norm.") else k): v for k, v in out.items()}
+        out["mask_token"] = torch.zeros(1, 1, model.embed_dim)
+        out["lm_head.weight"], out["lm_head.bias"] = torch.zeros(8, model.embed_dim), torch.zeros(8)
+    out = {prefix + k: v for k, v in out.items()}
+    return {**out, "text.token_embedding.weight": torch.ones(2)} if prefix else out
+
+
+ORIGINALS = {
+    "dinov3 with biases": ("vit_small_patch16_dinov3_qkvb", _dinov3_original),
+    "dinov3 without": ("vit_small_patch16_dinov3", _dinov3_original),
+    "pe core": ("vit_pe_core_tiny_patch16_384", _pe_original),
+    "eva02 mim": ("eva02_base_patch14_224", lambda m: _eva02_original(m, "", mim=True)),
+    "eva02 openclip": (
+        "eva02_base_patch16_clip_224",
+        lambda m: _eva02_original(m, "visual.", mim=False),
+    ),
+}
+
+
+@requires_timm
+@pytest.mark.parametrize("kind", sorted(ORIGINALS))
+def test_original_layouts_move_as_timms_checkpoint_filter_fn(kind):
+    from timm.models.eva import checkpoint_filter_fn
+
+    from vitkit.weights.eva.original import timm_eva_layout
+
+    name, original = ORIGINALS[kind]
+    source = _timm(name, depth=2)
+    weights = original(source)
+    assert reading_family("timm", list(weights)).architectures == ("eva",)
+    theirs = checkpoint_filter_fn(dict(weights), source)
+    ours = timm_eva_layout(
+        weights, qkv_bias=getattr(source.blocks[0].attn, "q_bias", 0) is not None
+    )
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # the moved weights load by name and give the outputs of timm's model holding them
+    source.load_state_dict(theirs)
+    side = 128 if "dinov3" in name else vitkit.model.get_config(name).img_size
+    _same(load_pretrained(weights, arch=name), source, side)

@@ -1,7 +1,8 @@
 """EVA weights from timm (`eva.py`): a state dict, a file or a Hub folder. vitkit's `Eva` has
-timm's module and parameter names, so nothing is renamed: the keys are told from a ViT's, the
-sizes read from the tensors over the config of the timm name they were made for, and every key
-and shape checked before anything loads.
+timm's module and parameter names, so timm's keys are kept (original layouts are moved to them
+as timm moves them, `original.py`): the keys are told from a ViT's, the sizes read from the
+tensors over the config of the timm name they were made for, and every key and shape checked
+before anything loads.
 
 EVA's keys are told by what timm's `VisionTransformer` never has: EVA's attention biases
 (`blocks.0.attn.q_bias` beside a `qkv.weight` without `qkv.bias`) or its unfused projections
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...model import build_model, find_architecture, get_config
+from ...model import build_model, find_architecture, get_config, list_models
 from ...model.eva import EvaConfig
 from ..checkpoint import (
     ArchMismatchError,
@@ -38,13 +39,17 @@ from ..checkpoint import (
     mismatch_report,
     strip_prefix,
 )
+from .original import original_keys, timm_eva_layout
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def is_eva_state_dict(keys: Sequence[str]) -> bool:
-    """Whether the keys (timm / vitkit layout) are an EVA's, not a ViT's nor a BEiT's."""
+    """Whether the keys (timm / vitkit layout, or an original one `original.py` moves) are an
+    EVA's, not a ViT's nor a BEiT's."""
     keys = {k.removeprefix("module.") for k in keys}
+    if original_keys(keys):
+        return True
     if any("relative_position_bias_table" in k for k in keys):  # BEiT (or a Swin)
         return False
     eva_bias = "blocks.0.attn.q_bias" in keys and "blocks.0.attn.qkv.bias" not in keys
@@ -57,9 +62,14 @@ def is_eva_state_dict(keys: Sequence[str]) -> bool:
     )
 
 
-def eva_layout(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """timm's keys: without a DDP `module.` prefix."""
-    return strip_prefix(state_dict, "module.")
+def eva_layout(state_dict: Mapping[str, Tensor], arch: str | None = None) -> dict[str, Tensor]:
+    """timm's keys: without a DDP `module.` prefix, an original layout moved as timm's
+    `checkpoint_filter_fn` moves it (`original.py`; DINOv3's biases as `arch` has them)."""
+    sd = strip_prefix(state_dict, "module.")
+    if not original_keys(sd):
+        return sd
+    named = get_config(arch) if arch in list_models() else None
+    return timm_eva_layout(sd, qkv_bias=named.qkv_bias if isinstance(named, EvaConfig) else True)
 
 
 def _depth(sd: Mapping[str, Tensor]) -> int:
@@ -182,7 +192,7 @@ def from_timm_eva(
         num_heads: the head count, over the name's.
         overrides: `EvaConfig` fields over both (a timm folder's `model_args`).
     """
-    sd = eva_layout(state_dict)
+    sd = eva_layout(state_dict, arch)
     fields = EvaConfig.__dataclass_fields__
     options = {k: v for k, v in overrides.items() if k in fields}
     if num_heads is not None:
