@@ -325,7 +325,22 @@ def _eva02_original(model: torch.nn.Module, prefix: str, mim: bool) -> dict:
     return {**out, "text.token_embedding.weight": torch.ones(2)} if prefix else out
 
 
+def _sapiens2_original(model: torch.nn.Module) -> dict:
+    """timm's Sapiens2 back in Meta's layout (`wq` / `wk` / `wv`, `ffn.w12` / `w3`, `ln1` /
+    `ln2`, the attention's own LayerScale, storage tokens, a mask token)."""
+    swaps = (
+        ("reg_token", "storage_tokens"), ("patch_embed.proj.", "patch_embed.projection."),
+        ("attn.q_proj.", "attn.wq."), ("attn.k_proj.", "attn.wk."), ("attn.v_proj.", "attn.wv."),
+        ("gamma_1", "attn.gamma.weight"), (".mlp.fc1.", ".ffn.w12."), (".mlp.fc2.", ".ffn.w3."),
+        (".norm1.", ".ln1."), (".norm2.", ".ln2."),
+    )  # fmt: skip
+    out = _renamed(dict(model.state_dict()), swaps)
+    out = {("ln1." + k[5:] if k.startswith("norm.") else k): v for k, v in out.items()}
+    return {**out, "mask_token": torch.zeros(1, model.embed_dim)}
+
+
 ORIGINALS = {
+    "sapiens2": ("vit_base_patch16_sapiens2", _sapiens2_original),
     "dinov3 with biases": ("vit_small_patch16_dinov3_qkvb", _dinov3_original),
     "dinov3 without": ("vit_small_patch16_dinov3", _dinov3_original),
     "pe core": ("vit_pe_core_tiny_patch16_384", _pe_original),
@@ -345,7 +360,7 @@ def test_original_layouts_move_as_timms_checkpoint_filter_fn(kind):
     from vitkit.weights.eva.original import timm_eva_layout
 
     name, original = ORIGINALS[kind]
-    source = _timm(name, depth=2)
+    source = _timm(name, depth=2, **({"num_kv_heads": (12, 6)} if "sapiens2" in name else {}))
     weights = original(source)
     assert reading_family("timm", list(weights)).architectures == ("eva",)
     theirs = checkpoint_filter_fn(dict(weights), source)
@@ -356,5 +371,5 @@ def test_original_layouts_move_as_timms_checkpoint_filter_fn(kind):
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     # the moved weights load by name and give the outputs of timm's model holding them
     source.load_state_dict(theirs)
-    side = 128 if "dinov3" in name else vitkit.model.get_config(name).img_size
+    side = 128 if "dinov3" in name or "sapiens2" in name else vitkit.model.get_config(name).img_size
     _same(load_pretrained(weights, arch=name), source, side)
