@@ -210,6 +210,17 @@ def test_fine_tune_a_timm_eva02_then_eval_predict_explain_export_and_infer(tmp_p
             "--no-progress"]  # fmt: skip
     assert cli.main(argv) == 0, capsys.readouterr().err
     checkpoint = run / "model.safetensors"
+    # a file of the folder needs the name, and a name of other heads than the width allows is
+    # refused with the reason, before any model is built
+    weights = str(tmp_path / "hub" / "model.safetensors")
+    for extra, message in (([], "pass --model NAME"),
+                           (["--model", "eva02_tiny_patch14_224"], "embed_dim 64 is not divisible "
+                            "by num_heads 3")):  # fmt: skip
+        argv = ["train", "--pretrained", weights, "--data", str(tmp_path / "data"), *extra,
+                "--out", str(tmp_path / "refused")]  # fmt: skip
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
     model = vitkit.load(checkpoint)
     assert type(model).__name__ == "Eva" and model.config.num_classes == 2
     assert model.patch_embed.img_size == (112, 112) and model.pos_embed.shape == (1, 65, 64)
