@@ -5,10 +5,10 @@ each family's `checkpoint_filter_fn`).
 
 The rule is weights per family: a family's converters in and out, the key patterns that tell
 its weights in each source layout (timm / vitkit, Hugging Face, torchvision, JAX), its checks
-and its folder exporters live in its room (`vit/`, `swin/`); the modules at this package's top
-know no family. A new family is a new room and one record here. This module and the rooms are
-the only places that import the rooms; the ViT's converters are published through it
-(`vitkit.convert`).
+and its folder exporters live in its room (`vit/`, `swin/`, `eva/`); the modules at this
+package's top know no family. A new family is a new room and one record here. This module and
+the rooms are the only places that import the rooms; the ViT's converters are published
+through it (`vitkit.convert`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 
 from ..model import architecture_of, get_config, list_models
 from .checkpoint import saved_shapes_problem
+from .eva import folders as eva_folders
+from .eva import pretrained as eva_pretrained
+from .eva import reading as eva_reading
 from .swin import folders as swin_folders
 from .swin import parity as swin_parity
 from .swin import reading as swin_reading
@@ -106,6 +109,9 @@ class WeightsFamily:
             the config (a check of the key mapping only); None: the family has none.
         timm_reference: how a parity line names the generic timm model of `reference_model`.
         folders: 'hf' / 'timm' -> (model, folder) -> the folder written (`vitkit export`).
+        read_by_name: the formats in which a name of this family (`arch=`, a timm folder's
+            architecture) reads keys no family claims (its weights can look like a plain
+            ViT's: an EVA's without LayerScale nor EVA's attention biases).
     """
 
     architectures: tuple[str, ...]
@@ -128,6 +134,7 @@ class WeightsFamily:
     reference_model: Callable[[str, Any, Any], nn.Module] | None = None
     timm_reference: str = ""
     folders: Mapping[str, Callable[[nn.Module, Any], Path]] = field(default_factory=dict)
+    read_by_name: tuple[str, ...] = ()
 
 
 VIT = WeightsFamily(
@@ -181,6 +188,17 @@ SWIN = WeightsFamily(
     folders={"hf": swin_folders.save_hf_swin_folder, "timm": swin_folders.save_timm_swin_folder},
 )
 
+EVA = WeightsFamily(
+    architectures=("eva",),
+    recognises={"timm": eva_reading.timm_keys},
+    readers={"timm": eva_reading.read_timm},
+    fill=eva_pretrained.fill_eva,
+    folder_options=eva_reading.folder_options,
+    timm_sizes=eva_reading.timm_sizes,
+    folders={"hf": eva_folders.refuse_hf_folder, "timm": eva_folders.refuse_timm_folder},
+    read_by_name=("timm",),
+)
+
 _FAMILIES: list[WeightsFamily] = []
 # The family of last resort: keys no other family claims go to its readers, whose refusals
 # say what the keys lack, and a name no family owns to its options (the ViT, whose layout is
@@ -196,7 +214,7 @@ def register(family: WeightsFamily) -> None:
     _FAMILIES.append(family)
 
 
-for _family in (SWIN, VIT):  # the default last: it claims any keys of its layouts
+for _family in (SWIN, EVA, VIT):  # the default last: it claims any keys of its layouts
     register(_family)
 
 
@@ -218,11 +236,18 @@ def _never(keys: Sequence[str]) -> bool:
     return False
 
 
-def reading_family(format: str, keys: Sequence[str]) -> WeightsFamily:
-    """The first family that claims `keys` in `format`'s layout, else the default."""
+def reading_family(format: str, keys: Sequence[str], arch: Any = None) -> WeightsFamily:
+    """The first family other than the default that claims `keys` in `format`'s layout; else
+    the family `arch` names where it reads such keys by name (`read_by_name`); else the
+    default."""
     for family in _FAMILIES:
+        if family is _DEFAULT:
+            continue
         if format in family.readers and family.recognises.get(format, _never)(keys):
             return family
+    named = family_named(arch)
+    if format in named.read_by_name:
+        return named
     return _DEFAULT
 
 
@@ -233,7 +258,7 @@ def reader(format: str) -> Reader:
     layout = "timm" if format == "vitkit" else format
 
     def read(state_dict: Mapping[str, Any], **options: Any) -> tuple[dict[str, Tensor], Any]:
-        family = reading_family(layout, list(state_dict))
+        family = reading_family(layout, list(state_dict), options.get("arch"))
         return family.readers[layout](state_dict, **options)
 
     read.__name__ = read.__qualname__ = f"read_{layout}"

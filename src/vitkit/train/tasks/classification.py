@@ -139,7 +139,8 @@ def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, An
     img_size = options.pop("img_size", None)
     if config.model is not None:
         info = inspect(config.pretrained, arch=config.model, overrides=options)
-        check_arch(info.config, config.model, options)  # a family may check it as it reads
+        # the reason the name does not fit comes first; a family may check it as it reads
+        check_arch(info.require_config(), config.model, options)
     model = load_pretrained(
         config.pretrained,
         num_classes=splits.num_classes,
