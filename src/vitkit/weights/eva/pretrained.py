@@ -68,8 +68,11 @@ def fitted_state_dict(
     the patch kernel PI-resized to its patch size, the position table resampled to its grid."""
     own = model.state_dict()
     if model.num_classes != source.num_classes:
-        log.info("new %d-class head (the checkpoint has %d): fine-tune it",
-                 model.num_classes, source.num_classes)  # fmt: skip
+        log.info(
+            "new %d-class head (the checkpoint has %d): fine-tune it",
+            model.num_classes,
+            source.num_classes,
+        )
         for key in _HEAD_KEYS:
             state_dict.pop(key, None)
             if key in own:
@@ -77,8 +80,11 @@ def fitted_state_dict(
     kernel = state_dict["patch_embed.proj.weight"]  # (D, C, p, p)
     new_patch = tuple(own["patch_embed.proj.weight"].shape[-2:])
     if tuple(kernel.shape[-2:]) != new_patch:
-        log.info("resampling the patch embedding from %s to %s (PI-resize)",
-                 tuple(kernel.shape[-2:]), new_patch)  # fmt: skip
+        log.info(
+            "resampling the patch embedding from %s to %s (PI-resize)",
+            tuple(kernel.shape[-2:]),
+            new_patch,
+        )
         state_dict["patch_embed.proj.weight"] = resample_patch_embed(kernel, new_patch)
     old_grid, new_grid = source.grid_size, model.patch_embed.grid_size
     if "pos_embed" in state_dict and old_grid != new_grid:
@@ -96,8 +102,13 @@ def _timm_default(model: Eva, source: str) -> DataConfig:
     """timm's EVA data config (OpenAI CLIP mean and std, bicubic, centre crop 0.9), said in
     one log line."""
     cfg = model.pretrained_cfg
-    log.info("%s states no data config; assuming timm's EVA defaults: mean %s, std %s, "
-             "bicubic, centre crop 0.9", source, cfg["mean"], cfg["std"])  # fmt: skip
+    log.info(
+        "%s states no data config; assuming timm's EVA defaults: mean %s, std %s, "
+        "bicubic, centre crop 0.9",
+        source,
+        cfg["mean"],
+        cfg["std"],
+    )
     height, width = to_2tuple(model.config.img_size, "img_size")
     return DataConfig(
         input_size=(model.config.in_chans, height, width),

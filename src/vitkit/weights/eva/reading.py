@@ -58,7 +58,7 @@ def timm_sizes(config: EvaConfig) -> dict[str, Any]:
             "img_size",
             "patch_size",
             "num_reg_tokens",
-        )  # fmt: skip
+        )
     }
     if config.num_kv_heads:
         sizes["num_kv_heads"] = config.num_kv_heads

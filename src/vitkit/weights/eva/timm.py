@@ -138,8 +138,9 @@ def shown_options(sd: Mapping[str, Tensor], named: EvaConfig) -> dict[str, Any]:
     }
     if "blocks.0.attn.k_proj.weight" in sd and dim % heads == 0:
         head_dim = dim // heads
-        kv = tuple(sd[f"blocks.{i}.attn.k_proj.weight"].shape[0] // head_dim
-                   for i in range(shown["depth"]))  # fmt: skip
+        kv = tuple(
+            sd[f"blocks.{i}.attn.k_proj.weight"].shape[0] // head_dim for i in range(shown["depth"])
+        )
         shown["num_kv_heads"] = () if set(kv) == {heads} else kv
     return shown
 
