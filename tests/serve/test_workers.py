@@ -140,6 +140,24 @@ def test_a_killed_worker_is_replaced_and_the_server_goes_on(checkpoint):
         assert served.process.wait(60) == 0
 
 
+def test_a_request_sent_while_no_worker_is_up_waits_for_one(checkpoint):
+    """The workers share the parent's listening socket: with every worker killed, a request
+    sent at once waits in its queue for a replacement to load, never refused (each worker's
+    own SO_REUSEPORT socket closed with it, refusing or resetting what came meanwhile)."""
+    with serving(str(checkpoint), "--workers", "2") as served:
+        parent = served.process.pid
+        deadline = time.monotonic() + 30
+        while len(workers := _children(parent)) != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        answer = httpx.post(f"{served.url}/predict", content=image_bytes(1), headers=PNG,
+                            timeout=60)  # fmt: skip
+        assert answer.status_code == 200
+        assert not workers & _children(parent)
+
+
 def test_weights_that_cannot_load_fail_once_in_one_line(tmp_path):
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"not a checkpoint")
@@ -170,8 +188,8 @@ def test_the_workers_end_with_a_parent_killed_outright(checkpoint):
 
 
 def test_a_port_another_server_shares_is_refused_in_one_line(checkpoint, capsys):
-    """`--workers` binds with SO_REUSEPORT, which would join another server's workers on the
-    port without a word: the port is checked with a plain bind first."""
+    """Another server's SO_REUSEPORT socket on the port is not joined without a word: the one
+    socket `--workers` shares is bound without SO_REUSEPORT, so the port in use is said."""
     import socket
 
     from vitkit import cli

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..serve.server import address, bind
-    from ..serve.workers import run_workers, shared_socket, threads_per_worker
+    from ..serve.workers import run_workers, threads_per_worker
 
     args.checkpoint = _weights(args)
     at = Address(**given_options(args, Address))
@@ -62,45 +62,37 @@ def run(args: argparse.Namespace) -> int:
     batching = Batching(**given_options(args, Batching))
     limits = Limits(**given_options(args, Limits))
     threads = threads_per_worker(processes.workers, processes.threads)
-    if processes.workers == 1:
-        sock = bind(at.host, at.port)  # a port in use is said before the model is read
-        with sock:
+    sock = bind(at.host, at.port)  # a port in use is said before the model is read
+    with sock:
+        if processes.workers == 1:
             _set_threads(threads)
             app = _app(args, batching, limits, processes)
             _announce(args, address(sock), app.state.api.service, batching, processes, threads)
             return _serve_until_stopped(app, sock)
-    holder = shared_socket(at.host, at.port, listen=False)  # holds the port (0: chooses it)
-    with holder, tempfile.TemporaryDirectory(prefix="vitkit-metrics-") as metrics_dir:
-        url = address(holder)
-        port = holder.getsockname()[1]
+        with tempfile.TemporaryDirectory(prefix="vitkit-metrics-") as metrics_dir:
 
-        def worker(index: int, loaded: Any) -> int:
-            return _worker(args, at.host, port, (batching, limits, processes), threads, loaded)
+            def worker(index: int, loaded: Any) -> int:
+                return _worker(args, sock, (batching, limits, processes), threads, loaded)
 
-        _announce(args, url, None, batching, processes, threads)
-        return run_workers(worker, processes.workers, metrics_dir)
+            _announce(args, address(sock), None, batching, processes, threads)
+            return run_workers(worker, processes.workers, metrics_dir)
 
 
-def _worker(
-    args: argparse.Namespace, host: str, port: int, settings: tuple, threads: int, loaded: Any
-) -> int:
-    """One worker's process (`serve.workers`): its threads, its model, its socket on the
-    shared port; a failure to load is one line, as in one process."""
+def _worker(args: argparse.Namespace, sock: Any, settings: tuple, threads: int, loaded: Any) -> int:
+    """One worker's process (`serve.workers`): its threads, its model, the listening socket it
+    inherited; a failure to load is one line, as in one process."""
     from ..serve.server import server
-    from ..serve.workers import shared_socket
 
     _set_threads(threads)
     try:
         app = _app(args, *settings)
-        sock = shared_socket(host, port)
     except Exception as err:
         code, message = describe(err, options.option_flags(args), "serve")
         print(f"vitkit: error: {message}", file=sys.stderr)
         return int(code)
     loaded.set()
     log.info("worker pid %d: %s loaded", os.getpid(), app.state.api.service.name)
-    with sock:
-        server(app, access_log=False).run(sockets=[sock])
+    server(app, access_log=False).run(sockets=[sock])
     return ExitCode.OK
 
 

@@ -1,9 +1,11 @@
-"""Several server processes on one port (`--workers N`), as gunicorn runs uvicorn workers: each
-worker is a process of its own with its own model, batcher and share of the cores, its own
-listening socket on the port (SO_REUSEPORT: the kernel spreads the connections over the
-workers), so that decoding, the HTTP stack and the model scale past one Python interpreter
-(the GIL). The parent loads no model; it forks the workers, replaces one that dies, and on
-SIGTERM or Ctrl-C asks each to finish its requests in flight, then returns 0.
+"""Several server processes on one port (`--workers N`), as gunicorn and uvicorn run workers: each
+worker is a process of its own with its own model, batcher and share of the cores, accepting
+connections on the one listening socket the parent opened before forking, so that decoding, the
+HTTP stack and the model scale past one Python interpreter (the GIL). One socket, not one per
+worker (SO_REUSEPORT): a connection waits in the shared queue until some worker takes it, so
+none is refused or reset while a worker loads its model, dies or is replaced. The parent loads
+no model; it forks the workers, replaces one that dies, and on SIGTERM or Ctrl-C asks each to
+finish its requests in flight, then returns 0.
 
 Processes rather than model replicas in one process: one process's decoding, preparation,
 JSON and HTTP parsing hold the GIL, so replicas share one core for all of it, while workers
@@ -15,14 +17,11 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-from .server import listen as start_listening
 
 log = logging.getLogger(__name__)
 
@@ -41,39 +40,6 @@ def usable_cores() -> int:
 def threads_per_worker(workers: int, threads: int = 0) -> int:
     """`threads`, or (0) the usable cores shared out among the workers, at least 1."""
     return threads or max(1, usable_cores() // workers)
-
-
-def shared_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """A TCP socket on `host`:`port` that other processes' sockets may share (SO_REUSEPORT);
-    `listen=False` only holds the port (the kernel gives it no connection), after checking
-    that no other server has it, one that shares its port included (port 0: chooses one)."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise OSError("--workers needs SO_REUSEPORT (Linux, BSD, macOS); run one worker here")
-    if not listen:  # a plain bind fails where any server, sharing or not, holds the port
-        with _bound(host, port, share=False) as alone:
-            port = alone.getsockname()[1]
-    sock = _bound(host, port, share=True)
-    if listen:
-        start_listening(sock)
-    return sock
-
-
-def _bound(host: str, port: int, *, share: bool) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (`share`: with SO_REUSEPORT); OSError names the
-    address and what to do."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if share:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(
-            f"cannot listen on {host}:{port}: {err.strerror}; choose another --port or --host"
-        ) from None
-    return sock
 
 
 @contextmanager
