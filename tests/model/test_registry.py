@@ -205,3 +205,15 @@ def test_a_timm_state_dict_loads_unchanged_and_computes_the_same(options):
     x = torch.randn(2, 3, h, w)
     with torch.no_grad():  # measured at most 7.5e-8 on random weights; tolerance 1e-5
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+
+
+def test_create_model_takes_timms_pretrained_argument_and_refuses_a_download():
+    model = create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3)
+    assert model.head.out_features == 3
+    with pytest.raises(ValueError) as refused:
+        create_model("vit_tiny_patch16_224", pretrained=True)
+    assert str(refused.value) == (
+        "create_model builds vit_tiny_patch16_224 with random weights and downloads nothing; "
+        "load weights on disk with vitkit.load_pretrained(PATH) (a file or a timm / Hugging "
+        "Face folder)"
+    )

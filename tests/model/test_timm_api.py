@@ -303,3 +303,27 @@ def test_prune_intermediate_layers_of_a_distilled_model_matches_timm():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), theirs.eval()(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, mean",
+    [
+        ("vit_tiny_patch16_224", (0.5, 0.5, 0.5)),
+        ("swin_tiny_patch4_window7_224", (0.485, 0.456, 0.406)),
+        ("eva02_tiny_patch14_224", (0.48145466, 0.4578275, 0.40821073)),
+    ],
+)
+def test_every_family_answers_timms_pretrained_cfg_as_timm(name, mean):
+    """One `pretrained_cfg` for every family (model/timm_cfg.py) with each family's timm
+    default, read by timm's own `resolve_data_config`; a cfg set by timm is kept as set."""
+    import timm.data
+
+    model = vitkit.create_model(name, pretrained=False, num_classes=3)
+    ours = timm.data.resolve_data_config(model=model)
+    theirs = timm.data.resolve_data_config(model=timm.create_model(name, num_classes=3))
+    assert ours == theirs and ours["mean"] == mean
+    assert (
+        model.pretrained_cfg["classifier"] == timm.create_model(name).pretrained_cfg["classifier"]
+    )
+    model.pretrained_cfg = {"input_size": (3, 32, 32)}
+    assert model.default_cfg == {"input_size": (3, 32, 32)}

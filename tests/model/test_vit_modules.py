@@ -7,6 +7,7 @@ import vitkit.model.features as features
 import vitkit.model.vit.vit as vit
 from vitkit.model.intermediates import IntermediateFeatures, take_indices
 from vitkit.model.layers.weight_init import trunc_normal_
+from vitkit.model.timm_cfg import TimmPretrainedCfg
 from vitkit.model.vit.timm_api import TimmModelApi
 
 
@@ -24,7 +25,7 @@ def test_the_timm_api_and_intermediates_are_defined_once_in_their_modules():
         "set_input_size": TimmModelApi,
         "reset_classifier": TimmModelApi,
         "group_matcher": TimmModelApi,
-        "pretrained_cfg": TimmModelApi,
+        "pretrained_cfg": TimmPretrainedCfg,  # every family's, in model/timm_cfg.py
     }
     for name, owner in model_methods.items():
         assert name in vars(owner), name

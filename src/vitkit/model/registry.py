@@ -97,6 +97,7 @@ def get_config(name: str) -> Any:
 
 def create_model(
     name: str,
+    pretrained: bool = False,
     *,
     features_only: bool = False,
     out_indices: int | Sequence[int] | None = None,
@@ -112,7 +113,15 @@ def create_model(
     `output_fmt`, described by `feature_info`; for a Swin a `SwinBackbone` of stage maps
     (default: every stage, as timm), 'NCHW' or timm's 'NHWC'. `feature_cls` is timm's name
     of the wrapper; vitkit has only 'getter' (features read through `forward_intermediates`).
+    `pretrained` is timm's argument, for code written for timm: False builds random weights;
+    True is refused (nothing is downloaded; `vitkit.load_pretrained` reads weights on disk).
     """
+    if pretrained:
+        raise ValueError(
+            f"create_model builds {name} with random weights and downloads nothing; load "
+            "weights on disk with vitkit.load_pretrained(PATH) (a file or a timm / Hugging "
+            "Face folder)"
+        )
     if overrides.get("global_pool") == "":
         overrides["global_pool"] = "none"  # timm's spelling
     config = get_config(name)

@@ -34,14 +34,13 @@ from ..intermediates import IntermediateFeatures, take_indices
 from ..layers.attention import AttentionPool
 from ..layers.norm import make_norm
 from ..layers.patch_embed import PatchEmbed
+from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
+from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, TimmPretrainedCfg
 from .block import EvaBlock
 from .config import EvaConfig
-
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # timm's EVA default data config
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def build_rope(config: EvaConfig) -> nn.Module | None:
@@ -70,10 +69,12 @@ def build_rope(config: EvaConfig) -> nn.Module | None:
     )
 
 
-class Eva(IntermediateFeatures, nn.Module):
+class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
     """`Eva(**options)` or `Eva(EvaConfig(...))`: timm's `Eva`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`)."""
+
+    TIMM_MEAN, TIMM_STD = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD  # timm's EVA default
 
     def __init__(self, config: EvaConfig | None = None, /, **options: Any) -> None:
         super().__init__()
@@ -162,40 +163,6 @@ class Eva(IntermediateFeatures, nn.Module):
             self.head.weight.mul_(0.001)
 
     # -- timm's model API ---------------------------------------------------------------------
-
-    @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's `pretrained_cfg` (the loaded weights' data config, else timm's EVA default:
-        OpenAI CLIP mean and std, bicubic, crop 0.9)."""
-        if self._pretrained_cfg is not None:
-            return self._pretrained_cfg
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
-        data = {
-            "input_size": (chans, height, width),
-            "interpolation": "bicubic",
-            "crop_pct": 0.9,
-            "crop_mode": "center",
-            "mean": OPENAI_CLIP_MEAN if chans == 3 else (0.5,) * chans,
-            "std": OPENAI_CLIP_STD if chans == 3 else (0.5,) * chans,
-        }
-        if self.data_config is not None:
-            data = {key: getattr(self.data_config, key) for key in data}
-        return {
-            **data,
-            "fixed_input_size": not self.config.dynamic_img_size,
-            "num_classes": self.num_classes,
-            "pool_size": None,
-            "first_conv": "patch_embed.proj",
-            "classifier": "head",
-        }
-
-    @pretrained_cfg.setter
-    def pretrained_cfg(self, value: dict[str, Any]) -> None:
-        self._pretrained_cfg = dict(value)
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        return self.pretrained_cfg
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's layer groups: the embedding stem, each block, the final norm last."""
@@ -381,16 +348,8 @@ class Eva(IntermediateFeatures, nn.Module):
         the class token, or mean / max / their average over the patch tokens; 'none': all."""
         if self.attn_pool is not None:
             x = self.attn_pool(x)
-        elif self.global_pool == "token":
-            x = x[:, 0]
         elif self.global_pool != "none":
-            x = x[:, self.num_prefix_tokens :]  # (B, N, D)
-            if self.global_pool == "avg":
-                x = x.mean(dim=1)
-            elif self.global_pool == "max":
-                x = x.amax(dim=1)
-            else:  # avgmax
-                x = 0.5 * (x.amax(dim=1) + x.mean(dim=1))
+            x = pool_tokens(x, self.global_pool, self.num_prefix_tokens)
         return self.fc_norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

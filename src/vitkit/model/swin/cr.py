@@ -177,7 +177,7 @@ class SwinTransformerV2Cr(SwinTransformer):
     """
 
     # Python-side only: TorchScript compiles properties otherwise (`layers` is `stages`).
-    __jit_unused_properties__ = ["pretrained_cfg", "layers"]
+    __jit_unused_properties__ = ["pretrained_cfg", "default_cfg", "timm_classifier", "layers"]
 
     def __init__(self, config: SwinCrConfig | None = None, /, **options: Any) -> None:
         nn.Module.__init__(self)

@@ -27,6 +27,7 @@ from ..intermediates import take_indices
 from ..layers import PatchEmbed
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
+from ..timm_cfg import IMAGENET_MEAN, IMAGENET_STD, TimmPretrainedCfg
 from .attention import CosineWindowAttention, WindowAttention
 from .config import SwinConfig
 from .flow import describe_swin
@@ -38,9 +39,6 @@ from .window import (
     resize_rel_pos_bias_table,
     shift_mask,
 )
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class SwinHead(nn.Module):
@@ -68,7 +66,7 @@ class SwinHead(nn.Module):
         return x if pre_logits else self.fc(x)
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(TimmPretrainedCfg, nn.Module):
     """Swin V1 or V2: `SwinTransformer(**options)` or `SwinTransformer(SwinConfig(...))`.
 
     Keys follow timm's (`patch_embed.proj`, `layers.N.downsample`, `layers.N.blocks.M.attn`,
@@ -76,7 +74,8 @@ class SwinTransformer(nn.Module):
     """
 
     # Python-side only (it reads `config`): TorchScript compiles properties otherwise.
-    __jit_unused_properties__ = ["pretrained_cfg"]
+    __jit_unused_properties__ = ["pretrained_cfg", "default_cfg", "timm_classifier"]
+    TIMM_MEAN, TIMM_STD = IMAGENET_MEAN, IMAGENET_STD
 
     def __init__(self, config: SwinConfig | None = None, /, **options: Any) -> None:
         super().__init__()
@@ -143,27 +142,8 @@ class SwinTransformer(nn.Module):
     # -- timm's model API -------------------------------------------------------------------
 
     @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's `pretrained_cfg`: ImageNet mean / std, bicubic, crop 0.9 (or the loaded
-        weights' data config), the first conv and the classifier."""
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
-        data = {
-            "input_size": (chans, height, width),
-            "interpolation": "bicubic",
-            "crop_pct": 0.9,
-            "crop_mode": "center",
-            "mean": IMAGENET_MEAN if chans == 3 else (0.5,) * chans,
-            "std": IMAGENET_STD if chans == 3 else (0.5,) * chans,
-        }
-        if self.data_config is not None:
-            data = {key: getattr(self.data_config, key) for key in data}
-        return {
-            **data,
-            "fixed_input_size": not self.config.dynamic_img_size,
-            "num_classes": self.num_classes,
-            "first_conv": "patch_embed.proj",
-            "classifier": "head.fc",
-        }
+    def timm_classifier(self) -> str:
+        return "head.fc"
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's layer groups: the patch embedding, each stage's patch merging with the block

@@ -18,6 +18,7 @@ from ..intermediates import take_indices
 from ..layers import PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
 from ..layers.pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
 from ..layers.weight_init import trunc_normal_
+from ..timm_cfg import TimmPretrainedCfg
 from .config import ViTConfig
 
 
@@ -37,50 +38,14 @@ def block_feature_info(config: ViTConfig, patch_embed: PatchEmbed) -> list[dict[
     ]
 
 
-class TimmModelApi:
+class TimmModelApi(TimmPretrainedCfg):
     """timm's model API for `VisionTransformer`: it reads and replaces the model's `config`,
     `patch_embed`, `pos_embed`, blocks, norms and heads, and builds new parts with the model's
     `_build_patch_embed` and `_build_head`."""
 
     @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's `pretrained_cfg`: how inputs are prepared (the loaded weights' data config,
-        else timm's ViT default: mean = std = 0.5, bicubic, crop 0.9) and where the first conv
-        and the classifier are, so `timm.data.resolve_data_config(model=model)` works."""
-        if self._pretrained_cfg is not None:
-            return self._pretrained_cfg
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
-        data = {
-            "input_size": (chans, height, width),
-            "interpolation": "bicubic",
-            "crop_pct": 0.9,
-            "crop_mode": "center",
-            "mean": (0.5,) * chans,
-            "std": (0.5,) * chans,
-        }
-        if self.data_config is not None:
-            data = {key: getattr(self.data_config, key) for key in data}
-        return {
-            **data,
-            "fixed_input_size": not self.patch_embed.dynamic_img_size,
-            "num_classes": self.num_classes,
-            "pool_size": None,
-            "first_conv": "patch_embed.proj",
-            "classifier": ("head", "head_dist") if self.head_dist is not None else "head",
-        }
-
-    @pretrained_cfg.setter
-    def pretrained_cfg(self, value: dict[str, Any]) -> None:
-        self._pretrained_cfg = dict(value)
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        """timm's older name for `pretrained_cfg`."""
-        return self.pretrained_cfg
-
-    @default_cfg.setter
-    def default_cfg(self, value: dict[str, Any]) -> None:
-        self.pretrained_cfg = value
+    def timm_classifier(self) -> str | tuple[str, ...]:
+        return ("head", "head_dist") if self.head_dist is not None else "head"
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter-name patterns of timm's layer groups (the embedding stem, then each block,

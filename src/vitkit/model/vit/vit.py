@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..intermediates import IntermediateFeatures, take_indices
 from ..layers import AttentionPool, LayerScale, PatchEmbed, ResPostBlock, WindowBlock, make_norm
 from ..layers.parallel import build_block_variant
+from ..layers.pool import pool_tokens
 from ..layers.pos_embed import fixed_pos_embed, resample_pos_embed
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
@@ -55,7 +56,12 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
     """
 
     # Python-side only (they read `config`): TorchScript compiles properties otherwise.
-    __jit_unused_properties__ = ["learned_pos_embed", "pretrained_cfg", "default_cfg"]
+    __jit_unused_properties__ = [
+        "learned_pos_embed",
+        "pretrained_cfg",
+        "default_cfg",
+        "timm_classifier",
+    ]
 
     def __init__(self, config: ViTConfig | None = None, /, **options: Any) -> None:
         super().__init__()
@@ -339,21 +345,15 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
     def pool(self, x: Tensor) -> Tensor:
         """Tokens (B, P + N, D) -> one vector per image (B, D), after `fc_norm`; with
         global_pool='none', every token (B, P + N, D)."""
-        if self.global_pool == "token":
-            return self.fc_norm(x[:, 0])
         if self.global_pool == "none":
             return self.fc_norm(x)
+        if self.attn_pool is None or self.global_pool == "token":
+            return self.fc_norm(
+                pool_tokens(x, self.global_pool, self.num_prefix_tokens, self.pool_include_prefix)
+            )
         if not self.pool_include_prefix:
             x = x[:, self.num_prefix_tokens :]  # (B, N, D)
-        if self.attn_pool is not None:
-            x = self.attn_pool(x)
-        elif self.global_pool == "avg":
-            x = x.mean(dim=1)
-        elif self.global_pool == "max":
-            x = x.amax(dim=1)
-        else:  # avgmax
-            x = 0.5 * (x.amax(dim=1) + x.mean(dim=1))
-        return self.fc_norm(x)
+        return self.fc_norm(self.attn_pool(x))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens (B, P + N, D) -> logits (B, num_classes), or the pooled (B, D) features.

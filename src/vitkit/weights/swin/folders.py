@@ -22,11 +22,10 @@ from typing import Any
 from safetensors.torch import save as serialize_safetensors
 from torch import Tensor
 
-from ...data.data_config import DataConfig
+from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from ...files import atomic_write
 from ...model import SwinConfig, SwinTransformer
 from ...model.swin.cr_config import SwinCrConfig
-from ...model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
 from ..hub import HF_ACTIVATIONS, class_names, hf_processor, write_json
 from .hf import check_same_windows
 

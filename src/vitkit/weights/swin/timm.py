@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...data.data_config import DataConfig
+from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from ...model import SwinConfig, SwinCrConfig, SwinTransformer, build_model, get_config
-from ...model.swin.swin import IMAGENET_MEAN, IMAGENET_STD
 from ...model.swin.window import resize_rel_pos_bias_table
 from ..checkpoint import (
     ArchMismatchError,
