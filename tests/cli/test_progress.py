@@ -3,13 +3,21 @@ nothing with --quiet or on a rank other than 0 (`cli.progress`)."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
 import re
+import select
+import struct
+import subprocess
 import sys
+import termios
+from pathlib import Path
 
 import pytest
 
+import vitkit
 from vitkit import cli
 from vitkit.cli.progress import EVERY_S_VARIABLE, Lines, duration, progress
 
@@ -52,6 +60,7 @@ def test_lines_come_by_time_with_the_loops_numbers_and_the_time_left():
         "epoch 3/10: 7/8 batches, loss 0.1429, 16 img/s, about 1 s left",
     ]
     assert list(lines) == list(range(8)) and len(lines) == 8  # the items as they are
+    assert lines.done == 8  # a second pass (an EMA's validation) counts from 0 again
 
 
 def test_without_the_loops_speed_the_batch_size_gives_it():
@@ -90,15 +99,21 @@ def test_a_terminal_gets_a_bar_a_log_lines_and_quiet_or_another_rank_nothing(mon
 def test_a_training_run_to_a_log_prints_progress_lines_inside_each_epoch(
     trained, tmp_path, run_cli, monkeypatch, caplog
 ):
-    """stderr captured (a file or a pipe to the run): a line after each batch here, the
-    epoch's summary line as before; the run is the one `trained` made without progress (the
-    lines read no random state and leave the order of the data as it is)."""
+    """stderr captured (a file or a pipe to the run): a line after each training and
+    validation batch here, the epoch's summary line as before; the run is the one `trained`
+    made without progress (the lines read no random state and leave the order of the data as
+    it is)."""
     monkeypatch.setenv(EVERY_S_VARIABLE, "0")
     caplog.set_level("INFO", logger="vitkit")
     code, _, err = run_cli("train", "--out", tmp_path / "run", "--epochs", "2", *TRAIN)
     assert code == 0
-    shown = [LINE.match(line) for line in err.splitlines() if line.startswith("epoch ")]
+    lines = [line for line in err.splitlines() if line.startswith("epoch ")]
+    shown = [LINE.match(line) for line in lines if "validation" not in line]
     assert [(int(m[1]), int(m[2])) for m in shown] == [(e, b) for e in (1, 2) for b in range(1, 11)]
+    validation = [re.sub(r"\d+\.\d img/s.*", "", line) for line in lines if "validation" in line]
+    assert validation == [
+        f"epoch {e}/2 validation: {b}/2 batches, " for e in (1, 2) for b in (1, 2)
+    ]
     epochs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     assert [line[:22] for line in epochs] == ["epoch 1/2  train_loss ", "epoch 2/2  train_loss "]
     rows = [(run / "metrics.jsonl").read_text().splitlines() for run in (trained, tmp_path / "run")]
@@ -146,3 +161,35 @@ def test_a_bad_interval_is_one_line_naming_the_variable(
         f"vitkit: error: {EVERY_S_VARIABLE}='soon' is not a number of seconds >= 0; set it to "
         "e.g. 30, or unset it\n"
     )
+
+
+def _read_all(fd: int) -> bytes:
+    """What the other end of a pty writes, until it is closed (or silent for a minute)."""
+    got = b""
+    while select.select([fd], [], [], 60.0)[0]:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the other end is closed and drained
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+@pytest.mark.slow
+def test_predict_in_a_real_terminal_draws_the_bar_and_erases_it(folder_and_checkpoint):
+    """stderr a pty, as a user's terminal: the bar is drawn, then erased (leave=False)."""
+    data, checkpoint = folder_and_checkpoint
+    main_end, child_end = os.openpty()
+    fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24x100
+    env = {**os.environ, "PYTHONPATH": str(Path(vitkit.__file__).parents[1])}
+    argv = [sys.executable, "-m", "vitkit", "predict", "--checkpoint", str(checkpoint), str(data)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=child_end, env=env) as proc:
+        os.close(child_end)
+        shown = _read_all(main_end).decode()
+        out = proc.stdout.read().decode()
+    os.close(main_end)
+    assert proc.returncode == 0 and len(out.splitlines()) == 70 * 2  # 2 classes: 2 lines each
+    assert "\rpredict:   0%|" in shown and re.search(r"\rpredict: 100%\|█+\| 2/2 \[", shown), shown
+    assert re.search(r"\] *\r {99}\r$", shown), shown  # then the line is blanked

@@ -110,7 +110,7 @@ class Lines:
         return self.total
 
     def __iter__(self) -> Iterator[Any]:
-        start = self.clock()
+        start, self.done = self.clock(), 0  # iterated again (a second pass): counted again
         due = start + self.every_s / 3
         for item in self.iterable:
             yield item
