@@ -20,6 +20,7 @@ import pytest
 import vitkit
 from vitkit import cli
 from vitkit.cli.progress import EVERY_S_VARIABLE, Lines, duration, progress
+from vitkit.train import distributed
 
 from ._cli import TINY, image_folder, tiny_checkpoint
 
@@ -90,9 +91,12 @@ def test_a_terminal_gets_a_bar_a_log_lines_and_quiet_or_another_rank_nothing(mon
         stream.seek(0)
         stream.truncate()
         assert progress(quiet=True, stream=stream, every_s=0)(items, 3, "eval") is items
-        monkeypatch.setenv("RANK", "1")  # torchrun's other ranks
+        monkeypatch.setenv("RANK", "1")  # torchrun's other ranks, before the group is joined
         assert progress(stream=stream, every_s=0)(items, 3, "eval") is items
         monkeypatch.delenv("RANK")
+        with monkeypatch.context() as patch:  # and in it (fit asks while the group runs)
+            patch.setattr(distributed, "world", lambda: (1, 2))
+            assert progress(stream=stream, every_s=0)(items, 3, "eval") is items
         assert stream.getvalue() == ""
 
 
