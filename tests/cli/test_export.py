@@ -29,6 +29,7 @@ def test_the_onnx_line_names_the_class_names_and_data_config_it_carries(tmp_path
     assert json.loads(props["vitkit_data_config"])["mean"] == [0.4, 0.4, 0.4]
 
 
+@pytest.mark.slow  # two ONNX exports and a check: about 13 s on 2 busy cores
 def test_verify_shows_the_exports_steps_in_a_log_and_quiet_none(tmp_path, run_cli, monkeypatch):
     """stderr not a terminal: a line as each step (the graph, the check) ends, here at once."""
     pytest.importorskip("onnxscript")
