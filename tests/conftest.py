@@ -12,6 +12,9 @@ What the whole suite shares:
   Fashion-MNIST files (which .ci/run installs) do not count.
 - `--without PKG[,PKG...]`: run as if those packages were not installed (`sys.modules[PKG] =
   None`), to check that only the tests that need them are skipped.
+- No time-based progress lines (`VITKIT_PROGRESS_EVERY_S=inf`, inherited by the commands the
+  tests start): when one came would depend on the machine's load, and a terminal shows a bar
+  that is erased instead; the tests of progress set the interval themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ CI_VARIABLE = "VITKIT_CI"
 MISSING_PACKAGE = "missing package"  # the reason of a `requires` skip starts with it
 _MISSING_KEY = "missing_package"
 _missing: list[str] = []  # "nodeid: reason" of each skip CI does not allow, in the order met
+os.environ.setdefault("VITKIT_PROGRESS_EVERY_S", "inf")
 
 
 def _ci() -> bool:

@@ -33,7 +33,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,7 @@ def export_onnx(
     opset: int = MIN_OPSET,
     verify: bool = False,
     precision: str = "fp32",
+    progress: Callable[[Iterable, int, str], Iterable] | None = None,
 ) -> Path:
     """Write a model or a `ViTBackbone` as an ONNX graph: one file, or for weights over
     2 GiB the graph plus the weights in `<path>.data` beside it (protobuf's limit).
@@ -216,6 +217,8 @@ def export_onnx(
             1e-4 (needs `onnxruntime`); with int8, the float32 graph before quantising.
         precision: 'fp32', or 'int8': the float32 graph quantised by onnxruntime's dynamic
             quantiser (`quantize_onnx`).
+        progress: `progress(steps, total, description)` -> the steps (the graph, the check,
+            the quantising), e.g. wrapped in a progress bar (the command line's).
     """
     _check_onnx_options(opset, precision)
     dynamic_img_size = exports_dynamic_img_size(module, dynamic_img_size)
@@ -223,13 +226,17 @@ def export_onnx(
     with _staging(path) as folder:
         staged = folder / path.name
         graph = staged if precision == "fp32" else folder / "fp32.onnx"
-        _write_graph(module, graph, dynamic_batch, dynamic_img_size, opset)
+        steps = [lambda: _write_graph(module, graph, dynamic_batch, dynamic_img_size, opset)]
         if verify:
-            check_onnx(
-                module, graph, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size
+            steps.append(
+                lambda: check_onnx(
+                    module, graph, dynamic_batch=dynamic_batch, dynamic_img_size=dynamic_img_size
+                )
             )
         if graph != staged:
-            quantize_onnx(graph, staged)
+            steps.append(lambda: quantize_onnx(graph, staged))
+        for step in progress(steps, len(steps), "export") if progress else steps:
+            step()
         _set_metadata(staged, onnx_metadata(module))
         for name in (path.name, f"{path.name}.data"):  # the graph, and external weights if any
             if (folder / name).is_file():

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
+
+from vitkit.cli.progress import EVERY_S_VARIABLE
 
 from ._cli import tiny_checkpoint
 
@@ -24,6 +27,20 @@ def test_the_onnx_line_names_the_class_names_and_data_config_it_carries(tmp_path
     props = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
     assert json.loads(props["vitkit_class_names"]) == ["cat", "dog"]
     assert json.loads(props["vitkit_data_config"])["mean"] == [0.4, 0.4, 0.4]
+
+
+@pytest.mark.slow  # two ONNX exports and a check: about 13 s on 2 busy cores
+def test_verify_shows_the_exports_steps_in_a_log_and_quiet_none(tmp_path, run_cli, monkeypatch):
+    """stderr not a terminal: a line as each step (the graph, the check) ends, here at once."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv(EVERY_S_VARIABLE, "0")
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    argv = ["export", "--checkpoint", checkpoint, tmp_path / "m.onnx", "--verify"]
+    code, _, err = run_cli(*argv)
+    assert code == 0
+    assert re.fullmatch(r"export: 1/2 steps, about \d+ s left\nexport: 2/2 steps\n", err), err
+    assert run_cli(*argv, "--quiet")[::2] == (0, "")
 
 
 def test_a_pt2_program_says_it_carries_no_preprocessing(tmp_path, run_cli):

@@ -21,6 +21,7 @@ from . import options
 from .commands import add_command
 from .errors import UserError
 from .output import json_text, plural, report_skipped
+from .progress import progress
 from .status import ExitCode
 
 SPLITS = ("test", "val", "train", "all")
@@ -63,6 +64,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     options.batch_size(p, 256)
     options.json_output(p, "one JSON object")
+    options.quiet(p)
     options.model_run(p)
     return p
 
@@ -84,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
         check_output(path)
     prepared = data_lib.Transformed(scored.dataset, predictor.prepare)
     loader = make_loader(prepared, args.batch_size, train=False)
-    result = evaluate(model, loader, device=predictor.device, num_classes=model.num_classes)
+    show = progress(args.quiet, batch_size=args.batch_size)
+    result = evaluate(
+        model,
+        show(loader, len(loader), "eval"),
+        device=predictor.device,
+        num_classes=model.num_classes,
+    )
     if not math.isfinite(result["loss"]):
         raise FloatingPointError(
             f"the loss of {args.checkpoint} on {scored.description} is {result['loss']}: its "

@@ -16,6 +16,7 @@ from ..weights.families import weights_family
 from . import options
 from .commands import add_command
 from .errors import UserError
+from .progress import progress
 from .status import ExitCode
 
 
@@ -55,6 +56,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "before quantising)",
     )
     options.precision(p, export=True)
+    options.quiet(p)
     options.weights_reading(p)
     options.preparation(p)
     return p
@@ -110,7 +112,13 @@ def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
     if args.verify:
         import onnxruntime  # noqa: F401  (missing: the one-line hint of `main`)
     export_onnx(
-        model, args.output, opset=args.opset, verify=args.verify, precision=args.precision, **shapes
+        model,
+        args.output,
+        opset=args.opset,
+        verify=args.verify,
+        precision=args.precision,
+        progress=progress(args.quiet, unit="steps"),
+        **shapes,
     )
     props = onnx_metadata(model)
     named = ((CLASS_NAMES_PROP, "the class names"), (DATA_CONFIG_PROP, "the data config"))

@@ -155,6 +155,18 @@ def json_output(parser: argparse.ArgumentParser, document: str) -> None:
     parser.add_argument("--json", action="store_true", help=f"print {document} instead of text")
 
 
+def quiet(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--quiet`: no progress (bar or lines) for a command a user waits on (`cli.progress`)."""
+    parser.add_argument(
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="show no progress: no bar on a terminal, no progress lines in a log (results, "
+        "warnings and errors still print)",
+    )
+
+
 def precision(parser: argparse.ArgumentParser, export: bool = False) -> None:
     """`--precision fp32|bf16|int8`: how the model runs (or, with `export`, is written)."""
     what = (

@@ -10,6 +10,7 @@ from .. import data as data_lib
 from . import options
 from .commands import add_command
 from .output import json_text, plural, report_skipped
+from .progress import progress
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -43,6 +44,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     options.json_output(
         p, "a JSON list, one object per image ({image, predictions} or {image, skipped})"
     )
+    options.quiet(p)
     options.model_run(p)
     return p
 
@@ -54,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     topk = _topk(args.topk, len(names))
     rows: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
-    for start in range(0, len(paths), BATCH):
+    starts = range(0, len(paths), BATCH)
+    show = progress(args.quiet, batch_size=BATCH)
+    for start in show(starts, len(starts), "predict"):
         loaded = data_lib.load_images(
             paths[start : start + BATCH], predictor.prepare, in_chans=predictor.in_chans
         )

@@ -10,8 +10,9 @@ from typing import Any
 from ..train.config import PretrainConfig
 from .commands import add_command
 from .output import json_text
+from .progress import progress
 from .status import ExitCode
-from .train import progress_bar, run_arguments, run_config
+from .train import run_arguments, run_config
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         out,
         resume=args.resume,
         overwrite=args.overwrite,
-        progress=progress_bar(not args.no_progress),
+        progress=progress(args.quiet, batch_size=config.batch_size),
     )
     result = outcome.result
     if outcome.rank != 0:

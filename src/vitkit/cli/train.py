@@ -13,13 +13,13 @@ from typing import Any
 from ..options import read_settings
 from ..train import ClassificationTask, resolve_config, run_job
 from ..train.config import JobConfig, TrainConfig
-from ..train.fit import Progress
 from ..train.recipes import default_model
 from ..train.run_folder import default_out, read_run_config
 from .commands import add_command
 from .errors import UserError
-from .options import job_flags, job_options_given
+from .options import job_flags, job_options_given, quiet
 from .output import json_text
+from .progress import progress
 from .status import ExitCode
 
 log = logging.getLogger("vitkit")
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         out,
         resume=args.resume,
         overwrite=args.overwrite,
-        progress=progress_bar(not args.no_progress),
+        progress=progress(args.quiet, batch_size=config.batch_size),
     )
     if outcome.rank != 0:
         return ExitCode.INTERRUPTED if outcome.test is None else ExitCode.OK
@@ -84,7 +84,7 @@ def run_arguments(
     g.add_argument("--name", help="run name for the default output folder")
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
     g.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    quiet(g)
     g.add_argument(
         "--json",
         action="store_true",
@@ -92,23 +92,6 @@ def run_arguments(
         "best and last epoch, test metrics, files)",
     )
     return g
-
-
-def progress_bar(enabled: bool) -> Progress:
-    """tqdm on stderr, shown only on a terminal."""
-    from tqdm import tqdm
-
-    def make(iterable, total: int, desc: str):
-        return tqdm(
-            iterable,
-            total=total,
-            desc=desc,
-            leave=False,
-            dynamic_ncols=True,
-            disable=not (enabled and sys.stderr.isatty()),
-        )
-
-    return make
 
 
 def run_config(

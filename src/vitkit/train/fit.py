@@ -83,7 +83,8 @@ def fit(
         resume: continue from `out_dir/state.pt`.
         stop: set it to stop cleanly; SIGINT / SIGTERM set it too.
         progress: `progress(iterable, total, description)` -> an iterable with an optional
-            `set_postfix(**values)` (e.g. tqdm); None shows nothing.
+            `set_postfix(**values)` (e.g. tqdm), for each epoch's training and validation
+            batches; None shows nothing.
         on_epoch_end: called with each epoch's metrics row.
         loggers: where the rows go besides `metrics.jsonl` and `metrics.csv`:
             'tensorboard' (`out_dir/tensorboard`).
@@ -235,6 +236,8 @@ def run_epoch(
             state.out / STATE_FILE if state.out else "nowhere (no out_dir)",
         )
         return None
+    if progress is not None:
+        val_loader = progress(val_loader, len(val_loader), f"{description} validation")
     return finish_epoch(state, val_loader, seconds=time.perf_counter() - start)
 
 
