@@ -44,7 +44,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import list_models
+    from ..model import architecture_of, list_models
     from ..weights import load_pretrained, save
     from ..weights.parity import reading_options
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     reading = reading_options(args.input, args.source, arch=args.arch, num_heads=args.num_heads)
     model = load_pretrained(args.input, format=args.source, hf_config=args.hf_config, **reading)
     cfg = model.config
-    staged = hasattr(cfg, "depths")  # a family of stages (the Swin) has depths and windows
+    staged = architecture_of(cfg).feature_unit == "stage"  # depths and windows, not depth
     depth = f"depths {cfg.depths}" if staged else f"depth {cfg.depth}"
     windows = f", windows {cfg.windows}" if staged else ""
     print(
