@@ -132,7 +132,9 @@ def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> 
 
 def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
     """The weights of `config.pretrained` for the data; the `in_chans` option says how the
-    images were read (the weights decide the model's channels). A `model` named beside them
+    images were read, and weights of another channel count have their first convolution
+    adapted to the data's (timm's `adapt_input_conv`: summed over RGB for grey images,
+    `weights/channels.py`). A `model` named beside them
     is their architecture: what the weights do not record comes from it, and a name whose
     sizes differ from the weights' is refused (`ArchMismatchError`), never ignored."""
     options.pop("in_chans", None)
@@ -147,14 +149,9 @@ def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, An
         img_size=img_size,
         pos_resample=config.pos_resample,
         arch=config.model,
+        in_chans=splits.in_chans,
         **options,
     )
-    if model.config.in_chans != splits.in_chans:
-        raise ValueError(
-            f"{config.pretrained} takes {model.config.in_chans}-channel images but the data has "
-            f"{splits.in_chans}; use data with {model.config.in_chans} channels"
-            + (" (--in-chans for image folders)" if splits.img_size is None else "")
-        )
     return model.train()
 
 
