@@ -185,3 +185,30 @@ def test_fine_tune_a_timm_rgb_swin_and_eva_on_digits(tmp_path, capsys, preset, s
     model = _train(argv, tmp_path / "run", capsys)
     assert model.config.in_chans == 1 and model.config.num_classes == 10
     assert model.data_config.input_size == (1, img_size, img_size)
+
+
+def test_converted_channels_are_pillows():
+    from PIL import Image
+
+    from vitkit.data.channels import convert_channels
+
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    pillow = np.asarray(Image.fromarray(rgb).convert("L"), dtype=np.float32) / 255
+    ours = convert_channels(torch.from_numpy(rgb).permute(2, 0, 1).float() / 255, 1)  # (1, H, W)
+    assert ours.shape == (1, 5, 6)
+    torch.testing.assert_close(ours[0], torch.from_numpy(pillow), atol=0.5 / 255, rtol=0)
+    grey = torch.rand(1, 4, 4)
+    assert torch.equal(convert_channels(grey, 3), grey.expand(3, -1, -1))
+    assert convert_channels(Image.fromarray(rgb), 1).mode == "L"
+
+
+def test_in_chans_converts_the_images_instead(tmp_path, capsys, caplog):
+    """`--in-chans 3` on grey data: the images are made RGB and the weights stay RGB."""
+    source = tmp_path / "rgb.safetensors"
+    vitkit.save(_source("vit"), source)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        argv = ["--pretrained", str(source), "--data", "digits", "--in-chans", "3"]
+        model = _train(argv, tmp_path / "run", capsys)
+    assert "digits images converted to 3 channels" in caplog.messages
+    assert not [m for m in caplog.messages if "adapt_input_conv" in m]
+    assert model.config.in_chans == 3 and model.data_config.input_size == (3, 16, 16)

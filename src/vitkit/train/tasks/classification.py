@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ...data import Mixup, Splits, transformed
+from ...data.channels import with_channels
 from ...data.data_config import DataConfig
 from ...files import atomic_write
 from ...model import get_config, to_2tuple
@@ -74,6 +75,11 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         in_chans=opts.get("in_chans", default_chans),
         img_size=opts.get("img_size", base.img_size),
     )
+    if config.pretrained and opts.get("in_chans", splits.in_chans) != splits.in_chans:
+        # images of fixed channels (digits, MNIST) made as --in-chans says, not the weights
+        # adapted to them (the default: weights/channels.py)
+        log.info("%s images converted to %d channels", splits.name, opts["in_chans"])
+        splits = with_channels(splits, opts["in_chans"])
     model = build_model(config, splits)
     if config.pretrained:  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
