@@ -6,6 +6,7 @@ none, the line says that only the key mapping was checked and what the weights d
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +28,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         choices=["timm", "hf", "torchvision", "jax"],
         help="the library the weights come from",
     )
-    p.add_argument("input", help="weights file (.safetensors/.pth/.bin/.npz) or a model folder")
+    p.add_argument(
+        "input",
+        help="weights file (.safetensors/.pth/.bin/.npz) or a model folder, or a Hub id in the "
+        "local Hugging Face cache (timm/NAME, hf-hub:ORG/NAME, ORG/NAME)",
+    )
     p.add_argument("output", help="the vitkit .safetensors file to write")
     options.weights_reading(p)
     p.add_argument(
@@ -46,13 +51,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..model import architecture_of, list_models
     from ..weights import load_pretrained, save
+    from ..weights.hub_cache import resolve_weights
     from ..weights.parity import reading_options
 
     if args.hf_config is not None and args.source != "hf":
         raise UserError("--hf-config (a Hugging Face config.json) only goes with --from hf")
     print(f"converting {args.input} ({args.source} weights) ...", flush=True)
-    reading = reading_options(args.input, args.source, arch=args.arch, num_heads=args.num_heads)
-    model = load_pretrained(args.input, format=args.source, hf_config=args.hf_config, **reading)
+    source = resolve_weights(args.input)  # a Hub id: its folder in the local cache
+    reading = reading_options(source, args.source, arch=args.arch, num_heads=args.num_heads)
+    model = load_pretrained(source, format=args.source, hf_config=args.hf_config, **reading)
     cfg = model.config
     staged = architecture_of(cfg).feature_unit == "stage"  # depths and windows, not depth
     depth = f"depths {cfg.depths}" if staged else f"depth {cfg.depth}"
@@ -70,17 +77,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}", flush=True)
     if args.no_parity:
         return ExitCode.OK
-    return parity(args, model)
+    return parity(args, model, source)
 
 
-def parity(args: argparse.Namespace, model: torch.nn.Module) -> int:
+def parity(args: argparse.Namespace, model: torch.nn.Module, source: Path) -> int:
     """The converted model beside the source library's own model of the weights: one line
     saying what was compared and what was not; a disagreement exits with FAILED."""
     from ..weights.parity import check_parity
 
     result = check_parity(
         model,
-        args.input,
+        source,
         args.source,
         arch=args.arch,
         num_heads=args.num_heads,

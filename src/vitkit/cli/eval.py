@@ -162,7 +162,7 @@ def _pictures(args: argparse.Namespace, spec: str, part: str) -> Pictures:
     not overwrite each other."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec).name) or "data"
     suffix = f"{name}_{part.replace(' ', '-')}.png"
-    beside = Path(args.checkpoint).parent
+    beside = Path(args.checkpoint).parent if Path(args.checkpoint).exists() else Path()  # a Hub id
     return Pictures(
         Path(args.confusion) if args.confusion else beside / f"confusion_{suffix}",
         Path(args.per_class) if args.per_class else beside / f"per_class_{suffix}",

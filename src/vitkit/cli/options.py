@@ -56,7 +56,8 @@ def checkpoint(parser: argparse.ArgumentParser, *, required: bool = True) -> Non
         required=required,
         metavar="PATH",
         help="the model's weights: a vitkit checkpoint (a run's model.safetensors), or timm / "
-        "Hugging Face / torchvision / JAX weights, a file or a model folder",
+        "Hugging Face / torchvision / JAX weights, a file or a model folder, or a Hub id in the "
+        "local Hugging Face cache (timm/NAME, hf-hub:ORG/NAME, ORG/NAME)",
     )
 
 

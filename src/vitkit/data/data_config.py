@@ -91,6 +91,18 @@ class DataConfig(Options):
         given leave the config as it is."""
         return super().replace(**{k: v for k, v in changes.items() if v is not None})
 
+    def for_channels(self, in_chans: int) -> DataConfig:
+        """This preparation for a model of `in_chans` input channels whose first convolution
+        was adapted from these weights' (`adapt_input_conv`): `channel_stats` of the mean and
+        std."""
+        if in_chans == self.input_size[0]:
+            return self
+        return self.replace(
+            input_size=(in_chans, *self.img_size),
+            mean=channel_stats(self.mean, in_chans),
+            std=channel_stats(self.std, in_chans),
+        )
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "data config") -> DataConfig:
         """From `to_dict` output or timm's `pretrained_cfg` (other keys of which are ignored);
@@ -104,6 +116,17 @@ class DataConfig(Options):
             return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
         except (TypeError, ValueError) as err:
             raise ValueError(f"{source}: {err}") from None
+
+
+def channel_stats(values: float | tuple[float, ...], in_chans: int) -> tuple[float, ...]:
+    """Per-channel statistics of weights trained on `len(values)` channels for `in_chans`
+    channels, as `adapt_input_conv` maps the channels: one channel takes their mean (a grey
+    value stands for the same value in R, G and B, whose kernels were summed; ImageNet's
+    0.485 / 0.456 / 0.406 become 0.449), channel i takes channel i modulo their count."""
+    values = values if isinstance(values, tuple) else (values,)
+    if in_chans == 1:
+        return (sum(values) / len(values),)
+    return tuple(values[i % len(values)] for i in range(in_chans))
 
 
 def data_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -347,7 +347,8 @@ class TrainConfig(JobConfig):
     # -- fine-tuning
     pretrained: str | None = option(
         None,
-        "fine-tune these weights (any format vitkit convert reads; the architecture is theirs)",
+        "fine-tune these weights (any format vitkit convert reads, or a Hub id in the local "
+        "Hugging Face cache: timm/NAME, hf-hub:ORG/NAME; the architecture is theirs)",
         group="finetune",
         metavar="PATH",
     )

@@ -70,6 +70,10 @@ def _same(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return state_dict
 
 
+def _patch_projection(config: Any) -> str:
+    return "patch_embed.proj.weight"
+
+
 def _nothing_assumed(config: Any, stated: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
@@ -109,6 +113,9 @@ class WeightsFamily:
             the config (a check of the key mapping only); None: the family has none.
         timm_reference: how a parity line names the generic timm model of `reference_model`.
         folders: 'hf' / 'timm' -> (model, folder) -> the folder written (`vitkit export`).
+        input_conv: config -> the key of the weight that takes the image (timm's
+            `pretrained_cfg['first_conv']`), which `adapt_input_conv` fits to another number
+            of channels (`weights/channels.py`).
         read_by_name: the formats in which a name of this family (`arch=`, a timm folder's
             architecture) reads keys no family claims (its weights can look like a plain
             ViT's: an EVA's without LayerScale nor EVA's attention biases).
@@ -135,6 +142,7 @@ class WeightsFamily:
     timm_reference: str = ""
     folders: Mapping[str, Callable[[nn.Module, Any], Path]] = field(default_factory=dict)
     read_by_name: tuple[str, ...] = ()
+    input_conv: Callable[[Any], str] = _patch_projection
 
 
 VIT = WeightsFamily(
@@ -166,6 +174,7 @@ VIT = WeightsFamily(
     reference_model=source_model,
     timm_reference="timm's VisionTransformer",
     folders={"hf": vit_folders.save_hf_folder, "timm": vit_folders.save_timm_folder},
+    input_conv=vit_layout.input_conv,
 )
 
 SWIN = WeightsFamily(

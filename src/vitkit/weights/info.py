@@ -49,6 +49,7 @@ from .checkpoint import (
 from .cnn import TIMM_KEY, parse_spec
 from .detect import CONVERTERS, FORMATS, detect_format
 from .families import family_named, weights_family
+from .hub_cache import resolve_weights
 from .preprocessing import (
     LIBRARIES,
     hf_data_config,
@@ -151,7 +152,9 @@ def inspect(
 
     Args:
         source: a `.safetensors` / `.pth` / `.bin` / `.npz` / `.onnx` file or a Hugging Face
-            or timm model folder.
+            or timm model folder; or a Hub id (`timm/NAME`, `hf-hub:ORG/NAME`, `ORG/NAME`,
+            `local-dir:PATH`) read from the local Hugging Face cache (`hub_cache.py`; a path
+            that exists wins).
         format: 'auto' (from the file and its key names) or one of `FORMATS`.
         num_heads, arch, hf_config: what the weights do not record (the converters'
             arguments; `hf_config` is a Hugging Face config.json, its path or a dict).
@@ -162,7 +165,7 @@ def inspect(
     """
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected 'auto' or one of {FORMATS}")
-    path = Path(source)
+    path = resolve_weights(source)  # a Hub id: its folder in the local cache
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     folder, hub = _folder(path)

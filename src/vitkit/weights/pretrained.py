@@ -7,7 +7,9 @@ bias tables); a new number of classes gets a freshly initialised head.
 
 Its arguments are of three kinds: how to read the source (`format`, `num_heads`, `arch`,
 `hf_config`: what the weights do not record), how to fit the weights to the model they go into
-(`num_classes`, `img_size`, `patch_size`, `distilled`, `pos_resample`: `Fitting`), and
+(`num_classes`, `img_size`, `patch_size`, `distilled`, `pos_resample`: `Fitting`; `in_chans`
+adapts the first convolution to another number of channels as timm's `adapt_input_conv`,
+`channels.py`), and
 config fields of that model (`**overrides`, e.g. `drop_path_rate=0.1`).
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from ..model import architectures, find_architecture
+from .channels import adapt_channels
 from .checkpoint import CheckpointError, load_npz, load_state_dict
 from .detect import CONVERTERS, FORMATS, detect_format
 from .families import weights_family
@@ -52,6 +55,7 @@ def load_pretrained(
     *,
     patch_size: int | tuple[int, int] | None = None,
     distilled: bool | None = None,
+    in_chans: int | None = None,
     num_heads: int | None = None,
     arch: str | None = None,
     hf_config: Any = None,
@@ -71,6 +75,9 @@ def load_pretrained(
         num_classes, img_size, pos_resample, patch_size, distilled: how the weights are
             fitted to the model (`Fitting`). A given `model` is resampled to its own size and
             patch size instead of `img_size` / `patch_size`.
+        in_chans: the input channels of the model built (a given model's own): weights of
+            another count have their first convolution adapted as timm's `adapt_input_conv`
+            (summed over RGB for grey images), said in one log line.
         num_heads: the head count, which most weights do not record.
         arch: a timm model name (`vitkit.list_models()`) whose options the weights do not
             record (activation, norm epsilon, pooling, heads) are theirs; the sizes come from
@@ -98,7 +105,11 @@ def load_pretrained(
         reading = {**weights_family(model.config).model_reading(model, format), **reading}
     new_head = num_classes is not None or model is not None  # DINOv2's classifier gives way
     weights = read_source(source, format, {**reading, **overrides}, new_head=new_head)
-    return weights_family(weights.config).fill(weights, model, fitting, overrides)
+    family = weights_family(weights.config)
+    chans = in_chans if model is None else getattr(getattr(model, "config", None), "in_chans", None)
+    if chans is not None:
+        weights = adapt_channels(weights, chans, family.input_conv(weights.config))
+    return family.fill(weights, model, fitting, overrides)
 
 
 def _check_call(

@@ -14,7 +14,13 @@ from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_CLASSES, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act, mlp_hidden_width
 from .norm import LayerNorm2d, make_norm
-from .patch_embed import ConvStem, PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
+from .patch_embed import (
+    ConvStem,
+    PatchEmbed,
+    adapt_input_conv,
+    conv_to_unfold_weight,
+    unfold_to_conv_weight,
+)
 from .window import RelPosAttention, WindowBlock, window_partition, window_unpartition
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "SwiGLU",
     "SwiGLUPacked",
     "WindowBlock",
+    "adapt_input_conv",
     "conv_to_unfold_weight",
     "make_act",
     "make_norm",

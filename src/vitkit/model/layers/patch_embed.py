@@ -7,6 +7,8 @@ Section 3.1 (patches cut from a CNN's feature map); the convolutional stem is Xi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -103,6 +105,40 @@ def conv_to_unfold_weight(weight: Tensor) -> Tensor:
 def unfold_to_conv_weight(weight: Tensor, in_chans: int, patch_size: tuple[int, int]) -> Tensor:
     """Linear patch weight (D, C*ph*pw) -> Conv2d weight (D, C, ph, pw)."""
     return weight.reshape(weight.shape[0], in_chans, *patch_size)  # (D, C, ph, pw)
+
+
+def adapt_input_conv(in_chans: int, conv_weight: Tensor, base_chans: int = 3) -> Tensor:
+    """The weight (O, I, kh, kw) of a model's first convolution, pretrained on `base_chans`
+    channels, for `in_chans` channels, as timm's `adapt_input_conv` (`_manipulate.py`): one
+    channel sums the kernels (a grey image through it equals the image repeated to every
+    channel through the original); other counts repeat them and scale by
+    base_chans / in_chans. A space-to-depth stem (I a multiple of `base_chans`) sums within
+    each spatial group."""
+    if in_chans < 1 or base_chans < 1:
+        raise ValueError("input and base channel counts must be positive")
+    if conv_weight.ndim != 4:
+        raise NotImplementedError(
+            f"adapt_input_conv takes a Conv2d weight (O, I, kh, kw), got {conv_weight.ndim} dims"
+        )
+    out, inp, kh, kw = conv_weight.shape
+    if in_chans == base_chans:
+        return conv_weight
+    dtype, weight = conv_weight.dtype, conv_weight.float()  # half weights sum in fp32
+    if in_chans == 1:
+        if inp > base_chans:  # (O, groups, base, kh, kw): one sum per spatial group
+            if inp % base_chans:
+                raise NotImplementedError(f"{inp} input channels are no groups of {base_chans}")
+            weight = weight.reshape(out, inp // base_chans, base_chans, kh, kw).sum(dim=2)
+        else:
+            weight = weight.sum(dim=1, keepdim=True)  # (O, 1, kh, kw)
+    elif inp != base_chans:
+        raise NotImplementedError(
+            f"a weight of {inp} input channels pretrained on {base_chans} cannot be adapted"
+        )
+    else:  # (O, in_chans, kh, kw): the kernels repeated, the sum kept
+        repeat = math.ceil(in_chans / base_chans)
+        weight = weight.repeat(1, repeat, 1, 1)[:, :in_chans] * (base_chans / float(in_chans))
+    return weight.to(dtype)
 
 
 class ConvStem(nn.Sequential):

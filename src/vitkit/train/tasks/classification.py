@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ...data import Mixup, Splits, transformed
+from ...data.channels import with_channels
 from ...data.data_config import DataConfig
 from ...files import atomic_write
 from ...model import get_config, to_2tuple
@@ -74,6 +75,11 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         in_chans=opts.get("in_chans", default_chans),
         img_size=opts.get("img_size", base.img_size),
     )
+    if config.pretrained and opts.get("in_chans", splits.in_chans) != splits.in_chans:
+        # images of fixed channels (digits, MNIST) made as --in-chans says, not the weights
+        # adapted to them (the default: weights/channels.py)
+        log.info("%s images converted to %d channels", splits.name, opts["in_chans"])
+        splits = with_channels(splits, opts["in_chans"])
     model = build_model(config, splits)
     if config.pretrained:  # the weights' own normalisation, as they were trained with
         splits = dataclasses.replace(splits, mean=model.data_config.mean, std=model.data_config.std)
@@ -132,7 +138,9 @@ def _cnn_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> 
 
 def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, Any]) -> nn.Module:
     """The weights of `config.pretrained` for the data; the `in_chans` option says how the
-    images were read (the weights decide the model's channels). A `model` named beside them
+    images were read, and weights of another channel count have their first convolution
+    adapted to the data's (timm's `adapt_input_conv`: summed over RGB for grey images,
+    `weights/channels.py`). A `model` named beside them
     is their architecture: what the weights do not record comes from it, and a name whose
     sizes differ from the weights' is refused (`ArchMismatchError`), never ignored."""
     options.pop("in_chans", None)
@@ -147,14 +155,9 @@ def _pretrained_model(config: TrainConfig, splits: Splits, options: dict[str, An
         img_size=img_size,
         pos_resample=config.pos_resample,
         arch=config.model,
+        in_chans=splits.in_chans,
         **options,
     )
-    if model.config.in_chans != splits.in_chans:
-        raise ValueError(
-            f"{config.pretrained} takes {model.config.in_chans}-channel images but the data has "
-            f"{splits.in_chans}; use data with {model.config.in_chans} channels"
-            + (" (--in-chans for image folders)" if splits.img_size is None else "")
-        )
     return model.train()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ...data.data_config import DataConfig
+from ...data.data_config import DataConfig, channel_stats
 from ...model import build_model
 from ...model.eva import Eva, EvaConfig
 from ...model.layers.patch_embed import to_2tuple
@@ -112,8 +112,8 @@ def _timm_default(model: Eva, source: str) -> DataConfig:
     height, width = to_2tuple(model.config.img_size, "img_size")
     return DataConfig(
         input_size=(model.config.in_chans, height, width),
-        mean=cfg["mean"],
-        std=cfg["std"],
+        mean=channel_stats(cfg["mean"], model.config.in_chans),  # adapted weights: their map
+        std=channel_stats(cfg["std"], model.config.in_chans),
         interpolation=cfg["interpolation"],
         crop_pct=cfg["crop_pct"],
     )

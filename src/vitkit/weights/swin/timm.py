@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig, channel_stats
 from ...model import SwinConfig, SwinCrConfig, SwinTransformer, build_model, get_config
 from ...model.swin.window import resize_rel_pos_bias_table
 from ..checkpoint import (
@@ -342,11 +342,10 @@ def fill_swin(
             "std, bicubic, centre crop 0.9",
             weights.name,
         )
-        imagenet = chans == 3
-        data_config = DataConfig(
+        data_config = DataConfig(  # another channel count: the adapted weights' statistics
             input_size=(chans, height, width),
-            mean=IMAGENET_MEAN if imagenet else 0.5,
-            std=IMAGENET_STD if imagenet else 0.5,
+            mean=channel_stats(IMAGENET_MEAN, chans),
+            std=channel_stats(IMAGENET_STD, chans),
             interpolation="bicubic",
             crop_pct=0.9,
         )

@@ -310,6 +310,17 @@ def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
 # -- the shape check ------------------------------------------------------------------------
 
 
+def input_conv(config: ViTConfig) -> str:
+    """The weight that takes the image (timm's `pretrained_cfg['first_conv']`): the patch
+    projection, or the first convolution of the hybrid's stem (the paper's CNN: a `ConvStem`,
+    or timm's ResNetV2, or its stem alone)."""
+    if config.conv_stem:
+        return "patch_embed.backbone.0.weight"
+    if config.hybrid != "none":
+        return _HYBRID_STEMS[0] if config.hybrid_layers else _HYBRID_STEMS[1]
+    return "patch_embed.proj.weight"
+
+
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:
     """Key -> shape of `VisionTransformer(config).state_dict()`, from a one-block probe built on
     the meta device (no memory allocated), its block keys repeated `depth` times; ViTDet's
