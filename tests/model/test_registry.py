@@ -214,6 +214,6 @@ def test_create_model_takes_timms_pretrained_argument_and_refuses_a_download():
         create_model("vit_tiny_patch16_224", pretrained=True)
     assert str(refused.value) == (
         "create_model builds vit_tiny_patch16_224 with random weights and downloads nothing; "
-        "load weights on disk with vitkit.load_pretrained(PATH) (a file or a timm / Hugging "
-        "Face folder)"
+        "load weights with vitkit.load_pretrained(SOURCE): a file, a timm / Hugging Face "
+        "folder, or a Hub id in the local cache ('timm/NAME')"
     )

@@ -114,13 +114,14 @@ def create_model(
     (default: every stage, as timm), 'NCHW' or timm's 'NHWC'. `feature_cls` is timm's name
     of the wrapper; vitkit has only 'getter' (features read through `forward_intermediates`).
     `pretrained` is timm's argument, for code written for timm: False builds random weights;
-    True is refused (nothing is downloaded; `vitkit.load_pretrained` reads weights on disk).
+    True is refused (nothing is downloaded; `vitkit.load_pretrained` reads weights on disk
+    and Hub ids from the local cache).
     """
     if pretrained:
         raise ValueError(
             f"create_model builds {name} with random weights and downloads nothing; load "
-            "weights on disk with vitkit.load_pretrained(PATH) (a file or a timm / Hugging "
-            "Face folder)"
+            "weights with vitkit.load_pretrained(SOURCE): a file, a timm / Hugging Face "
+            "folder, or a Hub id in the local cache ('timm/NAME')"
         )
     if overrides.get("global_pool") == "":
         overrides["global_pool"] = "none"  # timm's spelling
