@@ -199,8 +199,8 @@ SWIN = WeightsFamily(
 
 EVA = WeightsFamily(
     architectures=("eva",),
-    recognises={"timm": eva_reading.timm_keys},
-    readers={"timm": eva_reading.read_timm},
+    recognises={"timm": eva_reading.timm_keys, "hf": eva_reading.hf_keys},
+    readers={"timm": eva_reading.read_timm, "hf": eva_reading.read_hf},
     fill=eva_pretrained.fill_eva,
     folder_options=eva_reading.folder_options,
     timm_sizes=eva_reading.timm_sizes,

@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from ...model.eva import EvaConfig
+from .hf import from_hf_dinov3, is_hf_dinov3
 from .timm import from_timm_eva, is_eva_state_dict
 
 # Reading options that are other families' (a Swin's image size, the ViT's folder size).
@@ -28,6 +29,17 @@ def read_timm(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, E
     for name in _OTHERS:
         options.pop(name, None)
     return from_timm_eva(state_dict, **options)
+
+
+def hf_keys(keys: Sequence[str]) -> bool:
+    return is_hf_dinov3(list(keys))
+
+
+def read_hf(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, EvaConfig]:
+    """`from_hf_dinov3`: transformers' DINOv3 with the folder's `config.json`."""
+    for name in (*_OTHERS, "arch"):
+        options.pop(name, None)
+    return from_hf_dinov3(state_dict, **options)
 
 
 def folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:
