@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..layers.attention import bf16_cpu_training, exporting
 from ..layers.rel_pos_bias import (
     CLASS_ROWS,
     gather_bias,
@@ -95,8 +96,17 @@ class BeitAttention(nn.Module):
         return self.proj_drop(self.proj(x))
 
     def forward(self, x: Tensor, shared_bias: Tensor | None = None) -> Tensor:
+        """Tokens (B, N, D) -> (B, N, D): SDPA with the bias as its additive mask (timm's fused
+        path), written out for bf16 training on CPU and under `torch.export` (whose ONNX
+        decomposition of a masked SDPA fails: `layers.attention.exporting`)."""
         q, k, v = self._qkv(x)
         bias = self.position_bias(shared_bias)
+        if bf16_cpu_training(q) or (not torch.jit.is_scripting() and exporting()):
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
+            if bias is not None:
+                scores = scores + bias
+            weights = self.attn_drop(scores.softmax(dim=-1))
+            return self._out(weights @ v)
         if bias is not None:
             bias = bias.to(q.dtype)
         dropout_p = self.attn_drop.p if self.training else 0.0
