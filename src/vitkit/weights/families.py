@@ -204,8 +204,8 @@ EVA = WeightsFamily(
 
 BEIT = WeightsFamily(
     architectures=("beit",),
-    recognises={"timm": beit_reading.timm_keys},
-    readers={"timm": beit_reading.read_timm},
+    recognises={"timm": beit_reading.timm_keys, "hf": beit_reading.hf_keys},
+    readers={"timm": beit_reading.read_timm, "hf": beit_reading.read_hf},
     fill=beit_pretrained.fill_beit,
     folder_options=beit_reading.folder_options,
     timm_sizes=beit_reading.timm_sizes,

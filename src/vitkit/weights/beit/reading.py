@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from ...model.beit import BeitConfig
+from .hf import from_hf_beit, is_hf_beit
 from .timm import from_timm_beit, is_beit_state_dict
 
 # Reading options that are other families' or fitted later (`fill_beit`: the image size).
@@ -24,6 +25,10 @@ def timm_keys(keys: Sequence[str]) -> bool:
     return is_beit_state_dict(list(keys))
 
 
+def hf_keys(keys: Sequence[str]) -> bool:
+    return is_hf_beit(list(keys))
+
+
 def read_timm(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, BeitConfig]:
     """`from_timm_beit`; a timm folder's img_size is the weights' (`folder_img_size`), and
     `load_pretrained`'s img_size fits them later (`fill_beit`)."""
@@ -33,6 +38,13 @@ def read_timm(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, B
     if folder_img_size is not None:
         options.setdefault("img_size", folder_img_size)
     return from_timm_beit(state_dict, **options)
+
+
+def read_hf(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, BeitConfig]:
+    """`from_hf_beit`; `load_pretrained`'s img_size fits the weights later (`fill_beit`)."""
+    for name in _OTHERS:
+        options.pop(name, None)
+    return from_hf_beit(state_dict, **options)
 
 
 def folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:
