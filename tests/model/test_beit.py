@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import vitkit
 from _helpers import optional_import, randomize, requires_timm
-from vitkit import create_model, list_models
+from vitkit import cli, create_model, list_models
 from vitkit.model import architecture_of, get_config
 from vitkit.model.beit import Beit, BeitConfig
 from vitkit.model.layers.rel_pos_bias import (
@@ -190,3 +191,24 @@ def test_the_attention_weights_are_those_the_forward_pass_uses():
 def test_a_width_the_heads_do_not_divide_is_refused():
     with pytest.raises(ValueError, match="^embed_dim 64 is not divisible by num_heads 3; choose"):
         BeitConfig(embed_dim=64, num_heads=3)
+
+
+def test_a_backbone_gives_maps_of_the_blocks_asked_for():
+    backbone = create_model("beitv2_base_patch16_224", features_only=True, depth=3, img_size=32,
+                            embed_dim=64, num_heads=2, out_indices=(0, 2))  # fmt: skip
+    maps = backbone(torch.randn(2, 3, 32, 32))
+    assert [tuple(m.shape) for m in maps] == [(2, 64, 2, 2)] * 2
+    assert len(backbone.model.blocks) == 3  # pruned after the last block asked for
+
+
+def test_a_registered_name_trains_on_the_digits_with_its_own_options(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--model", "beitv2_base_patch16_224", "--model-opt", "depth=2",
+            "--model-opt", "embed_dim=64", "--model-opt", "num_heads=2",
+            "--model-opt", "use_shared_rel_pos_bias=true", "--img-size", "32", "--epochs", "1",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[-1].startswith("test accuracy: ")
+    model = vitkit.load(out / "model.safetensors")
+    assert type(model) is Beit and model.config.img_size == 32 and model.num_classes == 10
+    assert model.rel_pos_bias is not None and model.blocks[1].attn.window_size == (2, 2)

@@ -13,13 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers.attention import bf16_cpu_training, exporting
-from ..layers.rel_pos_bias import (
-    CLASS_ROWS,
-    gather_bias,
-    relative_position_index,
-    resize_rel_pos_bias_table,
-    table_rows,
-)
+from ..layers.rel_pos_bias import gather_bias, regrid, relative_position_index, table_rows
 
 
 class BeitAttention(nn.Module):
@@ -61,16 +55,7 @@ class BeitAttention(nn.Module):
 
     def set_window_size(self, grid: tuple[int, int]) -> None:
         """Take another patch grid: the table resized as timm's, the index rebuilt."""
-        grid = tuple(grid)
-        if self.relative_position_bias_table is None or grid == self.window_size:
-            return
-        old = self.relative_position_bias_table
-        with torch.no_grad():
-            table = resize_rel_pos_bias_table(old, grid, self.window_size, CLASS_ROWS)
-        self.relative_position_bias_table = nn.Parameter(table, requires_grad=old.requires_grad)
-        device = self.relative_position_index.device
-        self.relative_position_index = relative_position_index(grid, device, class_token=True)
-        self.window_size = grid
+        regrid(self, grid)
 
     def position_bias(self, shared: Tensor | None) -> Tensor | None:
         """The bias added to the scores, (1, heads, N, N): the block's table plus the shared

@@ -137,6 +137,22 @@ def resize_rel_pos_bias_table(
     return torch.cat((resized, extra), dim=0)
 
 
+def regrid(module: nn.Module, grid: tuple[int, int]) -> None:
+    """A module holding BEiT's table, its index and its grid (timm's names:
+    `relative_position_bias_table`, `relative_position_index`, `window_size`) made for another
+    grid: the table resized (`resize_rel_pos_bias_table`), the index rebuilt."""
+    grid = tuple(grid)
+    old = module.relative_position_bias_table
+    if old is None or grid == module.window_size:
+        return
+    with torch.no_grad():
+        table = resize_rel_pos_bias_table(old, grid, module.window_size, CLASS_ROWS)
+    module.relative_position_bias_table = nn.Parameter(table, requires_grad=old.requires_grad)
+    device = module.relative_position_index.device
+    module.relative_position_index = relative_position_index(grid, device, class_token=True)
+    module.window_size = grid
+
+
 class RelativePositionBias(nn.Module):
     """A table shared by every block (BEiT's `use_shared_rel_pos_bias`): `forward()` gives the
     bias (heads, N + 1, N + 1) of a grid with a class token, which each block adds to its own.
@@ -151,18 +167,7 @@ class RelativePositionBias(nn.Module):
         self.register_buffer("relative_position_index", index, persistent=False)
 
     def set_window_size(self, grid: tuple[int, int]) -> None:
-        """Take another grid: the table resized (`resize_rel_pos_bias_table`), the index
-        rebuilt."""
-        grid = tuple(grid)
-        if grid == self.window_size:
-            return
-        old = self.relative_position_bias_table
-        with torch.no_grad():
-            table = resize_rel_pos_bias_table(old, grid, self.window_size, CLASS_ROWS)
-        self.relative_position_bias_table = nn.Parameter(table, requires_grad=old.requires_grad)
-        device = self.relative_position_index.device
-        self.relative_position_index = relative_position_index(grid, device, class_token=True)
-        self.window_size = grid
+        regrid(self, grid)
 
     def forward(self) -> Tensor:
         return gather_bias(self.relative_position_bias_table, self.relative_position_index)
