@@ -100,3 +100,9 @@ def test_what_a_faithful_copy_cannot_be_is_refused_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "reads Hugging Face BEiT folders but does not write them" in err
     assert err.count("\n") == 1 and not (tmp_path / "back").exists()
+    # transformers' norms have epsilon 1e-12, timm's Beit 1e-6: no timm folder is the same model
+    argv = ["export", "--checkpoint", str(out), "--format", "timm", str(tmp_path / "timm")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "timm's Beit has LayerNorm epsilon 1e-06, this model 1e-12" in err
+    assert err.count("\n") == 1 and not (tmp_path / "timm").exists()
