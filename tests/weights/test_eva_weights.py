@@ -119,10 +119,10 @@ def test_the_keys_tell_an_eva_from_a_vit_a_swin_and_a_beit():
         assert family(vit) == ("vit",)
     swin = timm.create_model("swin_tiny_patch4_window7_224", embed_dim=32, depths=(1, 1, 1, 1))
     assert family(swin) == ("swin", "swin_cr")
-    # BEiT has EVA's q_bias and gamma_1 beside relative position tables: not an EVA's
+    # BEiT has EVA's q_bias and gamma_1 beside relative position tables: a BEiT's
     beit = timm.create_model("beit_base_patch16_224", depth=1)
     assert {"blocks.0.attn.q_bias", "blocks.0.gamma_1"} <= set(beit.state_dict())
-    assert family(beit) == ("vit",)
+    assert family(beit) == ("beit",)
 
 
 @requires_timm

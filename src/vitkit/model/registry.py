@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from .architecture import Architecture
+from .beit import BEIT
 from .eva import EVA
 from .swin import SWIN, SWIN_CR
 from .vit import VIT
@@ -38,7 +39,7 @@ def register(arch: Architecture) -> None:
     _REFUSED.update(arch.refused)
 
 
-for _arch in (VIT, SWIN, SWIN_CR, EVA):
+for _arch in (VIT, SWIN, SWIN_CR, EVA, BEIT):
     register(_arch)
 
 

@@ -5,7 +5,7 @@ each family's `checkpoint_filter_fn`).
 
 The rule is weights per family: a family's converters in and out, the key patterns that tell
 its weights in each source layout (timm / vitkit, Hugging Face, torchvision, JAX), its checks
-and its folder exporters live in its room (`vit/`, `swin/`, `eva/`); the modules at this
+and its folder exporters live in its room (`vit/`, `swin/`, `eva/`, `beit/`); the modules at this
 package's top know no family. A new family is a new room and one record here. This module and
 the rooms are the only places that import the rooms; the ViT's converters are published
 through it (`vitkit.convert`).
@@ -22,6 +22,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..model import architecture_of, get_config, list_models
+from .beit import folders as beit_folders
+from .beit import pretrained as beit_pretrained
+from .beit import reading as beit_reading
 from .checkpoint import saved_shapes_problem
 from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
@@ -208,6 +211,16 @@ EVA = WeightsFamily(
     read_by_name=("timm",),
 )
 
+BEIT = WeightsFamily(
+    architectures=("beit",),
+    recognises={"timm": beit_reading.timm_keys, "hf": beit_reading.hf_keys},
+    readers={"timm": beit_reading.read_timm, "hf": beit_reading.read_hf},
+    fill=beit_pretrained.fill_beit,
+    folder_options=beit_reading.folder_options,
+    timm_sizes=beit_reading.timm_sizes,
+    folders={"hf": beit_folders.refuse_hf_folder, "timm": beit_folders.save_timm_beit_folder},
+)
+
 _FAMILIES: list[WeightsFamily] = []
 # The family of last resort: keys no other family claims go to its readers, whose refusals
 # say what the keys lack, and a name no family owns to its options (the ViT, whose layout is
@@ -223,7 +236,7 @@ def register(family: WeightsFamily) -> None:
     _FAMILIES.append(family)
 
 
-for _family in (SWIN, EVA, VIT):  # the default last: it claims any keys of its layouts
+for _family in (SWIN, EVA, BEIT, VIT):  # the default last: it claims any keys of its layouts
     register(_family)
 
 

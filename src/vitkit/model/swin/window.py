@@ -14,6 +14,20 @@ import math
 import torch
 from torch import Tensor
 
+# The bias tables' index and resize are shared with BEiT's (layers/rel_pos_bias.py).
+from ..layers.rel_pos_bias import relative_position_index, resize_rel_pos_bias_table
+
+__all__ = [
+    "MASK_VALUE",
+    "clamp_window",
+    "log_spaced_offsets",
+    "relative_position_index",
+    "resize_rel_pos_bias_table",
+    "shift_mask",
+    "window_partition",
+    "window_reverse",
+]
+
 MASK_VALUE = -100.0  # the original code's (and timm's) value for pairs across shifted regions
 
 
@@ -33,18 +47,6 @@ def window_reverse(windows: Tensor, window: tuple[int, int], height: int, width:
     x = windows.view(-1, height // wh, width // ww, wh, ww, chans)  # (B, H/wh, W/ww, wh, ww, C)
     x = x.permute(0, 1, 3, 2, 4, 5)  # (B, H/wh, wh, W/ww, ww, C)
     return x.reshape(-1, height, width, chans)  # (B, H, W, C)
-
-
-def relative_position_index(window: tuple[int, int], device: torch.device | None = None) -> Tensor:
-    """(N, N) indices, N = wh * ww: for each pair of tokens of a window, the row of their
-    offset (dy, dx) in a (2 wh - 1) * (2 ww - 1) table, offsets counted from (-wh+1, -ww+1)."""
-    wh, ww = window
-    rows, cols = torch.meshgrid(
-        torch.arange(wh, device=device), torch.arange(ww, device=device), indexing="ij"
-    )
-    coords = torch.stack((rows.flatten(), cols.flatten()))  # (2, N)
-    offsets = coords[:, :, None] - coords[:, None, :]  # (2, N, N)
-    return (offsets[0] + wh - 1) * (2 * ww - 1) + (offsets[1] + ww - 1)  # (N, N)
 
 
 def log_spaced_offsets(
@@ -97,59 +99,3 @@ def clamp_window(
     used = tuple(r if r <= w else w for r, w in zip(resolution, window))
     shifts = tuple(0 if r <= w else s for r, w, s in zip(resolution, used, shift))
     return used, shifts  # type: ignore[return-value]
-
-
-def _progression_offsets(src: int, dst: int) -> Tensor:
-    """The source offsets of BEiT's table resize: the `src` offsets placed symmetrically with
-    geometrically growing gaps 1, q, q^2, ... so that they span about the `dst` offsets (q
-    found by bisection in [1.01, 1.5], as the original code)."""
-    left, right = 1.01, 1.5
-    while right - left > 1e-6:
-        q = (left + right) / 2.0
-        if (1.0 - q ** (src // 2)) / (1.0 - q) > dst // 2:
-            right = q
-        else:
-            left = q
-    gaps, position = [], 1.0
-    for i in range(src // 2):
-        gaps.append(position)
-        position += q ** (i + 1)
-    return torch.tensor([-g for g in reversed(gaps)] + [0.0] + gaps)
-
-
-def _linear_weights(points: Tensor, targets: Tensor) -> Tensor:
-    """(len(targets), len(points)) weights of linear interpolation on an uneven grid, the
-    ends held constant beyond it (timm's `RegularGridInterpolator` along one axis)."""
-    right = torch.bucketize(targets, points).clamp(max=len(points) - 1)
-    left = (right - 1).clamp(min=0)
-    to_left = (targets - points[left]).clamp(min=0)
-    to_right = (points[right] - targets).clamp(min=0)
-    both_zero = (to_left == 0) & (to_right == 0)
-    to_left[both_zero] = to_right[both_zero] = 1.0
-    total = to_left + to_right
-    weights = torch.zeros(len(targets), len(points))
-    rows = torch.arange(len(targets))
-    weights.index_put_((rows, left), to_right / total, accumulate=True)
-    weights.index_put_((rows, right), to_left / total, accumulate=True)
-    return weights
-
-
-def resize_rel_pos_bias_table(table: Tensor, new_window: tuple[int, int]) -> Tensor:
-    """A V1 bias table ((2w - 1)^2, heads) of a square window, for another window: each head's
-    (2w - 1) x (2w - 1) grid of offsets resampled as timm's `resize_rel_pos_bias_table` (BEiT's:
-    the old offsets spread geometrically over the new range, then linear interpolation)."""
-    rows, heads = table.shape
-    side = math.isqrt(rows)
-    if side * side != rows:
-        raise ValueError(f"a bias table of {rows} rows is not that of a square window")
-    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
-    if (side, side) == dst:
-        return table
-    grids = table.float().cpu().t().reshape(heads, side, side)  # (heads, 2w-1, 2w-1)
-    weights = []
-    for size in dst:
-        half = size // 2
-        targets = torch.arange(-half, half + 0.1, 1.0)
-        weights.append(_linear_weights(_progression_offsets(side, size), targets))
-    resized = weights[0] @ grids @ weights[1].t()  # (heads, 2w'-1, 2w''-1)
-    return resized.reshape(heads, -1).t().to(table)  # ((2w'-1)(2w''-1), heads)
