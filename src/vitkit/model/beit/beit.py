@@ -30,16 +30,16 @@ from torch import Tensor, nn
 
 from ..intermediates import IntermediateFeatures, take_indices
 from ..layers.patch_embed import PatchEmbed
+from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rel_pos_bias import RelativePositionBias
 from ..layers.weight_init import trunc_normal_
+from ..timm_cfg import TimmPretrainedCfg  # timm's BEiT default: mean = std = 0.5
 from .block import BeitBlock
 from .config import BeitConfig
 
-BEIT_MEAN = BEIT_STD = (0.5, 0.5, 0.5)  # timm's BEiT default data config (v2: ImageNet's)
 
-
-class Beit(IntermediateFeatures, nn.Module):
+class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
     """`Beit(**options)` or `Beit(BeitConfig(...))`: timm's `Beit`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`, `set_input_size`)."""
@@ -114,40 +114,6 @@ class Beit(IntermediateFeatures, nn.Module):
             self.head.bias.mul_(self.config.head_init_scale)
 
     # -- timm's model API ---------------------------------------------------------------------
-
-    @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's `pretrained_cfg` (the loaded weights' data config, else timm's BEiT default:
-        mean and std 0.5, bicubic, crop 0.9)."""
-        if self._pretrained_cfg is not None:
-            return self._pretrained_cfg
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
-        data = {
-            "input_size": (chans, height, width),
-            "interpolation": "bicubic",
-            "crop_pct": 0.9,
-            "crop_mode": "center",
-            "mean": BEIT_MEAN if chans == 3 else (0.5,) * chans,
-            "std": BEIT_STD if chans == 3 else (0.5,) * chans,
-        }
-        if self.data_config is not None:
-            data = {key: getattr(self.data_config, key) for key in data}
-        return {
-            **data,
-            "fixed_input_size": True,
-            "num_classes": self.num_classes,
-            "pool_size": None,
-            "first_conv": "patch_embed.proj",
-            "classifier": "head",
-        }
-
-    @pretrained_cfg.setter
-    def pretrained_cfg(self, value: dict[str, Any]) -> None:
-        self._pretrained_cfg = dict(value)
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        return self.pretrained_cfg
 
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's layer groups: the embedding stem (with the shared table), each block, the
@@ -297,10 +263,8 @@ class Beit(IntermediateFeatures, nn.Module):
     def pool(self, x: Tensor) -> Tensor:
         """Tokens (B, 1 + N, D) -> (B, D) after `fc_norm`: the mean of the patch tokens, the
         class token, or ('none') every token."""
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)
-        elif self.global_pool == "token":
-            x = x[:, 0]
+        if self.global_pool != "none":
+            x = pool_tokens(x, self.global_pool, self.num_prefix_tokens)
         return self.fc_norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
