@@ -202,3 +202,12 @@ def test_the_command_writes_shards_and_never_replaces_a_special_file(pets, tmp_p
     with pytest.raises(SpecialFileError):
         write_shards(pets, str(out / "q-%03d.tar"), per_shard=16)
     assert (out / "q-000.tar").is_file() and not (out / "q-001.tar").is_file()
+
+
+def test_a_run_without_a_model_is_sized_to_the_first_images_of_the_shards(pets, tmp_path):
+    from vitkit.train.recipes import default_choice
+
+    written = write_shards(pets, str(tmp_path / "s" / "p-%d.tar"), per_shard=8)
+    choice = default_choice(f"wds:{written.pattern}")
+    assert (choice.model, choice.seen) == ("vit_digits", "20 RGB images, median 5x6")
+    assert choice.model_opts == {"img_size": 6, "in_chans": 3}

@@ -341,6 +341,20 @@ def _class_names(labels: set[int], shards: Sequence[Shard]) -> list[str]:
     return [str(i) for i in range(max(labels) + 1)]
 
 
+def first_images(pattern: str, limit: int) -> tuple[list[bytes], int]:
+    """The image bytes of the first `limit` samples of the shards of `pattern` (for a look at
+    their sizes), and how many samples the shards hold (the info file's, else those read)."""
+    files = [file for file in expand_pattern(pattern) if Path(file).is_file()]
+    images: list[bytes] = []
+    samples = (raw for file in files for raw in _samples(file))
+    for _, image, _ in itertools.islice(samples, limit):
+        if image is not None:
+            images.append(image)
+    lengths = _info_lengths(read_info(Path(files[0]).parent)) if files else {}
+    known = [lengths.get(Path(file).name) for file in files]
+    return images, sum(known) if files and None not in known else len(images)  # type: ignore
+
+
 # -- writing --------------------------------------------------------------------------------
 
 

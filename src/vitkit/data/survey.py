@@ -2,21 +2,25 @@
 
 What a run's default model is sized to (`train.recipes.default_choice`). An image folder is
 looked at through at most `SAMPLE` of its images, spread over the classes, each opened lazily:
-Pillow reads the header (size, mode, EXIF orientation), never the pixels. A CIFAR archive is
+Pillow reads the header (size, mode, EXIF orientation), never the pixels; tar shards through
+their first `SAMPLE` images (written in a shuffled order). A CIFAR archive is
 32x32 RGB by its format, so nothing of it is read.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
 from .folders import SPLIT_FOLDERS, Samples, class_folders
+from .shards import first_images
 
 # Headers read per folder: 200 put the median within a few percent for a folder of mixed
 # sizes, at well under a second (a header is a few kB).
@@ -74,12 +78,19 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
+    if kind == "wds" and path is not None:
+        images, count = first_images(path, SAMPLE)  # a shuffled stream: its first images
+        return _surveyed([io.BytesIO(image) for image in images], count)
     if kind != "folder" or path is None:
         return None
     root = Path(path)
     train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
     _, samples = class_folders(train)
-    picked = _spread(samples, SAMPLE)
+    return _surveyed(_spread(samples, SAMPLE), len(samples))
+
+
+def _surveyed(picked: list[Any], count: int) -> ImageSurvey | None:
+    """What the headers of the `picked` files say of a source of `count` images."""
     headers = []
     for file in picked:
         try:
@@ -96,7 +107,7 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     widths = [w for _, (_, w) in headers]
     size = (statistics.median_low(heights), statistics.median_low(widths))
     return ImageSurvey(
-        size=size, grey=modes == {True}, colour=colour, count=len(samples), read=len(headers)
+        size=size, grey=modes == {True}, colour=colour, count=count, read=len(headers)
     )
 
 
@@ -117,7 +128,7 @@ def _spread(samples: Samples, limit: int) -> list[str]:
     return picked
 
 
-def _header(file: str) -> tuple[str, tuple[int, int]]:
+def _header(file: Any) -> tuple[str, tuple[int, int]]:
     """(PIL mode, (height, width) as the loader sees it upright), from the file's header."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the loader says so
