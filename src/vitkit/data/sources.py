@@ -36,6 +36,7 @@ from .datasets import (
     split_indices,
 )
 from .folders import class_folders, folder_layout, image_count, load_image_folder
+from .hf_datasets import load_hf_dataset, load_hf_stream
 from .idx import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
@@ -391,6 +392,8 @@ register_source(
     recipe="mnist-5k",
 )
 register_source("wds", load_shards, shown="'wds:PATTERN' (tar shards, webdataset's layout)")
+register_source("hfds", load_hf_dataset, shown="'hfds:PATH' (a Hugging Face dataset on disk)")
+register_source("hfids", load_hf_stream, shown="'hfids:PATH' (the same, streamed)")
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -434,6 +437,8 @@ def load_data(
     in_chans: int = 3,
     img_size: tuple[int, int] | None = None,
     skip_corrupt: bool = True,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> Splits:
     """Load a named source or a path (ImageFolder directory or CIFAR archive/folder).
 
@@ -445,8 +450,11 @@ def load_data(
         in_chans: channels images are converted to (image files only).
         img_size: (h, w) image files are resized to.
         skip_corrupt: skip unreadable image files (warned, counted) instead of raising.
+        image_column, label_column: a table's columns (Hugging Face datasets; default: its
+            `Image` and `ClassLabel` columns); only given to a source when set.
     """
     kind, path = detect_source(spec)
+    columns = {"image_column": image_column, "label_column": label_column}
     return SOURCES[kind].load(
         path,
         val_fraction=val_fraction,
@@ -455,6 +463,7 @@ def load_data(
         in_chans=in_chans,
         img_size=img_size,
         skip_corrupt=skip_corrupt,
+        **{key: value for key, value in columns.items() if value is not None},
     )
 
 
@@ -491,6 +500,8 @@ def evaluation_set(
     seed: int = 0,
     in_chans: int = 3,
     skip_corrupt: bool = True,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> EvaluationSet:
     """What to score for `spec` (timm's validate: a held-out folder is scored whole).
 
@@ -507,6 +518,7 @@ def evaluation_set(
         val_fraction, test_fraction, seed: the training run's split.
         in_chans: channels image files are converted to.
         skip_corrupt: skip unreadable image files (named afterwards) instead of raising.
+        image_column, label_column: a table's columns, as `load_data` takes them.
     """
     kind, path = detect_source(spec)
     names = list(class_names) if class_names else None
@@ -529,6 +541,8 @@ def evaluation_set(
         seed=seed,
         in_chans=in_chans,
         skip_corrupt=skip_corrupt,
+        image_column=image_column,
+        label_column=label_column,
     )
     count = image_count(len(splits.test))
     how = f"the test split of {spec} ({count}, split seed {seed}: images training never saw)"
