@@ -259,8 +259,8 @@ def _parts(opened: Any) -> dict[str, Any]:
     }
     if named["train"] is None:
         raise DataError(
-            f"the dataset has no train split (its splits: {', '.join(opened)}); name the one "
-            "to train on train"
+            f"the dataset has no train split (its splits: {', '.join(opened)}); save the split "
+            "to train on as 'train'"
         )
     return named
 
@@ -278,7 +278,6 @@ def load_hf_dataset(
     **_: Any,
 ) -> Splits:
     """`hfds:PATH`: map-style splits of a Hugging Face dataset on disk (module docstring)."""
-
     parts = _parts(open_dataset(_required(path, "hfds"), streaming=False))
     train = parts["train"]
     image, label = _columns(train.features, image_column, label_column, path)
@@ -287,12 +286,7 @@ def load_hf_dataset(
     decode = _Decoder(
         image, label, numbering, root=_root(path), in_chans=in_chans, skip_corrupt=skip_corrupt
     )
-    cut = [
-        0.0 if parts[p] is not None else f
-        for p, f in (("val", val_fraction), ("test", test_fraction))
-    ]
-    labels = [numbering[str(v)] if numbering else int(v) for v in train[label]]
-    places = dict(zip(("train", "val", "test"), split_indices(len(train), cut, seed, labels)))
+    places = _places(parts, train[label], numbering, (val_fraction, test_fraction), seed)
     whole = HfImages(train, decode, f"{path}:train")
     splits = {}
     for part in ("train", "val", "test"):
@@ -303,6 +297,20 @@ def load_hf_dataset(
             keep = places[part]
             splits[part] = whole if len(keep) == len(train) else Subset(whole, keep)
     return _splits(splits, names, in_chans, f"hfds:{path}")
+
+
+def _places(
+    parts: dict[str, Any],
+    values: Sequence[Any],
+    numbering: dict | None,
+    fractions: tuple[float, float],
+    seed: int,
+) -> dict[str, list[int]]:
+    """The rows of train that each part takes: val and test cut, stratified by label, where
+    the dataset has no such split (then train keeps the rest)."""
+    cut = [0.0 if parts[p] is not None else f for p, f in zip(("val", "test"), fractions)]
+    labels = [numbering[str(v)] if numbering else int(v) for v in values]
+    return dict(zip(("train", "val", "test"), split_indices(len(values), cut, seed, labels)))
 
 
 def _undecoded(dataset: Any, column: str) -> Any:
@@ -341,12 +349,7 @@ def load_hf_stream(
     decode = _Decoder(
         image, label, numbering, root=_root(path), in_chans=in_chans, skip_corrupt=skip_corrupt
     )
-    cut = [
-        0.0 if parts[p] is not None else f
-        for p, f in (("val", val_fraction), ("test", test_fraction))
-    ]
-    labels = [numbering[str(v)] if numbering else int(v) for v in values]
-    places = dict(zip(("train", "val", "test"), split_indices(len(values), cut, seed, labels)))
+    places = _places(parts, values, numbering, (val_fraction, test_fraction), seed)
     streams = {}
     for part in ("train", "val", "test"):
         given = parts[part] if part != "train" else None
