@@ -4,6 +4,7 @@ info file (`_info.json`) that `--data wds:PATTERN` reads its sample counts and c
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from . import options
@@ -48,11 +49,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from ..data.shards import write_shards
 
-    written = write_shards(
-        args.folder, args.pattern, per_shard=args.per_shard, split=args.split, seed=args.seed
-    )
+    bar = tqdm(desc="shards", unit="shard", leave=False, disable=not sys.stderr.isatty())
+
+    def written_one(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    with bar:
+        written = write_shards(
+            args.folder,
+            args.pattern,
+            per_shard=args.per_shard,
+            split=args.split,
+            seed=args.seed,
+            on_shard=written_one,
+        )
     print(
         f"wrote {plural(len(written.files), 'shard')} of {plural(written.images, 'image')} "
         f"({plural(len(written.classes), 'class', 'classes')}) and {written.info}; read them "

@@ -377,7 +377,7 @@ def write_shards(
     per_shard: int = 1000,
     split: str = "train",
     seed: int = 0,
-    on_shard: Callable[[Path], None] | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> WrittenShards:
     """The images of an image folder (`folder/<class>/<image>`) as tar shards of `per_shard`
     samples, in a seeded random order (a training stream is shuffled only through a buffer),
@@ -392,7 +392,7 @@ def write_shards(
         per_shard: samples a shard holds.
         split: the split's name in the info file (train, validation, test).
         seed: the order of the samples.
-        on_shard: called with each shard's path once written (a progress bar).
+        on_shard: called with (shards written, shards in all) after each (a progress bar).
     """
     if per_shard < 1:
         raise ValueError(f"per_shard {per_shard} must be >= 1")
@@ -415,7 +415,7 @@ def write_shards(
         chunk = samples[number * per_shard : (number + 1) * per_shard]
         atomic_write(file, lambda f, c=chunk, n=number: _write_tar(f, c, n * per_shard))
         if on_shard is not None:
-            on_shard(file)
+            on_shard(number + 1, count)
     lengths = [len(samples[i * per_shard : (i + 1) * per_shard]) for i in range(count)]
     entry = {
         "name": split,
