@@ -142,3 +142,14 @@ def test_without_the_package_the_extra_is_named():
         "this needs the optional package datasets, which is not installed: "
         "pip install 'vitkit[datasets]'"
     )
+
+
+def test_a_run_without_a_model_is_sized_to_the_first_images(saved, tmp_path):
+    from vitkit.train.recipes import default_choice
+
+    choice = default_choice(f"hfds:{saved}")
+    assert (choice.model, choice.model_opts) == ("vit_digits", {"img_size": 6, "in_chans": 3})
+    assert choice.seen == "30 RGB images, median 5x6"  # the train split's, counted
+    table().to_parquet(tmp_path / "d.parquet")
+    streamed = default_choice(f"hfids:{tmp_path / 'd.parquet'}")
+    assert streamed.seen == "RGB images, median 5x6 of the first 40"  # a stream is not counted

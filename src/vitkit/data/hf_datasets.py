@@ -246,6 +246,25 @@ def _rows(dataset: Any) -> Iterator[dict[str, Any]]:
         yield from (dict(zip(columns, values)) for values in zip(*batch.values()))
 
 
+def first_images(spec: str, limit: int, *, streaming: bool) -> tuple[list[Any], int | None]:
+    """The first `limit` images of the train split of an `hfds:` / `hfids:` path (bytes as
+    files, or paths), for a look at their sizes, and how many it holds (None for a stream);
+    none when it has no `Image` column."""
+    import datasets
+
+    train = _parts(open_dataset(spec, streaming=streaming))["train"]
+    features = train.features or {}
+    image = next((n for n, f in features.items() if isinstance(f, datasets.Image)), None)
+    if image is None:
+        return [], None
+    count = None if streaming else len(train)
+    if not streaming:
+        train = train.to_iterable_dataset()
+    rows = itertools.islice(_rows(_undecoded(train.select_columns([image]), image)), limit)
+    values = [row[image] for row in rows]
+    return [io.BytesIO(v["bytes"]) if v.get("bytes") else v["path"] for v in values], count
+
+
 # -- the sources ----------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 What a run's default model is sized to (`train.recipes.default_choice`). An image folder is
 looked at through at most `SAMPLE` of its images, spread over the classes, each opened lazily:
 Pillow reads the header (size, mode, EXIF orientation), never the pixels; tar shards through
-their first `SAMPLE` images (written in a shuffled order). A CIFAR archive is
+their first `SAMPLE` images (written in a shuffled order), a Hugging Face dataset through the
+first `SAMPLE` of its `Image` column. A CIFAR archive is
 32x32 RGB by its format, so nothing of it is read.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from .folders import SPLIT_FOLDERS, Samples, class_folders
+from .hf_datasets import first_images as hf_first_images
 from .shards import first_images
 
 # Headers read per folder: 200 put the median within a few percent for a folder of mixed
@@ -65,6 +67,8 @@ class ImageSurvey:
         height, width = self.size
         if self.kind:
             return f"{self.kind}, {width}x{height} {self.colour} images"
+        if self.count is None:  # a stream, not counted
+            return f"{self.colour} images, median {width}x{height} of the first {self.read}"
         images = "image" if self.count == 1 else "images"
         text = f"{self.count} {self.colour} {images}, median {width}x{height}"
         return text if self.read == self.count else f"{text} of {self.read} read"
@@ -78,6 +82,9 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
+    if kind in ("hfds", "hfids") and path is not None:
+        images, count = hf_first_images(path, SAMPLE, streaming=kind == "hfids")
+        return _surveyed(images, count)
     if kind == "wds" and path is not None:
         images, count = first_images(path, SAMPLE)  # a shuffled stream: its first images
         return _surveyed([io.BytesIO(image) for image in images], count)
@@ -89,7 +96,7 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     return _surveyed(_spread(samples, SAMPLE), len(samples))
 
 
-def _surveyed(picked: list[Any], count: int) -> ImageSurvey | None:
+def _surveyed(picked: list[Any], count: int | None) -> ImageSurvey | None:
     """What the headers of the `picked` files say of a source of `count` images."""
     headers = []
     for file in picked:
