@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from .datasets import TEST_FRACTION, VAL_FRACTION, Splits, Subset, split_indices
 from .folders import image_count
-from .images import CorruptImageError, DataError, open_image
+from .images import CorruptImageError, DataError, open_image, open_image_bytes
 from .streams import StreamSource
 
 log = logging.getLogger(__name__)
@@ -159,26 +159,22 @@ class _Decoder:
     def __call__(self, row: dict[str, Any], where: str) -> tuple[Any, int] | None:
         value, label = row[self.image], row[self.label]
         label = self.numbering[str(label)] if self.numbering else int(label)
-        if isinstance(value, str):  # a path
-            source = value if os.path.isabs(value) else os.path.join(self.root, value)
-        elif value.get("bytes") is not None:
-            source = io.BytesIO(value["bytes"])
-        else:
-            source = value["path"]
+        if isinstance(value, dict) and value.get("bytes") is not None:
+            where = f"{where} ({value['path']})" if value.get("path") else where
         try:
-            return open_image(source, in_chans=self.in_chans), label
+            if isinstance(value, dict) and value.get("bytes") is not None:
+                return open_image_bytes(value["bytes"], where, in_chans=self.in_chans), label
+            path = value if isinstance(value, str) else value["path"]  # a path
+            path = path if os.path.isabs(path) else os.path.join(self.root, path)
+            return open_image(path, in_chans=self.in_chans), label
         except CorruptImageError as err:
             if not self.skip_corrupt:
-                raise CorruptImageError(f"cannot read image {where}: {_reason(err)}") from None
+                raise
+            reason = str(err).split(": ", 1)[-1]
             if where not in self.corrupt:
-                log.warning("skipping %s: %s", where, _reason(err))
-                self.corrupt[where] = _reason(err)
+                log.warning("skipping %s: %s", where, reason)
+                self.corrupt[where] = reason
             return None
-
-
-def _reason(err: Exception) -> str:
-    text = str(err).split(": ", 1)[-1]
-    return text.split(" <_io.BytesIO")[0]
 
 
 # -- map-style and streams ------------------------------------------------------------------

@@ -36,7 +36,7 @@ from typing import Any
 from ..files import atomic_write
 from .datasets import TEST_FRACTION, VAL_FRACTION, Splits, split_indices
 from .folders import class_folders, folder_layout, image_count
-from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image
+from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image_bytes
 from .streams import StreamSource
 
 log = logging.getLogger(__name__)
@@ -161,11 +161,7 @@ def _decode(raw: Raw, in_chans: int) -> tuple[Any, int]:
         raise CorruptImageError(
             f"cannot read image {where}: its .cls member holds no class index"
         ) from None
-    try:
-        return open_image(io.BytesIO(image), in_chans=in_chans), index
-    except CorruptImageError as err:
-        reason = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err).split(": ", 1)[-1])
-        raise CorruptImageError(f"cannot read image {where}: {reason}") from None
+    return open_image_bytes(image, where, in_chans=in_chans), index
 
 
 class ShardStream(StreamSource):
