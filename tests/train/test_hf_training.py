@@ -5,14 +5,11 @@ resumes bit for bit."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from test_streams import DRIVER, _cli
+from test_streams import killed_then_resumed
 
 from vitkit.cli import main
 from vitkit.train import ClassificationTask, resolve_config, run_job
@@ -43,24 +40,9 @@ def test_a_saved_dataset_trains_and_is_evaluated(tmp_path, capsys):
 @pytest.mark.slow  # three runs, about 30 s on 2 busy cores
 def test_a_stream_killed_in_the_middle_of_an_epoch_resumes_bit_for_bit(tmp_path):
     table(160).to_parquet(tmp_path / "data.parquet")  # 128 to train: 8 batches of 16
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
     flags = ("--data", f"hfids:{tmp_path / 'data.parquet'}", "--epochs", "2", "--batch-size",
              "16", "--lr", "5e-3", "--val-fraction", "0.1", "--test-fraction", "0.1",
              "--crop-scale", "0.5", "1.0", "--hflip", "0.5", *TINY)  # fmt: skip
-    whole = _cli(driver, "train", *flags, "--out", str(tmp_path / "whole"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    cut = tmp_path / "cut"
-    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=3)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    saved = torch.load(cut / "state.pt", weights_only=True)
-    assert (saved["epoch"], saved["epoch_state"]["batches"]) == (0, 4)
-    resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "at epoch 1, batch 5" in resumed.stderr
-    for name in ("model.safetensors", "last.safetensors"):
-        ours, theirs = load_file(cut / name), load_file(tmp_path / "whole" / name)
-        assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
-    losses = [[json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").open()]
-              for run in (cut, tmp_path / "whole")]  # fmt: skip
-    assert losses[0] == losses[1] and len(losses[0]) == 2
+    # writes: before the first epoch, step 4, the end of epoch 1 (step 8): the second (epoch 1,
+    # batch 4 of 8) is in place when the third is killed
+    killed_then_resumed(tmp_path, flags, kill_at=3, saved_at=4)
