@@ -4,6 +4,7 @@
     python benchmarks/loader.py --data mnist-5k --batches 40 --json loader.json
     python benchmarks/loader.py --jpegs 200             # large photos, ViT-S/16 and ViT-B/16
     python benchmarks/loader.py --jpegs 8 --jpeg-size 400x300 --rounds 1   # a smoke run
+    python benchmarks/loader.py --formats 2000 --jpeg-size 500x375  # folder, shards, Parquet
 
 With `--data`: the loader is timed alone (the training loader with the preset's augmentation,
 batches collated, nothing else), then the model alone (forward, backward and AdamW step of the
@@ -21,6 +22,12 @@ the CPU has native bf16, under bf16 autocast, on `--threads` threads. The worker
 C cores needs follow from the two rates, assuming one core per worker and a training step that
 speeds up in proportion to the cores it gets (rate per core = measured rate / threads): w
 workers keep up when w x worker rate >= (C - w) x model rate per core.
+
+With `--formats N`: the same N photo-like JPEGs (two classes) as an image folder, as tar shards
+(`vitkit shards`, 4 shards) and as a Parquet file (map-style `hfds:` and streamed `hfids:`,
+when `datasets` is installed); a training epoch of each is read through the training loader
+(decode, RandomResizedCrop and flip at `--img-size`, batches of `--train-batch`) with 0, 1
+and 2 loader workers, alternating round by round; images/s, medians over the rounds.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated presets whose training step is timed",
     )
     jpegs.add_argument("--train-batch", type=int, default=32, help="batch of the training step")
+    jpegs.add_argument(
+        "--formats", type=int, default=0, help="time a folder, shards and Parquet of N JPEGs"
+    )
     return p.parse_args(argv)
 
 
@@ -85,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.formats:
+        return formats_main(args)
     if args.jpegs:
         return jpeg_main(args)
     # The same settings, data, model and transforms as `vitkit train --data DATA`.
@@ -326,6 +338,86 @@ def render_jpegs(report: dict) -> str:
         workers = " | ".join(str(c["workers"][str(n)]) for n in MACHINES)
         lines.append(f"| {c['pipeline']} | {c['model']} | {c['worker_vs_model']:.2f} | {workers} |")
     return "\n".join(lines)
+
+
+# -- formats: a folder, tar shards and Parquet of the same JPEGs through the training loader --
+
+
+def write_formats(root: Path, count: int, width: int, height: int) -> dict[str, str]:
+    """The same JPEGs (two classes) as a folder, shards and Parquet: format -> data spec."""
+    from vitkit.data.shards import write_shards
+
+    for label in range(2):
+        (root / "folder" / f"class{label}").mkdir(parents=True)
+    for i in range(count):
+        photo(i, width, height).save(root / "folder" / f"class{i % 2}" / f"{i:05d}.jpg", quality=90)
+    per_shard = max(1, math.ceil(count / 4))
+    shards = write_shards(root / "folder", str(root / "shards" / "s-%02d.tar"), per_shard=per_shard)
+    specs = {"folder": str(root / "folder"), "shards": f"wds:{shards.pattern}"}
+    try:
+        import datasets
+    except ImportError:
+        print("datasets is not installed: no Parquet")
+        return specs
+    table = datasets.load_dataset("imagefolder", data_dir=str(root / "folder"))["train"]
+    table.to_parquet(str(root / "data.parquet"))
+    specs["parquet (hfds)"] = f"hfds:{root / 'data.parquet'}"
+    specs["parquet (hfids)"] = f"hfids:{root / 'data.parquet'}"
+    return specs
+
+
+def epoch_step(spec: str, workers: int, img_size: int, batch: int) -> Callable[[], int]:
+    """One training epoch of `spec` through the training loader; returns the images read."""
+    from vitkit.data import load_data, transformed
+
+    splits = load_data(spec, val_fraction=0, test_fraction=0)
+    size = (img_size, img_size)
+    augment = build_transform(True, img_size=size, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    loader = make_loader(transformed(splits.train, augment), batch, train=True, num_workers=workers)
+
+    def step() -> int:
+        return sum(len(labels) for _, labels in loader)
+
+    return step
+
+
+def formats_main(args: argparse.Namespace) -> int:
+    width, height = (int(v) for v in args.jpeg_size.split("x"))
+    with tempfile.TemporaryDirectory() as folder:
+        specs = write_formats(Path(folder), args.formats, width, height)
+        steps = {
+            (name, w): epoch_step(spec, w, args.img_size, args.train_batch)
+            for name, spec in specs.items()
+            for w in (0, 1, 2)
+        }
+        for step in steps.values():
+            step()  # warm-up: file caches, imports
+        rates: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
+        for _ in range(args.rounds):
+            for key, step in steps.items():
+                start = time.perf_counter()
+                images = step()
+                rates[key].append(images / (time.perf_counter() - start))
+    report = {
+        "images": args.formats,
+        "jpeg_size": args.jpeg_size,
+        "img_size": args.img_size,
+        "batch": args.train_batch,
+        "torch_threads": torch.get_num_threads(),
+        "images_per_s": {
+            f"{name}, {w} workers": statistics.median(r) for (name, w), r in rates.items()
+        },
+    }
+    print(
+        f"{args.formats} JPEGs of {args.jpeg_size}, training epoch at {args.img_size}px, "
+        f"batch {args.train_batch}: images/s with 0 / 1 / 2 loader workers"
+    )
+    for name in specs:
+        row = [f"{statistics.median(rates[(name, w)]):8.0f}" for w in (0, 1, 2)]
+        print(f"  {name:16s}" + "".join(row))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

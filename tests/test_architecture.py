@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "files": set(),
     "options": set(),
     "model": {"options"},
-    "data": {"options"},
+    "data": {"options", "files"},  # shards are written atomically
     "weights": {"model", "data", "files", "options"},
     "summary": {"model"},
     "plots": {"model", "files"},

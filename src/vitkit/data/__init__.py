@@ -31,6 +31,7 @@ from .images import (
     read_image,
 )
 from .rand_augment import RandAugment, parse_rand_augment
+from .shards import ShardStream, expand_pattern, write_shards
 from .sources import (
     SOURCES,
     EvaluationSet,
@@ -67,6 +68,7 @@ __all__ = [
     "RandAugment",
     "ReducedImage",
     "SeededItems",
+    "ShardStream",
     "Source",
     "Splits",
     "StreamPart",
@@ -82,6 +84,7 @@ __all__ = [
     "eval_resize_crop",
     "eval_transform",
     "evaluation_set",
+    "expand_pattern",
     "find_images",
     "first_items",
     "folder_layout",
@@ -99,4 +102,5 @@ __all__ = [
     "split_indices",
     "transformed",
     "unreadable_files",
+    "write_shards",
 ]

@@ -228,7 +228,7 @@ def corrupt_count(dataset: Dataset) -> int:
 def unreadable_files(dataset: Dataset) -> dict[str, str]:
     """The files of `dataset` skipped as unreadable so far, path -> reason, in the order met
     (through Subset / Transformed / ConcatDataset wrappers)."""
-    if isinstance(dataset, ImageFiles):
+    if isinstance(getattr(dataset, "corrupt", None), dict):  # image files, a reader of shards
         return dict(dataset.corrupt)
     if isinstance(dataset, ConcatDataset):
         return {k: v for part in dataset.datasets for k, v in unreadable_files(part).items()}

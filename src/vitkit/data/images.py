@@ -18,8 +18,10 @@ same places (docs/guides/images.md, "Decoding large JPEGs", has the measured dif
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -199,6 +201,16 @@ def open_image(
         return img
     grey = np.rint(np.asarray(img) * 255.0).astype(np.uint8)
     return Image.fromarray(grey).convert("L" if in_chans == 1 else "RGB")  # uint8 -> mode L
+
+
+def open_image_bytes(data: bytes, name: str, *, in_chans: int = 3) -> Image.Image:
+    """An image held in memory (a tar member, a table's cell) as `open_image` gives a file;
+    its errors name it `name` (e.g. 'shard.tar:000017')."""
+    try:
+        return open_image(io.BytesIO(data), in_chans=in_chans)  # type: ignore[return-value]
+    except CorruptImageError as err:
+        reason = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err).split(": ", 1)[-1])
+        raise CorruptImageError(f"cannot read image {name}: {reason}") from None
 
 
 def read_image(

