@@ -15,6 +15,8 @@ What the whole suite shares:
 - No time-based progress lines (`VITKIT_PROGRESS_EVERY_S=inf`, inherited by the commands the
   tests start): when one came would depend on the machine's load, and a terminal shows a bar
   that is erased instead; the tests of progress set the interval themselves.
+- The `datasets` library's cache (`HF_DATASETS_CACHE`) in a temporary folder of the run, not
+  the user's `~/.cache/huggingface`: the Hugging Face source tests build datasets into it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -34,6 +37,7 @@ MISSING_PACKAGE = "missing package"  # the reason of a `requires` skip starts wi
 _MISSING_KEY = "missing_package"
 _missing: list[str] = []  # "nodeid: reason" of each skip CI does not allow, in the order met
 os.environ.setdefault("VITKIT_PROGRESS_EVERY_S", "inf")
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="vitkit-tests-datasets-"))
 
 
 def _ci() -> bool:
