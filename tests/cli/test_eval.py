@@ -210,7 +210,8 @@ def test_eval_takes_a_timm_folder_and_scores_a_folder(tmp_path, run_cli):
          "{p}/empty is a folder without model.safetensors or pytorch_model.bin; pass a "
          "weights file"),
         (lambda p: p.joinpath("w.pth").write_bytes(b"hello, this is text") and p / "w.pth",
-         "{p}/w.pth is not a readable PyTorch checkpoint ("),
+         "{p}/w.pth is not a weights file vitkit reads: it is text; give a .safetensors, .pth "
+         "or .bin file, a JAX .npz or a Hub folder"),
     ],
     ids=["headless", "empty-folder", "not-a-pickle"],
 )  # fmt: skip

@@ -138,6 +138,19 @@ def test_pretrained_weights_of_another_shape_are_refused(trained, tmp_path, run_
     assert code == 2 and "does not match the model" in err and "wrong shape" in err
 
 
+def test_a_text_file_as_pretrained_is_named_for_what_it_is(tmp_path, run_cli):
+    """Not torch's "IndexError: pop from empty list": what the file is, and what to give."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("learning rate 3e-4 worked best\n")
+    argv = ["--out", tmp_path / "run", "--epochs", "1", "--pretrained", notes, "--no-progress"]
+    code, out, err = run_cli("train", *argv)
+    assert (code, out) == (2, "") and err == (
+        f"vitkit: error: {notes} is not a weights file vitkit reads: it is text; give a "
+        ".safetensors, .pth or .bin file, a JAX .npz or a Hub folder\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_default_train_meets_the_acceptance_bar(tmp_path):
     """`vitkit train` with no arguments reaches test top-1 >= 0.97 (its time on 2 cores is
