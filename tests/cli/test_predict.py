@@ -61,13 +61,18 @@ def test_predict_names_classes_and_resizes(trained, tmp_path, run_cli):
     assert len(out.splitlines()) == 5
 
 
-def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli):
+def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli, caplog):
+    """One bad image alone is one line, the error naming the file and the problem: no
+    "skipping" line before it, and Pillow's reason without the path again."""
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    caplog.set_level(logging.INFO, logger="vitkit")
     code, out, err = run_cli("predict", "--checkpoint", trained / "model.safetensors", bad)
-    assert (code, out) == (2, "") and err.startswith(
-        f"vitkit: error: cannot read the image: {bad} ("
+    assert (code, out) == (2, "") and err == (
+        f"vitkit: error: cannot read the image {bad}: cannot identify image file; check that "
+        "it is an image file (open it in an image viewer)\n"
     )
+    assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
     code, _, err = run_cli(
         "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
     )

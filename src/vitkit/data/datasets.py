@@ -238,6 +238,12 @@ def unreadable_files(dataset: Dataset) -> dict[str, str]:
 
 def none_readable(corrupt: dict[str, str], shown: int = 3) -> str:
     """The error of a set of images none of which could be read: the first few and the count."""
+    if len(corrupt) == 1:
+        [(path, reason)] = corrupt.items()
+        return (
+            f"cannot read the image {path}: {reason}; check that it is an image file (open it "
+            "in an image viewer)"
+        )
     first = "; ".join(f"{path} ({reason})" for path, reason in list(corrupt.items())[:shown])
     more = f"; and {len(corrupt) - shown} more" if len(corrupt) > shown else ""
     count = "the image" if len(corrupt) == 1 else f"any of the {len(corrupt)} images"

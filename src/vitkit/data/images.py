@@ -154,7 +154,13 @@ def _decode(
     except CorruptImageError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise CorruptImageError(f"cannot read image {path}: {err}") from None
+        raise CorruptImageError(f"cannot read image {path}: {pil_reason(err, path)}") from None
+
+
+def pil_reason(err: BaseException, path: str | os.PathLike) -> str:
+    """Pillow's reason without the path it repeats ("cannot identify image file 'a.png'"):
+    vitkit's line names the file once."""
+    return str(err).replace(f" {str(path)!r}", "").replace(f" {os.fspath(path)!r}", "")
 
 
 def _convert(img: Image.Image, path: str | os.PathLike, in_chans: int) -> Image.Image:
@@ -306,9 +312,9 @@ def load_images(
 ) -> LoadedImages:
     """Decode each file (`open_image`; reduced where `transform.decode_size` allows) and
     prepare it with `transform` (e.g. `eval_transform(data_config)`); a file that cannot be
-    read is skipped, logged and named in `skipped` with the reason, so one bad file does not
-    stop the others. With none readable, `images` is empty (0,) and the caller says so
-    (`datasets.none_readable`)."""
+    read is skipped and named in `skipped` with the reason (the caller reports them, once), so
+    one bad file does not stop the others. With none readable, `images` is empty (0,) and the
+    caller says so (`datasets.none_readable`)."""
     images, kept, skipped = [], [], {}
     for path in map(str, paths):
         try:
@@ -317,7 +323,7 @@ def load_images(
         except DataError as err:  # unreadable, or gone since it was listed
             reason = str(err).removeprefix(f"cannot read image {path}: ")
             skipped[path] = "it does not exist" if reason.endswith("does not exist") else reason
-            log.warning("skipping %s", err)
+            log.debug("skipping %s", err)  # the caller names them all in one line
             continue
         kept.append(path)
     stacked = torch.stack(images) if images else torch.empty(0)  # (N, C, H, W)
