@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -59,8 +60,11 @@ def test_existing_run_is_never_overwritten_silently(trained, run_cli):
 
 
 def test_training_on_a_folder_skips_corrupt_images(tmp_path, run_cli, caplog):
+    caplog.set_level(logging.INFO, logger="vitkit")
     folder = image_folder(tmp_path / "imgs", per_class=8)
     (folder / "a" / "zz_broken.png").write_bytes(b"nope")
+    (folder / "b" / "notes.txt").write_text("where these came from")
+    (folder / "b" / ".DS_Store").write_bytes(b"\0")  # hidden: not worth a word
     code, out, _ = run_cli(
         "train",
         "--data",
@@ -82,10 +86,14 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, run_cli, caplog):
         *TINY,
     )
     assert code == 0 and out.splitlines()[-1].startswith("test accuracy: ")
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(
-        "zz_broken.png" in m and m.startswith("skipping cannot read image") for m in messages
-    )
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert messages == [
+        f"data folder {folder}: ignored 1 file that is not an image (by extension): b/notes.txt",
+        f"data folder {folder}: skipping 1 unreadable image: a/zz_broken.png (cannot identify "
+        "image file)",
+    ]  # each said once, before the split (which counts the 16 images it reads)
+    split = next(m for m in caplog.messages if m.startswith(f"data folder {folder}: train"))
+    assert "(8 images), val cut from the class folders (4 images), test" in split
     model = load(tmp_path / "run" / "model.safetensors")
     assert model.meta["class_names"] == ["a", "b"] and model.config.in_chans == 3
 

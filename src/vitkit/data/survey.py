@@ -80,12 +80,12 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
     _, samples = class_folders(train)
     picked = _spread(samples, SAMPLE)
-    headers = []
+    headers, failed = [], 0
     for file in picked:
         try:
             headers.append(_header(file))
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-            pass  # the loader skips it, or names it when no image opens
+            failed += 1  # the loader names it, and leaves it out as this count does
     if not headers:
         return None
     modes = {mode in GREY_MODES for mode, _ in headers}
@@ -96,7 +96,11 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     widths = [w for _, (_, w) in headers]
     size = (statistics.median_low(heights), statistics.median_low(widths))
     return ImageSurvey(
-        size=size, grey=modes == {True}, colour=colour, count=len(samples), read=len(headers)
+        size=size,
+        grey=modes == {True},
+        colour=colour,
+        count=len(samples) - failed,
+        read=len(headers),
     )
 
 
