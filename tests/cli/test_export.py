@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 import torch
@@ -24,6 +26,29 @@ def test_the_onnx_line_names_the_class_names_and_data_config_it_carries(tmp_path
     props = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
     assert json.loads(props["vitkit_class_names"]) == ["cat", "dog"]
     assert json.loads(props["vitkit_data_config"])["mean"] == [0.4, 0.4, 0.4]
+
+
+def test_verify_says_what_it_compared(tmp_path, run_cli, caplog):
+    """--verify names the tolerance, the largest difference it measured and the images."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    caplog.set_level(logging.INFO, logger="vitkit")
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    argv = ["export", "--checkpoint", checkpoint, tmp_path / "m.onnx", "--verify"]
+    code, _, _ = run_cli(*argv, "--dynamic-img-size")
+    said = [m for m in caplog.messages if m.startswith("verified")]
+    assert code == 0 and len(said) == 1, caplog.messages
+    found = re.fullmatch(
+        r"verified: onnxruntime's outputs equal PyTorch's within 1e-4 \(max difference "
+        r"(\d\.\de-\d\d)\) on 6 random images \(3 at 8x8, 3 at 12x12\)",
+        said[0],
+    )
+    assert found and 0 <= float(found[1]) <= 1e-4, said[0]
+    caplog.clear()
+    code, _, _ = run_cli(*argv, "--static-batch")
+    assert [m for m in caplog.messages if m.startswith("verified")][0].endswith(
+        "on 1 random image (1 at 8x8)"
+    )
 
 
 def test_a_pt2_program_says_it_carries_no_preprocessing(tmp_path, run_cli):
