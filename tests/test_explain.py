@@ -16,6 +16,8 @@ from vitkit.explain import (
     cls_attention,
     draw_explanation,
     explain_image,
+    overlay_figure,
+    overlay_pixels,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -279,6 +281,56 @@ def test_maps_of_a_model_without_a_class_token_readout_read_the_patch_rows(optio
     torch.testing.assert_close(maps["rollout"], attention_rollout(list(attentions), **common))
 
 
+LUMA = torch.tensor([0.299, 0.587, 0.114])  # ITU-R BT.601 lightness of RGB
+
+
+def _correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(np.corrcoef(a.flatten().numpy(), b.flatten().numpy())[0, 1])
+
+
+def test_the_overlay_lets_a_digit_show_through():
+    """The lightness of a map laid over a grey digit follows the digit (the digit reads under
+    any map): above 0.93 on average over ten digits and random maps, where the earlier
+    overlay (jet at half opacity) is below it."""
+    from matplotlib import colormaps
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    generator = torch.Generator().manual_seed(0)
+    new, old = [], []
+    for index in range(10):
+        digit = torch.from_numpy(digits.images[index] / 16).float()[None]  # (1, 8, 8) in [0, 1]
+        heat = torch.rand(4, 4, generator=generator)
+        overlay = overlay_pixels(digit, heat)
+        assert overlay.shape == (8, 8, 3) and 0 <= overlay.min() and overlay.max() <= 1
+        new.append(_correlation(overlay @ LUMA, digit))
+        up = torch.nn.functional.interpolate(heat[None, None], size=(8, 8), mode="bilinear")[0, 0]
+        scaled = ((up - up.min()) / (up.max() - up.min())).numpy()
+        jet = torch.from_numpy(colormaps["jet"](scaled)[..., :3])
+        earlier = 0.5 * digit[0, ..., None] + 0.5 * jet.float()  # grey under jet at 0.5
+        old.append(_correlation(earlier @ LUMA, digit))
+    assert np.mean(new) > 0.93 > np.mean(old), (np.mean(new), np.mean(old))
+    assert min(new) > 0.9
+
+
+def test_the_overlay_figure_has_a_colour_bar_and_a_caption():
+    """One panel of the map over the (enlarged) view, a colour bar spanning the map's values,
+    and the title and caption above."""
+    from vitkit.plots import pyplot
+
+    heat = torch.tensor([[0.0, 0.2], [0.3, 0.9]])
+    title = "predicted 7 (0.912); attention relevance for class 7"
+    fig = overlay_figure(torch.rand(1, 8, 16), heat, title=title, caption="the 16x8 view")
+    try:
+        panel, bar = fig.axes
+        assert panel.images[0].get_array().shape == (224, 448, 3)  # 8x16 enlarged, grey in RGB
+        assert bar.get_ylim() == pytest.approx((0.0, 0.9))  # the bar spans the map's values
+        assert bar.collections[0].cmap.name == "viridis"
+        assert fig._suptitle.get_text() == f"{title}\nthe 16x8 view"
+    finally:
+        pyplot().close(fig)
+
+
 def test_the_last_panel_names_what_is_read(tmp_path, monkeypatch):
     """A model pooling its class token shows the class token's attention; any other pooling
     shows the patch tokens' mean attention, and the panel says so."""
@@ -362,8 +414,11 @@ def test_explain_draws_over_exactly_the_pixels_the_model_saw(tmp_path, monkeypat
     images, titles = figures
     view_panels = [ims[0] for ims, title in zip(images, titles) if ims and "file" not in title]
     assert len(view_panels) == 4 + 2  # the view, three maps, two heads
-    for drawn in view_panels:
-        np.testing.assert_allclose(drawn, result.image.permute(1, 2, 0).numpy(), atol=1e-6)
+    np.testing.assert_allclose(view_panels[0], result.image.permute(1, 2, 0).numpy(), atol=1e-6)
+    heads = list(result.maps["cls_attention_heads"])
+    maps = [result.maps[name] for name in ("relevance", "rollout", "cls_attention")] + heads
+    for drawn, heat in zip(view_panels[1:], maps):  # each map over that view
+        np.testing.assert_allclose(drawn, overlay_pixels(result.image, heat).numpy(), atol=1e-6)
     assert out.read_bytes()[:8] == PNG
     cropped = view != VIEWS["squash"]  # every other view leaves part of the 3:1 file out
     assert ("the file; the model saw the box" in titles) == cropped

@@ -51,3 +51,11 @@ def test_the_shapes_the_prose_states_are_in_the_output():
     assert _shapes(torch_flow, "blocks.layers.0.self_attn ", "attention logits") == ["(3, 17, 17)"]
     compared = next(out for cmd, out in BLOCKS if "--compare-torch" in cmd)
     assert re.search(r"^total\s+5,572,264\s+5,572,264$", compared, re.M)
+
+
+def test_the_swin_shapes_the_prose_states_are_in_its_output():
+    swin = shown("vitkit summary swin_tiny_patch4_window7_224 --flow")
+    assert _shapes(swin, "patch_embed ", "to map") == ["(1, 56, 56, 96)"]
+    assert _shapes(swin, "layers.0.blocks.0 ", "window partition") == ["(64, 49, 96)"]
+    assert _shapes(swin, "layers.3.blocks.0 ", "residual")[-1] == "(1, 7, 7, 768)"
+    assert "Total params: 28,288,354 (28.3M)" in swin

@@ -394,8 +394,8 @@ def check_onnx(
 
     Uses the model's size and, with `dynamic_img_size`, a second one (two more patches each
     way) and for a `dynamic_img_pad` model a third that is not a multiple of the patch size;
-    three images with `dynamic_batch`. Returns the largest absolute difference; raises
-    ValueError above `atol`.
+    three images with `dynamic_batch`. Returns the largest absolute difference, and logs the
+    comparison in one line; raises ValueError above `atol`.
     """
     try:
         import onnxruntime
@@ -429,4 +429,15 @@ def check_onnx(
                         "float32, or report the model config"
                     )
                 worst = max(worst, diff)
+    batch = 3 if dynamic_batch else 1
+    count = batch * len(sizes)
+    log.info(
+        "verified: onnxruntime's outputs equal PyTorch's within %s (max difference %.1e) on %d "
+        "random %s (%s)",
+        f"{atol:.0e}".replace("e-0", "e-"),  # 1e-4, as written in the docs
+        worst,
+        count,
+        "image" if count == 1 else "images",
+        ", ".join(f"{batch} at {h}x{w}" for h, w in sizes),
+    )
     return worst

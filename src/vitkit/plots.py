@@ -36,6 +36,17 @@ def save_figure(fig: Any, path: str | os.PathLike) -> None:
         plt.close(fig)
 
 
+def figure_png(fig: Any) -> bytes:
+    """`fig` as PNG bytes (for an answer, not a file), then closed."""
+    plt = pyplot()
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
 MARKED_EPOCHS = 30  # runs up to this long get a marker per epoch
 
 

@@ -93,6 +93,20 @@ def test_a_held_out_folder_is_scored_whole_and_named_in_the_pictures(tmp_path, r
     ]  # fmt: skip
 
 
+def test_a_run_folder_gets_its_pictures_inside_it(tmp_path, run_cli):
+    """`--checkpoint runs/x` (a folder) puts them in runs/x, as `--checkpoint
+    runs/x/model.safetensors` does; not in runs/, where every run's would meet."""
+    run = _folder_run(tmp_path).parent
+    heldout = image_folder(tmp_path / "heldout", classes=("a", "b"), per_class=2)
+    code, out, _ = run_cli("eval", "--checkpoint", run, "--data", heldout)
+    assert code == 0 and f"confusion matrix: {run / 'confusion_heldout_all.png'}" in out
+    assert sorted(p.name for p in run.glob("*.png")) == [
+        "confusion_heldout_all.png",
+        "per_class_heldout_all.png",
+    ]
+    assert list(tmp_path.glob("*.png")) == []
+
+
 def test_unreadable_images_are_skipped_named_and_the_exit_status_says_so(tmp_path, run_cli):
     checkpoint = _folder_run(tmp_path)
     heldout = image_folder(tmp_path / "heldout", classes=("a", "b"), per_class=3)
@@ -210,7 +224,8 @@ def test_eval_takes_a_timm_folder_and_scores_a_folder(tmp_path, run_cli):
          "{p}/empty is a folder without model.safetensors or pytorch_model.bin; pass a "
          "weights file"),
         (lambda p: p.joinpath("w.pth").write_bytes(b"hello, this is text") and p / "w.pth",
-         "{p}/w.pth is not a readable PyTorch checkpoint ("),
+         "{p}/w.pth is not a weights file vitkit reads: it is text; give a .safetensors, .pth "
+         "or .bin file, a JAX .npz or a Hub folder"),
     ],
     ids=["headless", "empty-folder", "not-a-pickle"],
 )  # fmt: skip

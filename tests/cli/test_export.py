@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -41,6 +42,29 @@ def test_verify_shows_the_exports_steps_in_a_log_and_quiet_none(tmp_path, run_cl
     assert code == 0
     assert re.fullmatch(r"export: 1/2 steps, about \d+ s left\nexport: 2/2 steps\n", err), err
     assert run_cli(*argv, "--quiet")[::2] == (0, "")
+
+
+def test_verify_says_what_it_compared(tmp_path, run_cli, caplog):
+    """--verify names the tolerance, the largest difference it measured and the images."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    caplog.set_level(logging.INFO, logger="vitkit")
+    checkpoint = tiny_checkpoint(tmp_path / "m.safetensors", ["cat", "dog"])
+    argv = ["export", "--checkpoint", checkpoint, tmp_path / "m.onnx", "--verify"]
+    code, _, _ = run_cli(*argv, "--dynamic-img-size")
+    said = [m for m in caplog.messages if m.startswith("verified")]
+    assert code == 0 and len(said) == 1, caplog.messages
+    found = re.fullmatch(
+        r"verified: onnxruntime's outputs equal PyTorch's within 1e-4 \(max difference "
+        r"(\d\.\de-\d\d)\) on 6 random images \(3 at 8x8, 3 at 12x12\)",
+        said[0],
+    )
+    assert found and 0 <= float(found[1]) <= 1e-4, said[0]
+    caplog.clear()
+    code, _, _ = run_cli(*argv, "--static-batch")
+    assert [m for m in caplog.messages if m.startswith("verified")][0].endswith(
+        "on 1 random image (1 at 8x8)"
+    )
 
 
 def test_a_pt2_program_says_it_carries_no_preprocessing(tmp_path, run_cli):

@@ -61,13 +61,55 @@ def test_predict_names_classes_and_resizes(trained, tmp_path, run_cli):
     assert len(out.splitlines()) == 5
 
 
-def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli):
+def test_predict_lists_each_images_classes_most_probable_first(tmp_path, run_cli):
+    """For several images, text and JSON list every class in the order of the model's own
+    probabilities, most probable first (a top-k taken from the wrong end fails here)."""
+    import vitkit
+    from vitkit.inference import load_for_inference
+
+    torch.manual_seed(1)
+    names = ["ant", "bee", "cat", "dog", "eel"]
+    model = vitkit.create_model("vit_digits", num_classes=5, in_chans=3, embed_dim=16, depth=1,
+                                num_heads=2)  # fmt: skip
+    with torch.no_grad():
+        model.head.weight.normal_(0, 3.0)  # scores far apart: no ties to order
+    checkpoint = tmp_path / "m.safetensors"
+    vitkit.save(model, checkpoint, meta={"class_names": names})
+    images = []
+    for i, colour in enumerate([(0, 0, 0), (255, 0, 0), (90, 200, 40), (255, 255, 255)]):
+        images.append(tmp_path / f"{i}.png")
+        Image.new("RGB", (8, 8), colour).save(images[-1])
+    predictor = load_for_inference(checkpoint)
+    batch = torch.stack([predictor.prepare(Image.open(path).convert("RGB")) for path in images])
+    with torch.no_grad():
+        expected, order = torch.softmax(predictor.model(batch), -1).sort(-1, descending=True)
+    assert len({row[0] for row in order.tolist()}) > 1  # the images' first classes differ
+    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, *images, "--topk", "5", "--json")
+    assert code == 0
+    for row, want, ranks in zip(json.loads(out), expected.tolist(), order.tolist()):
+        probs = [p["probability"] for p in row["predictions"]]
+        assert [p["index"] for p in row["predictions"]] == ranks
+        assert probs == pytest.approx(want, abs=1e-6) and probs == sorted(probs, reverse=True)
+    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, *images, "--topk", "5")
+    lines = out.splitlines()
+    for i, (path, ranks) in enumerate(zip(images, order.tolist())):
+        shown = lines[5 * i : 5 * i + 5]
+        assert shown[0].startswith(f"{path}: {names[ranks[0]]} (")
+        assert [line.split()[-2] for line in shown] == [names[k] for k in ranks]
+
+
+def test_predict_corrupt_and_missing_images(trained, tmp_path, run_cli, caplog):
+    """One bad image alone is one line, the error naming the file and the problem: no
+    "skipping" line before it, and Pillow's reason without the path again."""
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    caplog.set_level(logging.INFO, logger="vitkit")
     code, out, err = run_cli("predict", "--checkpoint", trained / "model.safetensors", bad)
-    assert (code, out) == (2, "") and err.startswith(
-        f"vitkit: error: cannot read the image: {bad} ("
+    assert (code, out) == (2, "") and err == (
+        f"vitkit: error: cannot read the image {bad}: cannot identify image file; check that "
+        "it is an image file (open it in an image viewer)\n"
     )
+    assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
     code, _, err = run_cli(
         "predict", "--checkpoint", trained / "model.safetensors", tmp_path / "nope.png"
     )

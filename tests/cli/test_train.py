@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -59,8 +60,11 @@ def test_existing_run_is_never_overwritten_silently(trained, run_cli):
 
 
 def test_training_on_a_folder_skips_corrupt_images(tmp_path, run_cli, caplog):
+    caplog.set_level(logging.INFO, logger="vitkit")
     folder = image_folder(tmp_path / "imgs", per_class=8)
     (folder / "a" / "zz_broken.png").write_bytes(b"nope")
+    (folder / "b" / "notes.txt").write_text("where these came from")
+    (folder / "b" / ".DS_Store").write_bytes(b"\0")  # hidden: not worth a word
     code, out, _ = run_cli(
         "train",
         "--data",
@@ -82,10 +86,14 @@ def test_training_on_a_folder_skips_corrupt_images(tmp_path, run_cli, caplog):
         *TINY,
     )
     assert code == 0 and out.splitlines()[-1].startswith("test accuracy: ")
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(
-        "zz_broken.png" in m and m.startswith("skipping cannot read image") for m in messages
-    )
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert messages == [
+        f"data folder {folder}: ignored 1 file that is not an image (by extension): b/notes.txt",
+        f"data folder {folder}: skipping 1 unreadable image: a/zz_broken.png (cannot identify "
+        "image file)",
+    ]  # each said once, before the split (which counts the 16 images it reads)
+    split = next(m for m in caplog.messages if m.startswith(f"data folder {folder}: train"))
+    assert "(8 images), val cut from the class folders (4 images), test" in split
     model = load(tmp_path / "run" / "model.safetensors")
     assert model.meta["class_names"] == ["a", "b"] and model.config.in_chans == 3
 
@@ -136,6 +144,19 @@ def test_pretrained_weights_of_another_shape_are_refused(trained, tmp_path, run_
         "--no-progress",
     )  # fmt: skip
     assert code == 2 and "does not match the model" in err and "wrong shape" in err
+
+
+def test_a_text_file_as_pretrained_is_named_for_what_it_is(tmp_path, run_cli):
+    """Not torch's "IndexError: pop from empty list": what the file is, and what to give."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("learning rate 3e-4 worked best\n")
+    argv = ["--out", tmp_path / "run", "--epochs", "1", "--pretrained", notes, "--no-progress"]
+    code, out, err = run_cli("train", *argv)
+    assert (code, out) == (2, "") and err == (
+        f"vitkit: error: {notes} is not a weights file vitkit reads: it is text; give a "
+        ".safetensors, .pth or .bin file, a JAX .npz or a Hub folder\n"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ def setup(folder: Path) -> None:
                 pixels = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(classes / f"{i}.jpg")
     (folder / "photos" / "train" / "dog" / "broken.jpg").write_bytes(b"not an image")
+    (folder / "photos" / "train" / "dog" / "notes.txt").write_text("where these came from")
 
     import timm  # the interop extra
     from safetensors.torch import save_file

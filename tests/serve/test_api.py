@@ -76,11 +76,40 @@ def test_explain_png_decodes_and_names_the_classes(url):
     assert answer.headers["content-type"] == "image/png"
     image = Image.open(io.BytesIO(answer.content))
     image.load()
-    assert image.mode == "RGB" and min(image.size) == 224  # the 16x16 view, enlarged
+    assert min(image.size) > 224  # the 16x16 view enlarged to 224, its colour bar and caption
     predicted = answer.headers["X-Predicted-Class"]
     assert predicted in CLASSES and answer.headers["X-Explained-Class"] == predicted
     top = httpx.post(f"{url}/predict?topk=1", files={"file": ("wide.png", IMAGES["wide.png"])})
     assert top.json()["results"][0]["predictions"][0]["class"] == predicted
+
+
+def test_the_explain_picture_is_captioned_with_a_colour_bar(monkeypatch):
+    """/explain's PNG says what is predicted, with what probability, which map by which method
+    and over which view, and has a colour bar: as `vitkit explain` draws its panels."""
+    import torch
+
+    import vitkit.explain.image as drawing
+    import vitkit.serve.service as service
+    from vitkit.explain import Explanation
+
+    drawn = []
+    monkeypatch.setattr(drawing, "figure_png", lambda fig: drawn.append(fig) or b"png")
+    explained = Explanation(
+        image=torch.rand(3, 16, 16), original=torch.rand(3, 16, 16), region=(0, 0, 16, 16),
+        caption="maps over the model's 16x16 view", probabilities=torch.tensor([0.1, 0.7, 0.2]),
+        predicted=1, target=2, maps={"relevance": torch.rand(4, 4)},
+    )  # fmt: skip
+    names = ["ant", "bee", "cat"]
+    assert service.overlay_png(explained, "relevance", names, "attention") == b"png"
+    assert service.overlay_png(explained, "relevance", names, "gradcam") == b"png"
+    titles = [fig._suptitle.get_text() for fig in drawn]
+    assert titles == [
+        "predicted bee (0.700); attention relevance for class cat\nmaps over the model's 16x16 "
+        "view",
+        "predicted bee (0.700); Grad-CAM (last stage) for class cat\nmaps over the model's 16x16 "
+        "view",
+    ]
+    assert all(len(fig.axes) == 2 and fig.axes[1].collections for fig in drawn)  # + colour bar
 
 
 def test_explain_json_gives_the_map_of_the_class_asked(url):

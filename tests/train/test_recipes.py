@@ -236,7 +236,7 @@ def test_data_with_nothing_to_go_by_keeps_the_old_default(tmp_path, monkeypatch,
     (tmp_path / "d" / "a" / "y.png").write_bytes(b"not either")
     Image.new("RGB", (20, 20)).save(tmp_path / "d" / "b" / "y.png")
     assert survey_images("folder", tmp_path / "d").describe() == (
-        "4 RGB images, median 20x20 of 1 read"
+        "1 RGB image, median 20x20"  # the 3 unreadable are left out, as the loader leaves them
     )
     # in memory, with no facts of its own: not looked at
     monkeypatch.setitem(SOURCES, "mine", Source("mine", SOURCES["digits"].load))

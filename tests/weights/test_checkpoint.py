@@ -152,14 +152,30 @@ def test_an_image_given_as_weights_is_named_as_such(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "photo.png")
-    with pytest.raises(CheckpointError, match=r"photo\.png is no weights file vitkit reads"):
+    pattern = r"photo\.png is not a weights file vitkit reads: it is a PNG image; give a \."
+    with pytest.raises(CheckpointError, match=pattern):
         load_state_dict(tmp_path / "photo.png")
 
 
 @pytest.mark.parametrize(
     "name, data, pattern",
     [
-        ("notes.pth", b"hello, this is text", r"is not a readable PyTorch checkpoint"),
+        (
+            "notes.pth",
+            b"hello, this is text",
+            r"notes\.pth is not a weights file vitkit reads: it is text; give a \.safetensors, "
+            r"\.pth or \.bin file, a JAX \.npz or a Hub folder$",
+        ),
+        (
+            "model.onnx",
+            b"\x08\x09\x12\x07pytorch",
+            r"model\.onnx is not a weights file vitkit reads: it is an ONNX model",
+        ),
+        (
+            "noise.pth",
+            bytes(range(1, 64)) + b"\xff\xfe",
+            r"noise\.pth is not a weights file vitkit reads: its first bytes match no weights",
+        ),
         ("image.safetensors", b"\x89PNG\r\n\x1a\n" + bytes(64), r"is not a valid safetensors"),
         ("weights.bin", b"PK\x03\x04 not really a zip", r"is not a readable PyTorch checkpoint"),
     ],

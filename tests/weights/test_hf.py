@@ -3,6 +3,8 @@ what Hugging Face cannot express."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _parity import TOL, images, randomize
@@ -25,14 +27,58 @@ def hf_config(**kw):
     return transformers.ViTConfig(**{**base, **kw})
 
 
-def test_hf_parity_with_config():
+# One block's names: transformers 4 (and every Hub file) -> transformers 5's modules, written
+# here from the two libraries' sources, not from the converter's tables.
+_V4_TO_V5 = [
+    (r"\.encoder\.layer\.(\d+)\.", r".layers.\1."),
+    (r"\.attention\.attention\.query\.", ".attention.q_proj."),
+    (r"\.attention\.attention\.key\.", ".attention.k_proj."),
+    (r"\.attention\.attention\.value\.", ".attention.v_proj."),
+    (r"\.attention\.output\.dense\.", ".attention.o_proj."),
+    (r"\.intermediate\.dense\.", ".mlp.fc1."),
+    (r"(\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
+]  # fmt: skip
+_V5_TO_V4 = [
+    (r"\.layers\.(\d+)\.", r".encoder.layer.\1."),
+    (r"\.attention\.q_proj\.", ".attention.attention.query."),
+    (r"\.attention\.k_proj\.", ".attention.attention.key."),
+    (r"\.attention\.v_proj\.", ".attention.attention.value."),
+    (r"\.attention\.o_proj\.", ".attention.output.dense."),
+    (r"\.mlp\.fc1\.", ".intermediate.dense."),
+    (r"\.mlp\.fc2\.", ".output.dense."),
+]  # fmt: skip
+
+
+def in_layout(state_dict: dict, layout: str) -> dict:
+    """An HF ViT state dict with its keys in transformers 4's names ('transformers-4':
+    `encoder.layer.N.attention.attention.query`) or transformers 5's ('transformers-5':
+    `layers.N.attention.q_proj`), whichever the installed transformers gave."""
+    rules = _V5_TO_V4 if layout == "transformers-4" else _V4_TO_V5
+    out = {}
+    for key, value in state_dict.items():
+        for pattern, repl in rules:
+            key = re.sub(pattern, repl, key)
+        out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("layout", ["transformers-4", "transformers-5"])
+def test_hf_parity_with_config(layout):
+    """Both key layouts give HF's outputs: transformers 4's (the Hub's files) and 5's."""
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     cfg = hf_config()
     source = randomize(transformers.ViTForImageClassification(cfg))
-    sd, config = convert.from_hf(source.state_dict(), config=cfg)
+    weights = in_layout(source.state_dict(), layout)
+    qkv = {"transformers-4": "attention.attention.query", "transformers-5": "attention.q_proj"}
+    assert (
+        f"vit.{'encoder.layer' if layout == 'transformers-4' else 'layers'}.1.{qkv[layout]}.weight"
+        in weights
+        and len(weights) == len(source.state_dict())
+    )
+    sd, config = convert.from_hf(weights, config=cfg)
     assert (config.embed_dim, config.depth, config.num_heads, config.num_classes) == (64, 2, 4, 5)
     assert config.norm_eps == 1e-12 and config.mlp_ratio == 2.0
-    model = vitkit.load_pretrained(source.state_dict(), hf_config=cfg)
+    model = vitkit.load_pretrained(weights, hf_config=cfg)
     x = images(32, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(model(x), source(pixel_values=x).logits, **TOL)

@@ -126,7 +126,7 @@ def test_an_onnx_model(tmp_path):
         (lambda p: p.joinpath("empty").mkdir() or p / "empty",
          r"empty is a folder without model\.safetensors or pytorch_model\.bin"),
         (lambda p: p.joinpath("w.pth").write_bytes(b"text, not a pickle") and p / "w.pth",
-         r"w\.pth is not a readable PyTorch checkpoint"),
+         r"w\.pth is not a weights file vitkit reads: it is text"),
         (lambda p: p.joinpath("w.safetensors").write_bytes(b"\x10" + bytes(20)) and
          p / "w.safetensors", r"w\.safetensors is not a valid safetensors file"),
     ],

@@ -59,14 +59,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--confusion",
         metavar="PNG",
-        help="the confusion-matrix picture (default: confusion_<data>_<part>.png beside the "
-        "checkpoint)",
+        help="the confusion-matrix picture (default: confusion_<data>_<part>.png in the "
+        "checkpoint's run folder, or beside its file)",
     )
     p.add_argument(
         "--per-class",
         metavar="PNG",
         help="the picture of each class's precision, recall and F1 (default: "
-        "per_class_<data>_<part>.png beside the checkpoint)",
+        "per_class_<data>_<part>.png in the checkpoint's run folder, or beside its file)",
     )
     options.batch_size(p, 256)
     options.json_output(p, "one JSON object")
@@ -164,12 +164,17 @@ def _evaluation_set(
 
 
 def _pictures(args: argparse.Namespace, spec: str, part: str) -> Pictures:
-    """The two pictures: the flags, else beside the checkpoint, named by the data and the part
-    scored (`confusion_heldout_all.png`), so that evaluations of other data or other parts do
-    not overwrite each other."""
+    """The two pictures: the flags, else beside the weights (in the folder when the checkpoint
+    is a run or Hub folder, next to the file otherwise), named by the data and the part scored
+    (`confusion_heldout_all.png`), so that evaluations of other data or other parts do not
+    overwrite each other."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec).name) or "data"
     suffix = f"{name}_{part.replace(' ', '-')}.png"
-    beside = Path(args.checkpoint).parent if Path(args.checkpoint).exists() else Path()  # a Hub id
+    given = Path(args.checkpoint)
+    if not given.exists():
+        beside = Path()  # a Hub id: the current folder
+    else:
+        beside = given if given.is_dir() else given.parent
     return Pictures(
         Path(args.confusion) if args.confusion else beside / f"confusion_{suffix}",
         Path(args.per_class) if args.per_class else beside / f"per_class_{suffix}",

@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import logging
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,8 @@ class ImageFiles(Dataset):
     is logged once and recorded in `self.corrupt` (path -> reason); when every file has
     failed, a DataError names the first few and the count. Otherwise the first raises
     `CorruptImageError` naming the file. (With loader worker processes each worker records its
-    own files; `corrupt` here sees those read in this process.)
+    own files; `corrupt` here sees those read in this process.) `unreadable` are files already
+    known unreadable (a folder survey's, path -> reason): skipped without being read or logged.
     """
 
     def __init__(
@@ -82,12 +83,13 @@ class ImageFiles(Dataset):
         in_chans: int = 3,
         img_size: tuple[int, int] | None = None,
         skip_corrupt: bool = False,
+        unreadable: Mapping[str, str] | None = None,
     ) -> None:
         self.samples = list(samples)
         self.in_chans = in_chans
         self.img_size = img_size
         self.skip_corrupt = skip_corrupt
-        self.corrupt: dict[str, str] = {}
+        self.corrupt: dict[str, str] = dict(unreadable or {})
         self._distinct = len({path for path, _ in self.samples})
 
     def __len__(self) -> int:
@@ -103,6 +105,8 @@ class ImageFiles(Dataset):
         ('RGB' / 'L', 8-bit) at its own size, or a `ReducedImage` where `needed` allows (see
         `open_image`); None for a skipped file."""
         path, label = self.samples[index]
+        if path in self.corrupt:
+            return None
         try:
             if full_resolution:
                 image = open_image(path, in_chans=self.in_chans, needed=needed)
@@ -111,11 +115,11 @@ class ImageFiles(Dataset):
         except CorruptImageError as err:
             if not self.skip_corrupt:
                 raise
-            if path not in self.corrupt:
-                log.warning("skipping %s", err)
-                self.corrupt[path] = str(err).removeprefix(f"cannot read image {path}: ")
-                if len(self.corrupt) == self._distinct:
-                    raise DataError(none_readable(self.corrupt)) from None
+            reason = str(err).removeprefix(f"cannot read image {path}: ")
+            log.warning("skipping an unreadable image: %s (%s)", path, reason)
+            self.corrupt[path] = reason
+            if len(self.corrupt) == self._distinct:
+                raise DataError(none_readable(self.corrupt)) from None
             return None
         return image, label
 
@@ -238,6 +242,12 @@ def unreadable_files(dataset: Dataset) -> dict[str, str]:
 
 def none_readable(corrupt: dict[str, str], shown: int = 3) -> str:
     """The error of a set of images none of which could be read: the first few and the count."""
+    if len(corrupt) == 1:
+        [(path, reason)] = corrupt.items()
+        return (
+            f"cannot read the image {path}: {reason}; check that it is an image file (open it "
+            "in an image viewer)"
+        )
     first = "; ".join(f"{path} ({reason})" for path, reason in list(corrupt.items())[:shown])
     more = f"; and {len(corrupt) - shown} more" if len(corrupt) > shown else ""
     count = "the image" if len(corrupt) == 1 else f"any of the {len(corrupt)} images"

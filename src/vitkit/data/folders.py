@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .datasets import TEST_FRACTION, VAL_FRACTION, ImageFiles, Splits, split_indices
-from .images import IMAGE_EXTENSIONS, DataError
+from .datasets import (
+    TEST_FRACTION,
+    VAL_FRACTION,
+    ImageFiles,
+    Splits,
+    none_readable,
+    split_indices,
+)
+from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, unreadable_images
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +84,29 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def class_folders(
-    root: Path, classes: list[str] | None = None, reference: str = "the model's classes"
+    root: Path,
+    classes: list[str] | None = None,
+    reference: str = "the model's classes",
+    *,
+    others: list[Path] | None = None,
 ) -> tuple[list[str], Samples]:
     """The class names of `root` (its sorted sub-folders) and its (image path, label) pairs.
 
     Without `classes`: a DataError when it has no classes, no images, an empty class or one
     class only. With `classes` (those of the training folder or the model, named by
     `reference` in errors) the images are labelled by them: `root` may hold some of them, not
-    others."""
+    others. Files that are not images (by extension; hidden ones aside) are left out, and
+    appended to `others` when it is given (for `report_ignored`)."""
     names = sorted(d.name for d in _entries(root) if d.is_dir() and not d.name.startswith("."))
     samples = []
     for label, name in enumerate(names):
         for file in sorted((root / name).rglob("*")):
-            if file.is_file() and file.suffix.lower() in IMAGE_EXTENSIONS:
+            if not file.is_file():
+                continue
+            if file.suffix.lower() in IMAGE_EXTENSIONS:
                 samples.append((str(file), label))
+            elif others is not None and not _hidden(file.relative_to(root)):
+                others.append(file)
     if classes is None:
         _check_classes(root, names, samples)
         return names, samples
@@ -128,6 +145,58 @@ def _check_classes(root: Path, classes: list[str], samples: Samples) -> None:
         )
 
 
+def _hidden(path: Path) -> bool:
+    return any(part.startswith(".") for part in path.parts)
+
+
+def report_ignored(others: Sequence[Path], root: Path) -> None:
+    """One warning naming the files of `root` that are not images (by extension), if any:
+    'ignored 2 files that are not images (by extension): a/notes.txt, b/x.csv'."""
+    if not others:
+        return
+    many = f"{len(others)} files that are not images"
+    what = "1 file that is not an image" if len(others) == 1 else many
+    listed = _listed(os.path.relpath(file, root) for file in others)
+    log.warning("data folder %s: ignored %s (by extension): %s", root, what, listed)
+
+
+def screen(samples: Samples, *, strict: bool) -> dict[str, str]:
+    """The files of `samples` Pillow cannot identify from their header (`unreadable_images`),
+    path -> why. With `strict` the first raises `CorruptImageError` naming it; when none is
+    readable, a DataError names them."""
+    unreadable = unreadable_images([path for path, _ in samples])
+    if strict and unreadable:
+        path, why = next(iter(unreadable.items()))
+        raise CorruptImageError(f"cannot read image {path}: {why}")
+    if unreadable and len(unreadable) == len({path for path, _ in samples}):
+        raise DataError(none_readable(unreadable))
+    return unreadable
+
+
+def unreadable_line(unreadable: Mapping[str, str], root: Path) -> str:
+    """'skipping 2 unreadable images: a/x.jpg, b/y.png (cannot identify image file)': the
+    reason said once when they share it, the paths relative to `root`."""
+    names = [os.path.relpath(path, root) for path in unreadable]
+    reasons = set(unreadable.values())
+    if len(reasons) == 1:
+        listed = f"{_listed(names)} ({reasons.pop()})"
+    else:
+        listed = _listed(f"{name} ({why})" for name, why in zip(names, unreadable.values()))
+    return f"skipping {plural(len(unreadable), 'unreadable image')}: {listed}"
+
+
+def _listed(names: Iterable[str], shown: int = 5) -> str:
+    """The first `shown` names, and how many more."""
+    names = list(names)
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 file', '2 files'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def load_image_folder(
     path: str | os.PathLike,
     *,
@@ -145,6 +214,8 @@ def load_image_folder(
     Without ready-made splits the images are split stratified by class with `seed`; a missing
     val or test folder is taken from train. With `skip_corrupt` unreadable files are skipped
     with a warning and counted (training); without, they raise naming the file (evaluation).
+    Files whose header Pillow cannot identify are found before the split, named in one
+    warning and left out of it, so that its counts are those of the images it reads.
     """
     layout = folder_layout(path)
     if layout.parts and "train" not in layout.parts:
@@ -155,7 +226,7 @@ def load_image_folder(
             "folder, evaluate a checkpoint on it"
         )
     fractions = (val_fraction, test_fraction)
-    classes, parts, how = _split(layout, fractions, seed)
+    classes, parts, how = _split(layout, fractions, seed, strict=not skip_corrupt)
     log.info("data folder %s: %s", layout.root, how)
     opts = {"in_chans": in_chans, "img_size": img_size, "skip_corrupt": skip_corrupt}
     return Splits(
@@ -170,16 +241,25 @@ def load_image_folder(
 
 
 def _split(
-    layout: FolderLayout, fractions: tuple[float, float], seed: int
+    layout: FolderLayout, fractions: tuple[float, float], seed: int, *, strict: bool
 ) -> tuple[list[str], dict[str, Samples], str]:
-    """Class names, the train / val / test samples, and a line saying where each came from."""
+    """Class names, the train / val / test samples (unreadable files left out), and a line
+    saying where each came from."""
     source = layout.parts.get("train", layout.root)
-    classes, samples = class_folders(source)
+    others: list[Path] = []
+    classes, samples = class_folders(source, others=others)
     parts = {
-        name: class_folders(layout.parts[name], classes, str(source))[1]
+        name: class_folders(layout.parts[name], classes, str(source), others=others)[1]
         for name in ("val", "test")
         if name in layout.parts
     }
+    report_ignored(others, layout.root)
+    everything = samples + [sample for part in parts.values() for sample in part]
+    unreadable = screen(everything, strict=strict)
+    if unreadable:
+        log.warning("data folder %s: %s", layout.root, unreadable_line(unreadable, layout.root))
+        samples = [s for s in samples if s[0] not in unreadable]
+        parts = {name: [s for s in part if s[0] not in unreadable] for name, part in parts.items()}
     cut = [0.0 if name in parts else f for name, f in zip(("val", "test"), fractions)]
     labels = [label for _, label in samples]
     train, val, test = split_indices(len(samples), cut, seed, labels)

@@ -24,6 +24,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,7 +157,41 @@ def _decode(
     except CorruptImageError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise CorruptImageError(f"cannot read image {path}: {err}") from None
+        raise CorruptImageError(f"cannot read image {path}: {pil_reason(err, path)}") from None
+
+
+# Threads reading image headers: the reads wait on the disk more than on Python (8 threads
+# read 1,000 cached 224x224 files 1.6x faster than one, on 2 cores).
+HEADER_THREADS = 8
+
+
+def unreadable_images(paths: Sequence[str]) -> dict[str, str]:
+    """The files Pillow cannot identify from their header, path -> why, in `paths` order.
+
+    Only the header is read (`Image.open`: ~0.1 ms a file), not the pixels: `verify()` reads
+    the whole file (2-3x the time, and for JPEG checks nothing more), so a file cut short in
+    its pixel data is still found by the loader when it is decoded."""
+    with ThreadPoolExecutor(HEADER_THREADS) as pool:
+        reasons = list(pool.map(_header_problem, paths, chunksize=64))
+    return {path: why for path, why in zip(paths, reasons) if why is not None}
+
+
+def _header_problem(path: str) -> str | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the loader says
+            with Image.open(path):
+                return None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+        return pil_reason(err, path)
+    except Image.DecompressionBombError:
+        return None  # readable; the loader names the limit and how to raise it
+
+
+def pil_reason(err: BaseException, path: str | os.PathLike) -> str:
+    """Pillow's reason without the path it repeats ("cannot identify image file 'a.png'"):
+    vitkit's line names the file once."""
+    return str(err).replace(f" {str(path)!r}", "").replace(f" {os.fspath(path)!r}", "")
 
 
 def _convert(img: Image.Image, path: str | os.PathLike, in_chans: int) -> Image.Image:
@@ -318,9 +353,9 @@ def load_images(
 ) -> LoadedImages:
     """Decode each file (`open_image`; reduced where `transform.decode_size` allows) and
     prepare it with `transform` (e.g. `eval_transform(data_config)`); a file that cannot be
-    read is skipped, logged and named in `skipped` with the reason, so one bad file does not
-    stop the others. With none readable, `images` is empty (0,) and the caller says so
-    (`datasets.none_readable`)."""
+    read is skipped and named in `skipped` with the reason (the caller reports them, once), so
+    one bad file does not stop the others. With none readable, `images` is empty (0,) and the
+    caller says so (`datasets.none_readable`)."""
     images, kept, skipped = [], [], {}
     for path in map(str, paths):
         try:
@@ -329,7 +364,7 @@ def load_images(
         except DataError as err:  # unreadable, or gone since it was listed
             reason = str(err).removeprefix(f"cannot read image {path}: ")
             skipped[path] = "it does not exist" if reason.endswith("does not exist") else reason
-            log.warning("skipping %s", err)
+            log.debug("skipping %s", err)  # the caller names them all in one line
             continue
         kept.append(path)
     stacked = torch.stack(images) if images else torch.empty(0)  # (N, C, H, W)

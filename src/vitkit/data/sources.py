@@ -36,7 +36,14 @@ from .datasets import (
     mean_std,
     split_indices,
 )
-from .folders import class_folders, folder_layout, image_count, load_image_folder
+from .folders import (
+    class_folders,
+    folder_layout,
+    image_count,
+    load_image_folder,
+    report_ignored,
+    screen,
+)
 from .hf_datasets import load_hf_dataset, load_hf_stream
 from .idx import (
     FASHION_MNIST_CLASSES,
@@ -531,10 +538,14 @@ def evaluation_set(
             part, folder = held or ("all", layout.parts.get("train", layout.root))
             if names is None and "train" in layout.parts:
                 names, _ = class_folders(layout.parts["train"])
-            names, samples = class_folders(folder, names)
+            others: list[Path] = []
+            names, samples = class_folders(folder, names, others=others)
+            report_ignored(others, folder)
+            unreadable = screen(samples, strict=not skip_corrupt)  # named with the scores
             shown = f"{folder}/" if part != "all" else f"all of {folder}/"
             described = f"{shown} ({image_count(len(samples))})"
-            return EvaluationSet(ImageFiles(samples, **files), names, part, described)
+            scored = ImageFiles(samples, **files, unreadable=unreadable)
+            return EvaluationSet(scored, names, part, described)
     splits = load_data(
         spec,
         val_fraction=val_fraction,

@@ -98,12 +98,12 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
 
 def _surveyed(picked: list[Any], count: int | None) -> ImageSurvey | None:
     """What the headers of the `picked` files say of a source of `count` images."""
-    headers = []
+    headers, failed = [], 0
     for file in picked:
         try:
             headers.append(_header(file))
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-            pass  # the loader skips it, or names it when no image opens
+            failed += 1  # the loader names it, and leaves it out as this count does
     if not headers:
         return None
     modes = {mode in GREY_MODES for mode, _ in headers}
@@ -114,7 +114,11 @@ def _surveyed(picked: list[Any], count: int | None) -> ImageSurvey | None:
     widths = [w for _, (_, w) in headers]
     size = (statistics.median_low(heights), statistics.median_low(widths))
     return ImageSurvey(
-        size=size, grey=modes == {True}, colour=colour, count=count, read=len(headers)
+        size=size,
+        grey=modes == {True},
+        colour=colour,
+        count=None if count is None else count - failed,
+        read=len(headers),
     )
 
 

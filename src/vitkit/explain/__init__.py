@@ -13,7 +13,15 @@ from .attention import (
     readout_of,
 )
 from .gradcam import grad_cam
-from .image import Explanation, draw_explanation, explain_image
+from .image import (
+    Explanation,
+    draw_explanation,
+    explain_image,
+    map_title,
+    overlay_figure,
+    overlay_pixels,
+    overlay_png,
+)
 from .method import MAPS, explanation_method
 
 __all__ = [
@@ -29,5 +37,9 @@ __all__ = [
     "explanation_method",
     "grad_cam",
     "gradient_relevance",
+    "map_title",
+    "overlay_figure",
+    "overlay_pixels",
+    "overlay_png",
     "readout_of",
 ]

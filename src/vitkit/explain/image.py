@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..data.data_config import DataConfig
 from ..data.images import image_to_tensor, open_image
 from ..data.transforms import Normalize, eval_resize_crop
-from ..plots import pyplot, save_figure
+from ..plots import figure_png, pyplot, save_figure
 from .attention import attention_maps, readout_of
 from .gradcam import grad_cam
 from .method import explanation_method
@@ -155,15 +155,80 @@ def _show_image(ax: Any, image: Tensor) -> None:
     ax.set_axis_off()
 
 
-def _overlay(fig: Any, ax: Any, image: Tensor, heat: Tensor, title: str) -> None:
-    """`heat` (gh, gw) resized to the image's own size (bilinear), blended over the image at
-    half opacity, with a colour bar of its values."""
-    _show_image(ax, image)
+# How a map is laid over the image: a colour map whose lightness rises with the value
+# (viridis; jet's rises and falls, drawing edges the map does not have and hiding the image's
+# own), at 0.4 opacity, so that the image shows through: a grey one in grey, a colour one in
+# colour. The correlation of the overlay's lightness with a digit's stays above 0.9, where jet
+# at 0.5 drops below 0.8 (tests/test_explain.py).
+OVERLAY_CMAP = "viridis"
+OVERLAY_ALPHA = 0.4
+OVERLAY_SIDE = 224  # the shorter side of `overlay_figure`'s view: small views are enlarged
+
+
+def overlay_pixels(image: Tensor, heat: Tensor) -> Tensor:
+    """(H, W, 3) in [0, 1]: `heat` (gh, gw) resized to `image` (C, H, W) in [0, 1] (bilinear),
+    scaled to [0, 1], coloured with `OVERLAY_CMAP` and blended over the image at
+    `OVERLAY_ALPHA`."""
+    from matplotlib import colormaps
+
     size = image.shape[-2:]
-    up = F.interpolate(heat.float()[None, None], size=size, mode="bilinear", align_corners=False)
-    shown = ax.imshow(up[0, 0].cpu().numpy(), cmap="jet", alpha=0.5)  # (H, W)
-    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+    up = _resized(heat, size)
+    up = (up - up.min()) / (up.max() - up.min()).clamp_min(1e-12)
+    colour = torch.from_numpy(colormaps[OVERLAY_CMAP](up.numpy())[..., :3]).float()  # (H, W, 3)
+    view = image.detach().float().cpu().clamp(0, 1).expand(3, *size).permute(1, 2, 0)
+    return (1 - OVERLAY_ALPHA) * view + OVERLAY_ALPHA * colour  # (H, W, 3)
+
+
+def _resized(heat: Tensor, size: Sequence[int]) -> Tensor:
+    """(gh, gw) -> (H, W), bilinear."""
+    heat = heat.detach().float().cpu()[None, None]  # (1, 1, gh, gw)
+    return F.interpolate(heat, size=tuple(size), mode="bilinear", align_corners=False)[0, 0]
+
+
+def _overlay(fig: Any, ax: Any, image: Tensor, heat: Tensor, title: str) -> None:
+    """`overlay_pixels` on `ax`, with a colour bar of the map's values."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize as ColourScale
+
+    up = _resized(heat, image.shape[-2:])
+    ax.imshow(overlay_pixels(image, heat).numpy())
+    ax.set_axis_off()
+    scale = ColourScale(float(up.min()), float(up.max()))
+    fig.colorbar(ScalarMappable(scale, OVERLAY_CMAP), ax=ax, fraction=0.046, pad=0.04)
     ax.set_title(title, fontsize=9)
+
+
+def overlay_figure(image: Tensor, heat: Tensor, *, title: str, caption: str = "") -> Any:
+    """One map over the image, with its colour bar, `title` (what is predicted and by which
+    method) and `caption` above: the served /explain picture, drawn as `vitkit explain`
+    draws its panels. A small view is enlarged (bilinear) to `OVERLAY_SIDE` pixels first."""
+    plt = pyplot()
+    height, width = image.shape[-2:]
+    scale = max(1.0, OVERLAY_SIDE / min(height, width))
+    size = (round(height * scale), round(width * scale))
+    view = image.detach().float().cpu()[None]  # (1, C, h, w)
+    view = F.interpolate(view, size=size, mode="bilinear", align_corners=False)[0]
+    fig, ax = plt.subplots(figsize=(3.0 * max(width / height, 0.5) + 0.8, 3.6))
+    _overlay(fig, ax, view.clamp(0, 1), heat, "")
+    lines = "\n".join(t for t in (title, caption) if t)
+    fig.suptitle(lines, fontsize=8, y=1.0, va="bottom")
+    return fig
+
+
+def overlay_png(image: Tensor, heat: Tensor, *, title: str, caption: str = "") -> bytes:
+    """`overlay_figure` as PNG bytes (the served /explain picture)."""
+    return figure_png(overlay_figure(image, heat, title=title, caption=caption))
+
+
+def map_title(map_name: str, method: str | None, target_name: str) -> str:
+    """What a map shows and how it was made: 'attention relevance for class 7',
+    'Grad-CAM (last stage) for class dog', 'attention rollout', 'last-layer [CLS] attention'."""
+    if map_name == "relevance":
+        how = "Grad-CAM (last stage)" if method == "gradcam" else "attention relevance"
+        return f"{how} for class {target_name}"
+    return {"rollout": "attention rollout", "cls_attention": "last-layer [CLS] attention"}.get(
+        map_name, map_name
+    )
 
 
 def draw_explanation(

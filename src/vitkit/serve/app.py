@@ -175,7 +175,7 @@ class _Api:
             return JSONResponse(
                 {"model": self.service.name, **explanation_json(explained, map_name, names)}
             )
-        png = overlay_png(explained.image, explained.maps[map_name])
+        png = overlay_png(explained, map_name, names, self.service.predictor.explanation)
         headers = {
             "X-Predicted-Class": names[explained.predicted],
             "X-Explained-Class": names[explained.target],

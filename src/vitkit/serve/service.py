@@ -12,18 +12,17 @@ from pathlib import PurePath
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
 from ..explain import MAPS as EXPLANATION_MAPS
-from ..explain import Explanation, class_index
+from ..explain import Explanation, class_index, map_title
+from ..explain import overlay_png as draw_overlay_png
 from ..inference import Predictor
 
 log = logging.getLogger(__name__)
 
 MAPS = EXPLANATION_MAPS["attention"]  # the maps /explain draws, by name (the first by default)
-OVERLAY_SIDE = 224  # the overlay's shorter side in pixels: small views are enlarged to it
 
 
 class Service:
@@ -109,26 +108,19 @@ class Service:
         }
 
 
-def overlay_png(image: Tensor, heat: Tensor, *, side: int = OVERLAY_SIDE) -> bytes:
-    """`heat` (gh, gw) scaled to [0, 1], coloured (matplotlib's jet) and blended at half
-    opacity over `image` (C, h, w) in [0, 1], both resized bilinearly so that the shorter side
-    is at least `side` pixels, as in `explain.draw_explanation`'s panels; PNG bytes."""
-    from matplotlib import colormaps
-
-    height, width = image.shape[-2:]
-    scale = max(1.0, side / min(height, width))
-    size = (round(height * scale), round(width * scale))
-    view = F.interpolate(image.float()[None], size=size, mode="bilinear", align_corners=False)
-    view = view[0].clamp(0, 1).expand(3, *size)  # (3, H, W): grey views in colour
-    up = F.interpolate(heat.float()[None, None], size=size, mode="bilinear", align_corners=False)
-    up = up[0, 0]  # (H, W)
-    up = (up - up.min()) / (up.max() - up.min()).clamp_min(1e-12)
-    colour = torch.from_numpy(colormaps["jet"](up.numpy())[..., :3]).float()  # (H, W, 3)
-    blended = 0.5 * view.permute(1, 2, 0) + 0.5 * colour  # (H, W, 3)
-    pixels = (blended * 255).round().clamp(0, 255).to(torch.uint8).numpy()
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
+def overlay_png(
+    explained: Explanation, map_name: str, names: Sequence[str], method: str | None
+) -> bytes:
+    """/explain's picture: the map over the model's view with its colour bar, captioned with
+    the predicted class and its probability, the map and its method (`explanation_method`),
+    and the view's caption, as `vitkit explain` draws its panels; PNG bytes."""
+    k, t = explained.predicted, explained.target
+    title = (
+        f"predicted {names[k]} ({float(explained.probabilities[k]):.3f}); "
+        f"{map_title(map_name, method, names[t])}"
+    )
+    heat = explained.maps[map_name]
+    return draw_overlay_png(explained.image, heat, title=title, caption=explained.caption)
 
 
 def explanation_json(explained: Explanation, map_name: str, names: Sequence[str]) -> dict:

@@ -329,6 +329,8 @@ def load_state_dict(
             f"{path} is a NumPy .npz archive (a JAX/Flax checkpoint), not a PyTorch state dict; "
             "load it with vitkit.load_pretrained(path) or vitkit.convert.from_jax(path)"
         )
+    if not _looks_like_torch_save(path):  # text, an image: torch.load would say "pop from
+        raise CheckpointError(_not_weights(path))  # empty list" or a bare KeyError
     try:
         obj = torch.load(
             path,
@@ -339,11 +341,6 @@ def load_state_dict(
     except pickle.UnpicklingError as err:
         if not str(err).startswith("Weights only load failed"):
             raise CheckpointError(_unreadable(path, err)) from None
-        if not _is_pickle(path):  # an image, a text file: no pickle asked for anything
-            raise CheckpointError(
-                f"{path} is no weights file vitkit reads (safetensors, a torch.save .pth / "
-                ".bin, a JAX .npz or an ONNX file): give the model's weights"
-            ) from None
         raise CheckpointError(
             f"refusing to load {path}: it needs arbitrary unpickling, which can run code "
             f"({_unpickler_reason(err)}). Load it with torch.load(weights_only=False) only if "
@@ -354,12 +351,48 @@ def load_state_dict(
     return _unwrap(obj, path)
 
 
-def _is_pickle(path: Path) -> bool:
-    """Whether `path` is what torch.save writes: a zip archive, or a pickle (protocol 2+)."""
-    if zipfile.is_zipfile(path):
-        return True
+def _looks_like_torch_save(path: Path) -> bool:
+    """Whether `path` starts as torch.save writes: a zip archive, or a pickle (protocol 2+).
+    A truncated one still does, and is reported as unreadable, not as another kind of file."""
     with open(path, "rb") as f:
-        return f.read(1) == b"\x80"
+        head = f.read(2)
+    return head[:1] == b"\x80" or head == b"PK"
+
+
+# What a file that is no weights file starts with -> what to call it.
+_KNOWN_HEADS = {
+    b"\x89PNG": "a PNG image",
+    b"\xff\xd8\xff": "a JPEG image",
+    b"GIF8": "a GIF image",
+    b"%PDF": "a PDF document",
+}  # fmt: skip
+
+
+def _is_text(head: bytes) -> bool:
+    """Printable UTF-8; a character cut by the end of `head` still counts."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:
+            return False
+        text = head[: err.start].decode("utf-8")
+    return all(c.isprintable() or c in "\t\n\r\f" for c in text)
+
+
+def _not_weights(path: Path) -> str:
+    """One line for a file of another kind given where weights go."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    kind = next((name for magic, name in _KNOWN_HEADS.items() if head.startswith(magic)), None)
+    if path.suffix == ".onnx":
+        kind = "an ONNX model, which vitkit writes but does not load"
+    if kind is None:
+        kind = "text" if _is_text(head) else None
+    what = f"it is {kind}" if kind else "its first bytes match no weights format"
+    return (
+        f"{path} is not a weights file vitkit reads: {what}; give a .safetensors, .pth or .bin "
+        "file, a JAX .npz or a Hub folder"
+    )
 
 
 def _first_line(err: BaseException) -> str:
