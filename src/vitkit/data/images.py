@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -188,9 +189,11 @@ def _header_problem(path: str) -> str | None:
         return None  # readable; the loader names the limit and how to raise it
 
 
-def pil_reason(err: BaseException, path: str | os.PathLike) -> str:
-    """Pillow's reason without the path it repeats ("cannot identify image file 'a.png'"):
-    vitkit's line names the file once."""
+def pil_reason(err: BaseException, path: Any) -> str:
+    """Pillow's reason without the path it repeats ("cannot identify image file 'a.png'") or
+    the repr of an in-memory file: vitkit's line names the file once."""
+    if not isinstance(path, (str, os.PathLike)):
+        return re.sub(r" ?<[\w.]+ object at 0x[0-9a-f]+>", "", str(err))
     return str(err).replace(f" {str(path)!r}", "").replace(f" {os.fspath(path)!r}", "")
 
 
