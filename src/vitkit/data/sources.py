@@ -35,6 +35,7 @@ from .datasets import (
     mean_std,
     split_indices,
 )
+from .file_lists import LIST_SUFFIXES, load_file_list
 from .folders import class_folders, folder_layout, image_count, load_image_folder
 from .idx import (
     FASHION_MNIST_CLASSES,
@@ -389,6 +390,9 @@ register_source(
     model="vit_mnist",
     recipe="mnist-5k",
 )
+register_source(
+    "list", load_file_list, shown="a CSV or JSONL file list (list:FILE)", found_by_path=True
+)
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -404,6 +408,8 @@ def detect_source(spec: str) -> tuple[str, str | None]:
             f"data {spec!r} is neither a built-in source ({', '.join(SOURCES)}) nor an "
             "existing file or folder"
         )
+    if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
+        return "list", spec
     if path.is_file() or _looks_like_cifar(path):
         return "cifar", spec
     return "folder", spec
