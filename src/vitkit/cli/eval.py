@@ -1,5 +1,6 @@
 """`vitkit eval`: loss, top-1 / top-5, each class's precision / recall / F1 and a confusion
-matrix of a checkpoint on data."""
+matrix of a checkpoint on data; a multi-label model's mAP, each class's AP and the F1 of the
+labels over its threshold."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.utils.data import ConcatDataset
 from .. import data as data_lib
 from ..files import check_output
 from ..plots import plot_confusion, plot_per_class
-from ..train import evaluate, make_loader
+from ..train import evaluate, evaluate_multi_label, make_loader
 from ..weights.checkpoint import RunMeta
 from . import options
 from .commands import add_command
@@ -61,6 +62,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the picture of each class's precision, recall and F1 (default: "
         "per_class_<data>_<part>.png beside the checkpoint)",
     )
+    options.threshold(p)
     options.batch_size(p, 256)
     options.json_output(p, "one JSON object")
     options.model_run(p)
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(path)
     prepared = data_lib.Transformed(scored.dataset, predictor.prepare)
     loader = make_loader(prepared, args.batch_size, train=False)
+    if predictor.multi_label:
+        return _run_multi_label(args, predictor, spec, scored, loader, pictures)
     result = evaluate(model, loader, device=predictor.device, num_classes=model.num_classes)
     if not math.isfinite(result["loss"]):
         raise FloatingPointError(
@@ -206,4 +210,70 @@ def _print_text(
             "picture have all)"
         )
     print(f"confusion matrix: {pictures.confusion}")
+    print(f"per-class scores: {pictures.per_class}")
+
+
+def _run_multi_label(
+    args: argparse.Namespace,
+    predictor: Any,
+    spec: str,
+    scored: data_lib.EvaluationSet,
+    loader: Any,
+    pictures: Pictures,
+) -> int:
+    """A multi-label model's scores: mAP, each class's AP, precision, recall and F1 at the
+    threshold, and the per-class picture (no confusion matrix: an image has several labels)."""
+    names = predictor.class_names
+    threshold = args.threshold if args.threshold is not None else predictor.threshold
+    result = evaluate_multi_label(
+        predictor.model, loader, device=predictor.device, threshold=threshold
+    )
+    skipped = data_lib.unreadable_files(scored.dataset)
+    title = f"{Path(args.checkpoint).name} on {scored.description}: mAP {result['map']:.4f}"
+    plot_per_class(result["per_class"], names, pictures.per_class, title=title)
+    if args.json:
+        scores = result["per_class"]
+        per_class = [
+            {
+                "class": name,
+                "ap": result["ap"][i],
+                **{key: scores[key][i] for key in ("precision", "recall", "f1", "support")},
+            }
+            for i, name in enumerate(names)
+        ]
+        row = {
+            "checkpoint": args.checkpoint,
+            "data": spec,
+            "part": scored.part,
+            "description": scored.description,
+        }
+        keys = ("count", "loss", "map", "f1", "macro_f1", "threshold")
+        row.update({key: result[key] for key in keys})
+        row.update(per_class=per_class, per_class_png=str(pictures.per_class), skipped=skipped)
+        print(json_text(row))
+    else:
+        _print_multi_label(scored.description, result, names, pictures)
+    report_skipped(skipped, len(scored.dataset))
+    return ExitCode.PARTIAL if skipped else ExitCode.OK
+
+
+def _print_multi_label(
+    description: str, result: dict[str, Any], names: list[str], pictures: Pictures
+) -> None:
+    """What was scored, mAP and F1, and a table of the classes (the first `TABLE_ROWS`)."""
+    print(f"scored {description}")
+    print(
+        f"{plural(result['count'], 'image')}  loss {result['loss']:.4f}  mAP {result['map']:.4f}  "
+        f"F1 {result['f1']:.4f} (macro {result['macro_f1']:.4f}) at threshold {result['threshold']}"
+    )
+    scores = result["per_class"]
+    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
+    print(f"{'class':<{width}}  AP      precision  recall  F1      support")
+    for i, name in enumerate(names[:TABLE_ROWS]):
+        print(
+            f"{name[:width]:<{width}}  {result['ap'][i]:.4f}  {scores['precision'][i]:.4f}     "
+            f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
+        )
+    if len(names) > TABLE_ROWS:
+        print(f"(the first {TABLE_ROWS} of {len(names)} classes; --json has all)")
     print(f"per-class scores: {pictures.per_class}")
