@@ -237,3 +237,13 @@ def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path
     rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     reference = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
     assert [row["train_loss"] for row in rows] == [json.loads(r)["train_loss"] for r in reference]
+
+
+def test_the_default_model_is_sized_to_the_listed_images(tmp_path):
+    from vitkit.train.recipes import default_choice
+
+    labels = labels_of(6)
+    data = write_csv(tmp_path / "l.csv", write_images(tmp_path, labels, size=12), labels)
+    choice = default_choice(f"list:{data}")
+    assert (choice.model, choice.model_opts) == ("vit_digits", {"img_size": 12, "in_chans": 3})
+    assert choice.seen == "6 RGB images, median 12x12"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from .file_lists import read_list
 from .folders import SPLIT_FOLDERS, Samples, class_folders
 
 # Headers read per folder: 200 put the median within a few percent for a folder of mixed
@@ -68,17 +69,21 @@ class ImageSurvey:
 
 def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | None:
     """A look at the images of a source (`detect_source`'s kind and path): an image folder's
-    sampled headers, CIFAR's format. None when there is nothing to go by: a source whose
-    images are not looked at (in memory), or a folder none of whose sampled images opens
+    (or a file list's) sampled headers, CIFAR's format. None when there is nothing to go by:
+    a source whose images are not looked at (in memory), or a folder none of whose sampled
+    images opens
     (the loader names the broken files). A folder that cannot be used (no classes, no
     images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
-    if kind != "folder" or path is None:
+    if kind == "list" and path is not None:  # a file list: the images it names
+        samples = [(entry.path, 0) for entry in read_list(path)]
+    elif kind != "folder" or path is None:
         return None
-    root = Path(path)
-    train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
-    _, samples = class_folders(train)
+    else:
+        root = Path(path)
+        train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
+        _, samples = class_folders(train)
     picked = _spread(samples, SAMPLE)
     headers = []
     for file in picked:
