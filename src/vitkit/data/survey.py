@@ -71,9 +71,8 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     """A look at the images of a source (`detect_source`'s kind and path): an image folder's
     (or a file list's) sampled headers, CIFAR's format. None when there is nothing to go by:
     a source whose images are not looked at (in memory), or a folder none of whose sampled
-    images opens
-    (the loader names the broken files). A folder that cannot be used (no classes, no
-    images) raises the loader's DataError."""
+    images opens (the loader names the broken files). A folder or list that cannot be used
+    (no classes, no images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
     if kind == "list" and path is not None:  # a file list: the images it names
