@@ -165,8 +165,11 @@ FLAGS = (
 )  # fmt: skip
 
 
-def make_list(folder: Path, n: int = 38) -> Path:
+def make_list(folder: Path, n: int = 38, *, multi: bool = False) -> Path:
+    """A list of `n` images of the three classes; `multi`: every third image also 'fox'."""
     labels = labels_of(n)
+    if multi:
+        labels = [f"{label};fox" if i % 3 == 1 else label for i, label in enumerate(labels)]
     return write_csv(folder / "train.csv", write_images(folder, labels), labels)
 
 
@@ -212,9 +215,10 @@ def _cli(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProc
                           text=True, timeout=300)  # fmt: skip
 
 
-@pytest.mark.slow  # three processes, about 20 s on 2 busy cores
-def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path):
-    data = make_list(tmp_path / "data")
+@pytest.mark.slow  # three processes, about 45 s on 2 busy cores
+@pytest.mark.parametrize("multi", [False, True], ids=["single-label", "multi-label"])
+def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path, multi):
+    data = make_list(tmp_path / "data", multi=multi)
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     flags = ("--data", f"list:{data}", *FLAGS, "--crop-scale", "0.5", "1.0")
@@ -230,6 +234,7 @@ def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path
     resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at epoch 2, batch 2" in resumed.stderr
+    assert ("val_map" in resumed.stderr) == multi
     for name in ("model.safetensors", "last.safetensors"):
         ours, theirs = load_file(cut / name), load_file(tmp_path / "whole" / name)
         assert ours.keys() == theirs.keys()
