@@ -67,6 +67,16 @@ def over_threshold(probs: Tensor, threshold: float) -> list[list[tuple[float, in
     return found
 
 
+def labels_of(
+    predictor: Any, images: Tensor, threshold: float | None = None
+) -> list[list[tuple[float, int]]]:
+    """A multi-label predictor's labels of prepared images: its every class's probability,
+    those at or over `threshold` (default: the predictor's), most probable first."""
+    probs, indices = predictor.predict(images, len(predictor.class_names))
+    ordered = torch.zeros_like(probs).scatter_(1, indices, probs)  # (B, classes)
+    return over_threshold(ordered, predictor.threshold if threshold is None else threshold)
+
+
 def class_names(model: nn.Module) -> list[str]:
     """The names the model's weights give its classes, else the class indices."""
     names = getattr(model, "meta", {}).get("class_names")
@@ -158,9 +168,7 @@ class Predictor:
         """A multi-label model's labels of each prepared image (B, C, H, W): the (sigmoid
         probability, class index) pairs at or over `threshold` (default: the checkpoint's),
         most probable first."""
-        probs, indices = self.predict(images, len(self.class_names))
-        ordered = torch.zeros_like(probs).scatter_(1, indices, probs)  # (B, classes)
-        return over_threshold(ordered, self.threshold if threshold is None else threshold)
+        return labels_of(self, images, threshold)
 
     def explain(
         self,
@@ -268,9 +276,12 @@ class OnnxPredictor:
         data_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         proto, self.session = _onnx_session(path, threads or torch.get_num_threads())
-        from .export import read_onnx_metadata
+        from .export import read_onnx_metadata, read_onnx_threshold
 
         config, names = read_onnx_metadata(proto)
+        threshold = read_onnx_threshold(proto)
+        self.multi_label = threshold is not None
+        self.threshold = 0.5 if threshold is None else threshold
         if config is None:
             raise ValueError(
                 f"{path} records no data config (metadata vitkit_data_config); export the "
@@ -305,7 +316,14 @@ class OnnxPredictor:
         batch = images.float().numpy()
         chunks = [batch[i : i + 1] for i in range(len(batch))] if self._fixed_batch else [batch]
         logits = [self.session.run(None, {self._input.name: chunk})[0] for chunk in chunks]
-        return top_classes(torch.from_numpy(np.concatenate(logits)).float(), topk)
+        logits = torch.from_numpy(np.concatenate(logits)).float()
+        return top_classes(logits, topk, self.multi_label)
+
+    def labels(
+        self, images: Tensor, threshold: float | None = None
+    ) -> list[list[tuple[float, int]]]:
+        """As `Predictor.labels`: a multi-label graph's labels over the threshold."""
+        return labels_of(self, images, threshold)
 
     def explain(self, image: Any, **kwargs: Any) -> Explanation:
         raise ValueError(

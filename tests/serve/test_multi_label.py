@@ -74,3 +74,19 @@ def test_predict_answers_the_labels_over_the_threshold(checkpoint, tmp_path, cap
         assert all(p["probability"] >= 0.4 for p in got)
         for g, w in zip(got, want):
             assert g["probability"] == pytest.approx(w["probability"], abs=2e-6)
+
+
+@pytest.mark.slow  # an ONNX export, about 10 s on 2 busy cores
+@pytest.mark.requires("onnx", "onnxscript", "onnxruntime", extra="onnx")
+def test_the_onnx_export_keeps_the_threshold_and_answers_the_same_labels(checkpoint, tmp_path):
+    from vitkit.inference import OnnxPredictor, load_for_inference
+
+    path = tmp_path / "multi.onnx"
+    assert cli.main(["export", "--checkpoint", str(checkpoint), str(path)]) == 0
+    graph, model = OnnxPredictor(path), load_for_inference(checkpoint)
+    assert (graph.multi_label, graph.threshold) == (True, 0.4)
+    images = torch.stack([model.prepare(Image.open(io.BytesIO(data))) for data in IMAGES.values()])
+    ours, theirs = graph.labels(images), model.labels(images)
+    assert [[i for _, i in row] for row in ours] == [[i for _, i in row] for row in theirs]
+    for row, want in zip(ours, theirs):
+        assert [q for q, _ in row] == pytest.approx([q for q, _ in want], abs=1e-5)
