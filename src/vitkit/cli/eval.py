@@ -197,13 +197,8 @@ def _print_text(
         f"top-1 {result['acc1']:.4f}  top-{top} {result['acc5']:.4f}"
     )
     scores = result["per_class"]
-    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
-    print(f"{'class':<{width}}  precision  recall  F1      support")
-    for i, name in enumerate(names[:TABLE_ROWS]):
-        print(
-            f"{name[:width]:<{width}}  {scores['precision'][i]:.4f}     "
-            f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
-        )
+    columns = {"precision": scores["precision"], "recall": scores["recall"], "F1": scores["f1"]}
+    _print_classes(names, columns, scores["support"])
     if len(names) > TABLE_ROWS:
         print(
             f"(the first {TABLE_ROWS} of {len(names)} classes; --json and the per-class "
@@ -267,13 +262,20 @@ def _print_multi_label(
         f"F1 {result['f1']:.4f} (macro {result['macro_f1']:.4f}) at threshold {result['threshold']}"
     )
     scores = result["per_class"]
-    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
-    print(f"{'class':<{width}}  AP      precision  recall  F1      support")
-    for i, name in enumerate(names[:TABLE_ROWS]):
-        print(
-            f"{name[:width]:<{width}}  {result['ap'][i]:.4f}  {scores['precision'][i]:.4f}     "
-            f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
-        )
+    columns = {"AP": result["ap"], "precision": scores["precision"], "recall": scores["recall"]}
+    _print_classes(names, {**columns, "F1": scores["f1"]}, scores["support"])
     if len(names) > TABLE_ROWS:
         print(f"(the first {TABLE_ROWS} of {len(names)} classes; --json has all)")
     print(f"per-class scores: {pictures.per_class}")
+
+
+def _print_classes(names: list[str], columns: dict[str, list[float]], support: list[int]) -> None:
+    """A table of the first `TABLE_ROWS` classes: their name, each column's score (4 decimals)
+    and their support."""
+    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
+    widths = [max(len(title), 6) for title in columns]
+    header = [f"{'class':<{width}}", *(t.ljust(w) for t, w in zip(columns, widths)), "support"]
+    print("  ".join(header))
+    for i, name in enumerate(names[:TABLE_ROWS]):
+        cells = [f"{values[i]:.4f}".ljust(w) for values, w in zip(columns.values(), widths)]
+        print("  ".join([f"{name[:width]:<{width}}", *cells, str(support[i])]))
