@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from _helpers import colour_list
 from vitkit import cli
 from vitkit.data import load_data
 from vitkit.inference import load_for_inference
@@ -24,26 +25,11 @@ TINY = (
 )  # fmt: skip
 
 
-def colour_list(folder: Path, n: int = 48) -> Path:
-    """Tiny 8x8 PNGs lit in one or more of red / green / blue, and a list naming those."""
-    (folder / "img").mkdir(parents=True)
-    rng = np.random.default_rng(1)
-    rows = ["path,label"]
-    for i in range(n):
-        on = [k for k in range(3) if rng.random() < 0.5] or [i % 3]
-        pixels = rng.integers(0, 40, (8, 8, 3)) + 20
-        pixels[..., on] += 160
-        Image.fromarray(pixels.astype(np.uint8)).save(folder / "img" / f"{i}.png")
-        rows.append(f"img/{i}.png,{';'.join(COLOURS[k] for k in on)}")
-    (folder / "train.csv").write_text("\n".join(rows) + "\n")
-    return folder / "train.csv"
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A 2-epoch multi-label run on the colour list, its threshold 0.4."""
     folder = tmp_path_factory.mktemp("multi")
-    data = colour_list(folder / "data")
+    data = colour_list(folder / "data", seed=1)
     argv = ["train", "--data", f"list:{data}", "--epochs", "2", "--threshold", "0.4", *TINY]
     assert cli.main([*argv, "--out", str(folder / "run")]) == 0
     return folder / "run"

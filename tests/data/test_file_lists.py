@@ -5,11 +5,7 @@ line naming the line, and a list source that trains and resumes bit for bit afte
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +14,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from _helpers import killing_driver, run_driver
 from vitkit.data import DataError, collate, detect_source, load_data, split_indices
 from vitkit.train import ClassificationTask, resolve_config, run_job
 
@@ -184,54 +181,22 @@ def test_a_list_trains_and_evaluates(tmp_path):
     assert saved["test_acc1"] == outcome.test["acc1"]
 
 
-# The command line; SIGKILLs itself as it is about to rename the Nth write of state.pt over
-# the last (KILL_AT=N), as tests/train/test_streams.py's driver.
-DRIVER = textwrap.dedent(
-    """
-    import os, signal, sys
-    from pathlib import Path
-
-    nth, writes, rename = int(os.environ.get("KILL_AT", "0")), 0, os.replace
-
-    def replace(src, dst, *args, **kwargs):
-        global writes
-        if Path(dst).name == "state.pt":
-            writes += 1
-            if writes == nth:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return rename(src, dst, *args, **kwargs)
-
-    os.replace = replace
-    from vitkit.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-    """
-)
-
-
-def _cli(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "KILL_AT": str(kill_at)}
-    return subprocess.run([sys.executable, str(driver), *argv], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-
-
 @pytest.mark.slow  # three processes, about 45 s on 2 busy cores
 @pytest.mark.parametrize("multi", [False, True], ids=["single-label", "multi-label"])
 def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path, multi):
     data = make_list(tmp_path / "data", multi=multi)
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
+    driver = killing_driver(tmp_path / "driver.py")
     flags = ("--data", f"list:{data}", *FLAGS, "--crop-scale", "0.5", "1.0")
-    whole = _cli(driver, "train", *flags, "--out", str(tmp_path / "whole"))
+    whole = run_driver(driver, "train", *flags, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = tmp_path / "cut"
     # writes: before the first epoch, step 1, step 2, the end of epoch 1, step 3, ...: the
     # fifth (epoch 2, batch 1 of 2) is in place when the sixth is killed
-    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "1", kill_at=6)
+    killed = run_driver(driver, "train", *flags, "--out", str(cut), "--save-every", "1", kill_at=6)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = torch.load(cut / "state.pt", weights_only=True)
     assert (saved["epoch"], saved["epoch_state"]["batches"]) == (1, 1)
-    resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
+    resumed = run_driver(driver, "train", "--out", str(cut), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at epoch 2, batch 2" in resumed.stderr
     assert ("val_map" in resumed.stderr) == multi

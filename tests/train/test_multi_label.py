@@ -6,14 +6,13 @@ records it."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors import safe_open
 
+from _helpers import colour_list
 from vitkit.data import Mixup
 from vitkit.data.augment import binary_targets
 from vitkit.train import ClassificationTask, average_precision, resolve_config, run_job
@@ -21,7 +20,6 @@ from vitkit.train.losses import asymmetric_loss, binary_cross_entropy
 from vitkit.train.multi_label import threshold_scores
 
 timm = pytest.importorskip("timm")
-COLOURS = ("red", "green", "blue")
 
 
 def _batch(seed: int = 0, n: int = 16, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,28 +110,13 @@ def test_threshold_scores_equal_sklearns_f1():
     )
 
 
-def write_colours(folder: Path, n: int = 48) -> Path:
-    """Tiny 8x8 PNGs lit in one or more of red / green / blue, and a list naming those."""
-    (folder / "img").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    rows = ["path,label"]
-    for i in range(n):
-        on = [k for k in range(3) if rng.random() < 0.5] or [i % 3]
-        pixels = rng.integers(0, 40, (8, 8, 3)) + 20
-        pixels[..., on] += 160
-        Image.fromarray(pixels.astype(np.uint8)).save(folder / "img" / f"{i}.png")
-        rows.append(f"img/{i}.png,{';'.join(COLOURS[k] for k in on)}")
-    (folder / "train.csv").write_text("\n".join(rows) + "\n")
-    return folder / "train.csv"
-
-
 OPTIONS = {"model": "vit_digits", "epochs": 2, "batch_size": 8, "lr": 5e-3,
            "model_opts": {"embed_dim": 16, "depth": 1, "num_heads": 2, "in_chans": 3}}  # fmt: skip
 
 
 @pytest.mark.parametrize("loss", ["bce", "asl"])
 def test_a_multi_label_list_trains_one_vs_rest_and_records_it(tmp_path, loss):
-    data = write_colours(tmp_path / "data")
+    data = colour_list(tmp_path / "data")
     config = resolve_config({**OPTIONS, "data": f"list:{data}", "multi_label_loss": loss,
                              "threshold": 0.4})  # fmt: skip
     outcome = run_job(ClassificationTask, config, tmp_path / "run")

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from _helpers import killing_driver, run_driver
 from vitkit.data import (
     SOURCES,
     Splits,
@@ -181,56 +182,27 @@ def test_ranks_read_disjoint_parts_of_equal_length():
     assert sorted(_items(evaluation[0], 2) + _items(evaluation[1], 0)) == list(range(101))
 
 
-# The command line with the source registered; SIGKILLs itself as it is about to rename the
-# Nth write of state.pt over the last (KILL_AT=N): that write complete, not yet in place.
-DRIVER = textwrap.dedent(
-    f"""
-    import os, signal, sys
-    from pathlib import Path
-
-    sys.path.insert(0, {str(HERE)!r})
-    from test_streams import register
-
-    register()
-    nth, writes, rename = int(os.environ.get("KILL_AT", "0")), 0, os.replace
-
-    def replace(src, dst, *args, **kwargs):
-        global writes
-        if Path(dst).name == "state.pt":
-            writes += 1
-            if writes == nth:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return rename(src, dst, *args, **kwargs)
-
-    os.replace = replace
-    from vitkit.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-    """
+# The command line with the source registered (`_helpers.killing_driver`).
+PRELUDE = (
+    f"sys.path[:0] = {[str(HERE), str(HERE.parent)]!r}  # test_streams and _helpers\n"
+    "from test_streams import register\n\nregister()"
 )
-
-
-def _cli(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "KILL_AT": str(kill_at)}
-    return subprocess.run([sys.executable, str(driver), *argv], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
 
 
 @pytest.mark.slow  # three processes, about 25 s on 2 busy cores
 def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path):
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
+    driver = killing_driver(tmp_path / "driver.py", PRELUDE)
     flags = (*FLAGS, "--crop-scale", "0.5", "1.0", "--hflip", "0.5")  # seeded per sample
-    whole = _cli(driver, "train", *flags, "--out", str(tmp_path / "whole"))
+    whole = run_driver(driver, "train", *flags, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = tmp_path / "cut"
     # writes: before the first epoch, step 4, step 8, the end of epoch 1 (step 10), ...: the
     # third (epoch 1, batch 8 of 10) is in place when the fourth is killed
-    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=4)
+    killed = run_driver(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=4)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = torch.load(cut / "state.pt", weights_only=True)
     assert (saved["epoch"], saved["epoch_state"]["batches"]) == (0, 8)
-    resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
+    resumed = run_driver(driver, "train", "--out", str(cut), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr and "at epoch 1, batch 9" in resumed.stderr
     for name in ("model.safetensors", "last.safetensors"):
@@ -247,7 +219,7 @@ TORCHRUN = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
 
-    sys.path.insert(0, {str(HERE)!r})
+    sys.path[:0] = {[str(HERE), str(HERE.parent)]!r}  # test_streams and _helpers
     from test_streams import OPTIONS, Synthetic, register, VAL
 
     from vitkit.train import ClassificationTask, resolve_config, run_job
