@@ -72,7 +72,7 @@ def test_eval_reports_map_and_each_classs_ap_as_sklearn(run, run_cli):
     assert out.splitlines()[2].split() == ["class", "AP", "precision", "recall", "F1", "support"]
 
 
-def test_predict_lists_the_labels_over_the_threshold(run, run_cli):
+def test_predict_lists_the_labels_over_the_threshold(run, run_cli, caplog):
     checkpoint = run / "model.safetensors"
     predictor = load_for_inference(checkpoint)
     files = sorted((run.parent / "data" / "img").glob("*.png"))[:6]
@@ -87,8 +87,10 @@ def test_predict_lists_the_labels_over_the_threshold(run, run_cli):
             assert [lb["index"] for lb in row["labels"]] == [i for _, i in want]
             assert [lb["probability"] for lb in row["labels"]] == [round(q, 6) for q, _ in want]
             assert row["threshold"] == threshold and "predictions" not in row
-    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, files[0], "--threshold", "1")
+    code, out, _ = run_cli("predict", "--checkpoint", checkpoint, files[0], "--threshold", "1",
+                           "--topk", "2")  # fmt: skip
     assert (code, out) == (0, f"{files[0]}: no class reaches 1.0\n")
+    assert "--topk: a multi-label model lists the labels over its threshold" in caplog.text
 
 
 def test_multi_label_forced_on_single_labels_trains_one_vs_rest(tmp_path, run_cli):

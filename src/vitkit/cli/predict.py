@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     paths = data_lib.find_images(args.images)  # a missing input is a usage error, at once
     predictor = options.load_predictor(args, purpose="predict")
     names = predictor.class_names
+    _unused_flags(args, predictor.multi_label)
     topk = _topk(args.topk, len(names))
     rows: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -126,3 +127,12 @@ def _print_labels(rows: list[dict[str, Any]]) -> None:
             continue
         shown = ", ".join(f"{lb['class']} ({lb['probability']:.4f})" for lb in row["labels"])
         print(f"{row['image']}: {shown or 'no class reaches ' + str(row['threshold'])}")
+
+
+def _unused_flags(args: argparse.Namespace, multi_label: bool) -> None:
+    """Say so once when a flag does not apply to the model: --topk to a multi-label one (its
+    labels are those over the threshold), --threshold to a single-label one."""
+    if multi_label and args.topk is not None:
+        log.warning("--topk: a multi-label model lists the labels over its threshold (--threshold)")
+    if not multi_label and args.threshold is not None:
+        log.warning("--threshold applies to multi-label models; this one lists its top-k")
