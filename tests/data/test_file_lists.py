@@ -181,6 +181,24 @@ def test_a_list_trains_and_evaluates(tmp_path):
     assert saved["test_acc1"] == outcome.test["acc1"]
 
 
+def test_eval_scores_the_test_list_beside_train(tmp_path, capsys):
+    from vitkit.cli import main
+
+    labels = labels_of(24)
+    paths = write_images(tmp_path, labels)
+    write_csv(tmp_path / "train.csv", paths[:15], labels[:15])
+    write_csv(tmp_path / "val.csv", paths[15:18], labels[15:18])
+    write_csv(tmp_path / "test.csv", paths[18:], labels[18:])
+    argv = ["--data", f"list:{tmp_path / 'train.csv'}", *FLAGS[:2], "--epochs", "1", *FLAGS[4:]]
+    assert main(["train", *argv, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    checkpoint = tmp_path / "run" / "model.safetensors"
+    assert main(["eval", "--checkpoint", str(checkpoint), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["count"], row["part"]) == (6, "test split")  # test.csv's six images
+    assert [c["support"] for c in row["per_class"]] == [2, 2, 2]
+
+
 @pytest.mark.slow  # three processes, about 45 s on 2 busy cores
 @pytest.mark.parametrize("multi", [False, True], ids=["single-label", "multi-label"])
 def test_sigkill_in_the_middle_of_an_epoch_then_resume_is_bit_identical(tmp_path, multi):
