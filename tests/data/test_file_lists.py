@@ -197,6 +197,15 @@ def test_eval_scores_the_test_list_beside_train(tmp_path, capsys):
     row = json.loads(capsys.readouterr().out)
     assert (row["count"], row["part"]) == (6, "test split")  # test.csv's six images
     assert [c["support"] for c in row["per_class"]] == [2, 2, 2]
+    # another list is scored whole, labelled by the model's classes
+    write_csv(tmp_path / "heldout.csv", paths[15:], labels[15:])
+    assert main(["eval", "--checkpoint", str(checkpoint), "--json",
+                 "--data", str(tmp_path / "heldout.csv")]) == 0  # fmt: skip
+    row = json.loads(capsys.readouterr().out)
+    assert (row["count"], row["part"]) == (9, "all")
+    write_csv(tmp_path / "odd.csv", paths[:2], ["cat", "wolf"])
+    assert main(["eval", "--checkpoint", str(checkpoint), "--data", str(tmp_path / "odd.csv")]) == 2
+    assert "odd.csv line 3: label 'wolf' is not in the model's classes" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # three processes, about 45 s on 2 busy cores

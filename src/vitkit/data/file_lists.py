@@ -266,6 +266,20 @@ def load_file_list(
     )
 
 
+def whole_list(
+    path: str | os.PathLike, classes: list[str] | None, **opts: Any
+) -> tuple[ImageFiles, list[str]]:
+    """Every image of a list, labelled by `classes` (the model's; default: the list's own),
+    for `vitkit eval` of a list other than the one trained on."""
+    list_path = Path(path)
+    entries = read_list(list_path)
+    names = list(classes) if classes else class_names(entries, list_path)
+    source = "the model's classes" if classes else f"{list_path.name}'s labels"
+    samples = labelled(entries, names, list_path, source)
+    multi = any(len(labels) > 1 for _, labels in samples)
+    return _dataset(samples, len(names), multi, opts), names
+
+
 def _dataset(samples: list, num_classes: int, multi: bool, opts: dict[str, Any]) -> ImageFiles:
     if multi:
         return MultiLabelFiles(samples, num_classes=num_classes, **opts)

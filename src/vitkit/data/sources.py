@@ -35,7 +35,7 @@ from .datasets import (
     mean_std,
     split_indices,
 )
-from .file_lists import LIST_SUFFIXES, load_file_list
+from .file_lists import LIST_SUFFIXES, load_file_list, whole_list
 from .folders import class_folders, folder_layout, image_count, load_image_folder
 from .idx import (
     FASHION_MNIST_CLASSES,
@@ -498,7 +498,8 @@ def evaluation_set(
 ) -> EvaluationSet:
     """What to score for `spec` (timm's validate: a held-out folder is scored whole).
 
-    An image folder's `test/` (else its val folder) when it has one; else every image of it,
+    An image folder's `test/` (else its val folder) when it has one; else every image of it
+    (every image of a file list too),
     unless it is the data the model trained on (`trained_on`, the checkpoint's recorded spec):
     then the test split that training cut and never saw, with the run's seed and fractions,
     as for the built-in sources (their test set).
@@ -515,6 +516,10 @@ def evaluation_set(
     kind, path = detect_source(spec)
     names = list(class_names) if class_names else None
     files = {"in_chans": in_chans, "skip_corrupt": skip_corrupt}
+    if kind == "list" and path is not None and not _same_data(spec, trained_on):
+        dataset, names = whole_list(path, names, **files)
+        described = f"all of {path} ({image_count(len(dataset))})"
+        return EvaluationSet(dataset, names, "all", described)
     if kind == "folder" and path is not None:
         layout = folder_layout(path)
         held = next(((n, layout.parts[n]) for n in ("test", "val") if n in layout.parts), None)
