@@ -377,7 +377,9 @@ def test_a_run_folder_of_the_previous_release_resumes(tmp_path, run_cli):
                                "--no-progress")  # fmt: skip
     assert code == 0 and printed.splitlines()[-1].startswith("test accuracy: ")
     settings = json.loads((out / "config.json").read_text())["settings"]
-    assert settings == {**old["settings"], "epochs": 2}
+    # options added since (`since=True`) are recorded with their defaults
+    added = {"multi_label": False, "multi_label_loss": "bce", "threshold": 0.5}
+    assert settings == {**old["settings"], **added, "epochs": 2}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2]
 
