@@ -202,3 +202,61 @@ def timm_fx_model(model: torch.nn.Module) -> torch.nn.Module:
         eval_return_nodes=[eval_nodes[-1]],
         tracer_kwargs=tracer_kwargs,
     )
+
+
+# The command line, SIGKILLing itself as it is about to rename the Nth write of state.pt over
+# the last (KILL_AT=N): that write complete, not yet in place. `prelude` runs first (e.g. it
+# registers a source of the test's own).
+KILLED_AT_NTH_STATE = """
+import os, signal, sys
+from pathlib import Path
+
+{prelude}
+nth, writes, rename = int(os.environ.get("KILL_AT", "0")), 0, os.replace
+
+def replace(src, dst, *args, **kwargs):
+    global writes
+    if Path(dst).name == "state.pt":
+        writes += 1
+        if writes == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return rename(src, dst, *args, **kwargs)
+
+os.replace = replace
+from vitkit.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def killing_driver(path: Path, prelude: str = "") -> Path:
+    """Write the `KILLED_AT_NTH_STATE` driver to `path` (run it with `run_driver`)."""
+    path.write_text(KILLED_AT_NTH_STATE.format(prelude=prelude))
+    return path
+
+
+def run_driver(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProcess:
+    """`python DRIVER ARGV` on the worktree's sources, killed at the `kill_at`th state write
+    (0: never)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "KILL_AT": str(kill_at)}
+    return subprocess.run([sys.executable, str(driver), *argv], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def colour_list(folder: Path, n: int = 48, seed: int = 0) -> Path:
+    """A multi-label file list: `n` tiny 8x8 PNGs in folder/img/, each lit in one or more of
+    red / green / blue, and folder/train.csv naming those (`red;blue`)."""
+    from PIL import Image
+
+    colours = ("red", "green", "blue")
+    (folder / "img").mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    rows = ["path,label"]
+    for i in range(n):
+        on = [k for k in range(3) if rng.random() < 0.5] or [i % 3]
+        pixels = rng.integers(0, 40, (8, 8, 3)) + 20
+        pixels[..., on] += 160
+        Image.fromarray(pixels.astype(np.uint8)).save(folder / "img" / f"{i}.png")
+        rows.append(f"img/{i}.png,{';'.join(colours[k] for k in on)}")
+    (folder / "train.csv").write_text("\n".join(rows) + "\n")
+    return folder / "train.csv"

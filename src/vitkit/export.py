@@ -50,6 +50,7 @@ MIN_OPSET = 18  # Resize with antialias, needed by the position-embedding resamp
 PROTOBUF_LIMIT = 2**31 - 2**26  # an .onnx file holds < 2 GiB; keep a margin for the graph
 DATA_CONFIG_PROP = "vitkit_data_config"  # metadata_props key: the model's data config (JSON)
 CLASS_NAMES_PROP = "vitkit_class_names"  # metadata_props key: the class names (JSON list)
+THRESHOLD_PROP = "vitkit_multi_label_threshold"  # a multi-label model's threshold (JSON number)
 ONNX_PRECISIONS = ("fp32", "int8")
 
 # A model of a vitkit family (`VisionTransformer`, `SwinTransformer`, ...) or its feature
@@ -311,7 +312,7 @@ def _write_graph(
 
 def onnx_metadata(module: Exportable) -> dict[str, str]:
     """The metadata_props an exported file carries: the model's data config and class names
-    (JSON), where it has them."""
+    (JSON), where it has them, and a multi-label model's threshold."""
     vit = _vit(module)
     props = {}
     data_config = getattr(vit, "data_config", None)
@@ -320,7 +321,17 @@ def onnx_metadata(module: Exportable) -> dict[str, str]:
     names = getattr(vit, "meta", {}).get("class_names")
     if names and not isinstance(module, ViTBackbone) and len(names) == vit.num_classes:
         props[CLASS_NAMES_PROP] = json.dumps(list(names))
+    meta = getattr(vit, "meta", {})
+    if meta.get("multi_label") and not isinstance(module, ViTBackbone):
+        props[THRESHOLD_PROP] = json.dumps(float(meta.get("threshold", 0.5)))
     return props
+
+
+def read_onnx_threshold(proto: Any) -> float | None:
+    """A multi-label model's threshold, as `export_onnx` wrote it; None for a single-label
+    one."""
+    value = {p.key: p.value for p in proto.metadata_props}.get(THRESHOLD_PROP)
+    return None if value is None else float(json.loads(value))
 
 
 def read_onnx_metadata(proto: Any) -> tuple[dict[str, Any] | None, list[str] | None]:

@@ -31,26 +31,50 @@ log = logging.getLogger(__name__)
 
 
 @torch.inference_mode()
-def predict(model: nn.Module, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
+def predict(
+    model: nn.Module, images: Tensor, topk: int = 5, multi_label: bool = False
+) -> tuple[Tensor, Tensor]:
     """Top-k class probabilities and indices, most probable first, for a batch (B, C, H, W) of
-    normalised images; a FloatingPointError names the images whose outputs are not finite."""
+    normalised images (`multi_label`: each class's sigmoid); a FloatingPointError names the
+    images whose outputs are not finite."""
     model.eval()
-    return top_classes(model(images).float(), topk)
+    return top_classes(model(images).float(), topk, multi_label)
 
 
-def top_classes(logits: Tensor, topk: int) -> tuple[Tensor, Tensor]:
+def top_classes(logits: Tensor, topk: int, multi_label: bool = False) -> tuple[Tensor, Tensor]:
     """The top-k probabilities and indices of a batch of logits (B, classes), most probable
-    first; a FloatingPointError names the images whose logits are not finite."""
+    first (a multi-label model's: each class's sigmoid, not a softmax over them); a
+    FloatingPointError names the images whose logits are not finite."""
     bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
     if bad:
         raise FloatingPointError(
             f"the model's outputs are not finite (NaN or inf) for image(s) {bad[:10]} of the "
             "batch; the checkpoint's weights or the images are broken"
         )
-    probs = F.softmax(logits, dim=-1)
+    probs = torch.sigmoid(logits) if multi_label else F.softmax(logits, dim=-1)
     k = min(topk, probs.shape[-1])
     values, indices = probs.topk(k, dim=-1)  # (B, k)
     return values, indices
+
+
+def over_threshold(probs: Tensor, threshold: float) -> list[list[tuple[float, int]]]:
+    """Each image's (probability, class index) pairs at or over `threshold`, most probable
+    first: a multi-label model's labels, from its (B, classes) sigmoid probabilities."""
+    found = []
+    for row in probs.tolist():
+        kept = [(q, i) for i, q in enumerate(row) if q >= threshold]
+        found.append(sorted(kept, key=lambda pair: -pair[0]))
+    return found
+
+
+def labels_of(
+    predictor: Any, images: Tensor, threshold: float | None = None
+) -> list[list[tuple[float, int]]]:
+    """A multi-label predictor's labels of prepared images: its every class's probability,
+    those at or over `threshold` (default: the predictor's), most probable first."""
+    probs, indices = predictor.predict(images, len(predictor.class_names))
+    ordered = torch.zeros_like(probs).scatter_(1, indices, probs)  # (B, classes)
+    return over_threshold(ordered, predictor.threshold if threshold is None else threshold)
 
 
 def class_names(model: nn.Module) -> list[str]:
@@ -104,6 +128,10 @@ class Predictor:
         self.what = what or f"a {type(model).__name__}"
         self.data_config: DataConfig = model.data_config
         self.class_names = class_names(model)
+        meta = getattr(model, "meta", {})
+        # a multi-label model's labels are the classes whose sigmoid reaches its threshold
+        self.multi_label = bool(meta.get("multi_label", False))
+        self.threshold = float(meta.get("threshold", 0.5))
         self.explanation = explanation_method(model)
         keep = explanations and self.explanation is not None and precision == "int8"
         fp32_copy = copy.deepcopy(model).eval() if keep else None
@@ -130,8 +158,17 @@ class Predictor:
 
     def predict(self, images: Tensor, topk: int = 5) -> tuple[Tensor, Tensor]:
         """Each prepared image's (B, C, H, W) `topk` most probable classes, most probable
-        first: (probabilities, class indices), each (B, k)."""
-        return predict(self.model, images.to(self.device), topk=topk)
+        first: (probabilities, class indices), each (B, k); a multi-label model's
+        probabilities are each class's sigmoid."""
+        return predict(self.model, images.to(self.device), topk, self.multi_label)
+
+    def labels(
+        self, images: Tensor, threshold: float | None = None
+    ) -> list[list[tuple[float, int]]]:
+        """A multi-label model's labels of each prepared image (B, C, H, W): the (sigmoid
+        probability, class index) pairs at or over `threshold` (default: the checkpoint's),
+        most probable first."""
+        return labels_of(self, images, threshold)
 
     def explain(
         self,
@@ -239,9 +276,12 @@ class OnnxPredictor:
         data_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         proto, self.session = _onnx_session(path, threads or torch.get_num_threads())
-        from .export import read_onnx_metadata
+        from .export import read_onnx_metadata, read_onnx_threshold
 
         config, names = read_onnx_metadata(proto)
+        threshold = read_onnx_threshold(proto)
+        self.multi_label = threshold is not None
+        self.threshold = 0.5 if threshold is None else threshold
         if config is None:
             raise ValueError(
                 f"{path} records no data config (metadata vitkit_data_config); export the "
@@ -276,7 +316,14 @@ class OnnxPredictor:
         batch = images.float().numpy()
         chunks = [batch[i : i + 1] for i in range(len(batch))] if self._fixed_batch else [batch]
         logits = [self.session.run(None, {self._input.name: chunk})[0] for chunk in chunks]
-        return top_classes(torch.from_numpy(np.concatenate(logits)).float(), topk)
+        logits = torch.from_numpy(np.concatenate(logits)).float()
+        return top_classes(logits, topk, self.multi_label)
+
+    def labels(
+        self, images: Tensor, threshold: float | None = None
+    ) -> list[list[tuple[float, int]]]:
+        """As `Predictor.labels`: a multi-label graph's labels over the threshold."""
+        return labels_of(self, images, threshold)
 
     def explain(self, image: Any, **kwargs: Any) -> Explanation:
         raise ValueError(

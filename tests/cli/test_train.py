@@ -398,7 +398,9 @@ def test_a_run_folder_of_the_previous_release_resumes(tmp_path, run_cli):
                                "--no-progress")  # fmt: skip
     assert code == 0 and printed.splitlines()[-1].startswith("test accuracy: ")
     settings = json.loads((out / "config.json").read_text())["settings"]
-    added = {"image_column": None, "label_column": None}  # options newer than the fixture
+    # options added since the fixture (`since=True`) are recorded with their defaults
+    added = {"image_column": None, "label_column": None, "multi_label": False,
+             "multi_label_loss": "bce", "threshold": 0.5}  # fmt: skip
     assert settings == {**old["settings"], **added, "epochs": 2}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2]

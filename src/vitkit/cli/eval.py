@@ -1,5 +1,6 @@
 """`vitkit eval`: loss, top-1 / top-5, each class's precision / recall / F1 and a confusion
-matrix of a checkpoint on data."""
+matrix of a checkpoint on data; a multi-label model's mAP, each class's AP and the F1 of the
+labels over its threshold."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.utils.data import ConcatDataset
 from .. import data as data_lib
 from ..files import check_output
 from ..plots import plot_confusion, plot_per_class
-from ..train import evaluate, make_loader
+from ..train import evaluate, evaluate_multi_label, make_loader
 from ..weights.checkpoint import RunMeta
 from . import options
 from .commands import add_command
@@ -68,6 +69,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the picture of each class's precision, recall and F1 (default: "
         "per_class_<data>_<part>.png in the checkpoint's run folder, or beside its file)",
     )
+    options.threshold(p)
     options.batch_size(p, 256)
     options.json_output(p, "one JSON object")
     options.quiet(p)
@@ -92,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(path)
     prepared = data_lib.transformed(scored.dataset, predictor.prepare)  # map-style or a stream
     loader = make_loader(prepared, args.batch_size, train=False)
+    if predictor.multi_label:
+        return _run_multi_label(args, predictor, spec, scored, loader, pictures)
     show = progress(args.quiet, batch_size=args.batch_size)
     result = evaluate(
         model,
@@ -213,13 +217,8 @@ def _print_text(
         f"top-1 {result['acc1']:.4f}  top-{top} {result['acc5']:.4f}"
     )
     scores = result["per_class"]
-    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
-    print(f"{'class':<{width}}  precision  recall  F1      support")
-    for i, name in enumerate(names[:TABLE_ROWS]):
-        print(
-            f"{name[:width]:<{width}}  {scores['precision'][i]:.4f}     "
-            f"{scores['recall'][i]:.4f}  {scores['f1'][i]:.4f}  {scores['support'][i]}"
-        )
+    columns = {"precision": scores["precision"], "recall": scores["recall"], "F1": scores["f1"]}
+    _print_classes(names, columns, scores["support"])
     if len(names) > TABLE_ROWS:
         print(
             f"(the first {TABLE_ROWS} of {len(names)} classes; --json and the per-class "
@@ -227,3 +226,76 @@ def _print_text(
         )
     print(f"confusion matrix: {pictures.confusion}")
     print(f"per-class scores: {pictures.per_class}")
+
+
+def _run_multi_label(
+    args: argparse.Namespace,
+    predictor: Any,
+    spec: str,
+    scored: data_lib.EvaluationSet,
+    loader: Any,
+    pictures: Pictures,
+) -> int:
+    """A multi-label model's scores: mAP, each class's AP, precision, recall and F1 at the
+    threshold, and the per-class picture (no confusion matrix: an image has several labels)."""
+    names = predictor.class_names
+    threshold = args.threshold if args.threshold is not None else predictor.threshold
+    result = evaluate_multi_label(
+        predictor.model, loader, device=predictor.device, threshold=threshold
+    )
+    skipped = data_lib.unreadable_files(scored.dataset)
+    title = f"{Path(args.checkpoint).name} on {scored.description}: mAP {result['map']:.4f}"
+    plot_per_class(result["per_class"], names, pictures.per_class, title=title)
+    if args.json:
+        scores = result["per_class"]
+        per_class = [
+            {
+                "class": name,
+                "ap": result["ap"][i],
+                **{key: scores[key][i] for key in ("precision", "recall", "f1", "support")},
+            }
+            for i, name in enumerate(names)
+        ]
+        row = {
+            "checkpoint": args.checkpoint,
+            "data": spec,
+            "part": scored.part,
+            "description": scored.description,
+        }
+        keys = ("count", "loss", "map", "f1", "macro_f1", "threshold")
+        row.update({key: result[key] for key in keys})
+        row.update(per_class=per_class, per_class_png=str(pictures.per_class), skipped=skipped)
+        print(json_text(row))
+    else:
+        _print_multi_label(scored.description, result, names, pictures)
+    report_skipped(skipped, len(scored.dataset))
+    return ExitCode.PARTIAL if skipped else ExitCode.OK
+
+
+def _print_multi_label(
+    description: str, result: dict[str, Any], names: list[str], pictures: Pictures
+) -> None:
+    """What was scored, mAP and F1, and a table of the classes (the first `TABLE_ROWS`)."""
+    print(f"scored {description}")
+    print(
+        f"{plural(result['count'], 'image')}  loss {result['loss']:.4f}  mAP {result['map']:.4f}  "
+        f"F1 {result['f1']:.4f} (macro {result['macro_f1']:.4f}) at threshold {result['threshold']}"
+    )
+    scores = result["per_class"]
+    columns = {"AP": result["ap"], "precision": scores["precision"], "recall": scores["recall"]}
+    _print_classes(names, {**columns, "F1": scores["f1"]}, scores["support"])
+    if len(names) > TABLE_ROWS:
+        print(f"(the first {TABLE_ROWS} of {len(names)} classes; --json has all)")
+    print(f"per-class scores: {pictures.per_class}")
+
+
+def _print_classes(names: list[str], columns: dict[str, list[float]], support: list[int]) -> None:
+    """A table of the first `TABLE_ROWS` classes: their name, each column's score (4 decimals)
+    and their support."""
+    width = min(max(len("class"), *(len(n) for n in names[:TABLE_ROWS])), 30)
+    widths = [max(len(title), 6) for title in columns]
+    header = [f"{'class':<{width}}", *(t.ljust(w) for t, w in zip(columns, widths)), "support"]
+    print("  ".join(header))
+    for i, name in enumerate(names[:TABLE_ROWS]):
+        cells = [f"{values[i]:.4f}".ljust(w) for values, w in zip(columns.values(), widths)]
+        print("  ".join([f"{name[:width]:<{width}}", *cells, str(support[i])]))

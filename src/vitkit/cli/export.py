@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     dynamic_batch = not args.static_batch
     dynamic = exports_dynamic_img_size(model, True if args.dynamic_img_size else None)
     size = "dynamic" if dynamic else "x".join(map(str, model.patch_embed.img_size))
-    carries = " and ".join(carried) if carried else "no class names or data config"
+    carries = _listed(carried) or "no class names or data config"
     print(
         f"wrote {args.output} ({args.format}; batch {'dynamic' if dynamic_batch else '1'}, "
         f"image size {size}; carries {carries})"
@@ -92,9 +92,20 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
 def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
     """Write the ONNX file or torch.export program; what it carries besides the model."""
-    from ..export import CLASS_NAMES_PROP, DATA_CONFIG_PROP, export_onnx, onnx_metadata
+    from ..export import (
+        CLASS_NAMES_PROP,
+        DATA_CONFIG_PROP,
+        THRESHOLD_PROP,
+        export_onnx,
+        onnx_metadata,
+    )
 
     for name in ("onnx_ir", "onnxscript"):  # their INFO lines would drown ours
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -121,7 +132,11 @@ def _write_file(model: torch.nn.Module, args: argparse.Namespace) -> list[str]:
         **shapes,
     )
     props = onnx_metadata(model)
-    named = ((CLASS_NAMES_PROP, "the class names"), (DATA_CONFIG_PROP, "the data config"))
+    named = (
+        (CLASS_NAMES_PROP, "the class names"),
+        (DATA_CONFIG_PROP, "the data config"),
+        (THRESHOLD_PROP, "the multi-label threshold"),
+    )
     return [what for key, what in named if key in props]
 
 

@@ -238,3 +238,25 @@ def option_flags(args: argparse.Namespace) -> dict[str, str]:
         if alias and name in forms:
             forms[alias] = forms[name]
     return forms
+
+
+def threshold(parser: argparse.ArgumentParser) -> None:
+    """`--threshold`: where a multi-label model's labels start."""
+    parser.add_argument(
+        "--threshold",
+        type=probability,
+        metavar="P",
+        help="a multi-label model's labels are the classes whose sigmoid reaches P (default: "
+        "the checkpoint's, recorded by vitkit train --threshold, else 0.5)",
+    )
+
+
+def probability(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value

@@ -1,4 +1,5 @@
-"""`vitkit predict`: the top classes and their probabilities for each image."""
+"""`vitkit predict`: the top classes and their probabilities for each image; a multi-label
+model's labels over its threshold."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "predict",
-        description="Prints each image's most probable classes. An unreadable image is skipped "
+        description="Prints each image's most probable classes (a multi-label model's: the "
+        "classes whose probability reaches the threshold). An unreadable image is skipped "
         "and named on stderr, and the exit status is then 3 (some skipped); when none can be "
         "read, the command fails with exit status 2.",
     )
@@ -41,8 +43,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="how many classes to list per image, most probable first (default: 5, or the "
         "checkpoint's classes when it has fewer)",
     )
+    options.threshold(p)
     options.json_output(
-        p, "a JSON list, one object per image ({image, predictions} or {image, skipped})"
+        p,
+        "a JSON list, one object per image ({image, predictions}, a multi-label model's "
+        "{image, labels, threshold}, or {image, skipped})",
     )
     options.quiet(p)
     options.model_run(p)
@@ -53,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     paths = data_lib.find_images(args.images)  # a missing input is a usage error, at once
     predictor = options.load_predictor(args, purpose="predict")
     names = predictor.class_names
+    _unused_flags(args, predictor.multi_label)
     topk = _topk(args.topk, len(names))
     rows: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -66,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         rows.update({path: {"image": path, "skipped": why} for path, why in loaded.skipped.items()})
         if not loaded.paths:
             continue
+        if predictor.multi_label:
+            rows.update(_labels(predictor, loaded, args.threshold))
+            continue
         probs, indices = predictor.predict(loaded.images, topk)
         for path, p, ix in zip(loaded.paths, probs.tolist(), indices.tolist()):
             predictions = [
@@ -77,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     ordered = [rows[str(path)] for path in paths]
     if args.json:
         print(json_text(ordered))
+    elif predictor.multi_label:
+        _print_labels(ordered)
     else:
         for row in ordered:
             if "predictions" not in row:
@@ -101,3 +112,31 @@ def _topk(asked: int | None, classes: int) -> int:
         )
         return classes
     return asked
+
+
+def _labels(predictor: Any, loaded: Any, threshold: float | None) -> dict[str, dict[str, Any]]:
+    """A multi-label model's rows: each image's classes at or over the threshold."""
+    names, at = predictor.class_names, threshold if threshold is not None else predictor.threshold
+    rows = {}
+    for path, found in zip(loaded.paths, predictor.labels(loaded.images, at)):
+        labels = [{"class": names[i], "index": i, "probability": round(q, 6)} for q, i in found]
+        rows[path] = {"image": path, "labels": labels, "threshold": at}
+    return rows
+
+
+def _print_labels(rows: list[dict[str, Any]]) -> None:
+    """'photo.png: cat (0.9120), dog (0.6034)', or that no class reached the threshold."""
+    for row in rows:
+        if "labels" not in row:
+            continue
+        shown = ", ".join(f"{lb['class']} ({lb['probability']:.4f})" for lb in row["labels"])
+        print(f"{row['image']}: {shown or 'no class reaches ' + str(row['threshold'])}")
+
+
+def _unused_flags(args: argparse.Namespace, multi_label: bool) -> None:
+    """Say so once when a flag does not apply to the model: --topk to a multi-label one (its
+    labels are those over the threshold), --threshold to a single-label one."""
+    if multi_label and args.topk is not None:
+        log.warning("--topk: a multi-label model lists the labels over its threshold (--threshold)")
+    if not multi_label and args.threshold is not None:
+        log.warning("--threshold applies to multi-label models; this one lists its top-k")

@@ -69,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.INTERRUPTED
     if not args.json:
         result = outcome.result
-        print(f"best val top-1 {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
-        print(f"test accuracy: {outcome.test['acc1']:.4f}")
+        best = "mAP" if "map" in outcome.test else "top-1"  # a multi-label model's: mAP
+        print(f"best val {best} {result.best:.4f} at epoch {result.best_epoch}; files in {out}")
+        if "map" in outcome.test:
+            print(f"test mAP: {outcome.test['map']:.4f}  F1: {outcome.test['f1']:.4f}")
+        else:
+            print(f"test accuracy: {outcome.test['acc1']:.4f}")
     return ExitCode.OK
 
 

@@ -1,5 +1,7 @@
 """DeiT's batch mixing: Mixup (Zhang et al. 2018, alpha 0.8) and CutMix (Yun et al. 2019,
 alpha 1.0) with label smoothing (Szegedy et al. 2016); Touvron et al. 2021, Table 9.
+Multi-label targets (multi-hot) are mixed alike, each label smoothed towards 0.5, as timm's
+`Mixup(multi_label=True)`.
 
 The per-image transforms are in `transforms.py` and `rand_augment.py`. Randomness comes from
 torch's global generator, so a seeded run (and a resumed one, which restores the generator)
@@ -25,6 +27,13 @@ def one_hot(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
     return targets.scatter_(1, labels[:, None], 1.0 - smoothing + off)
 
 
+def binary_targets(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
+    """Multi-hot (B, num_classes) targets, or labels (B,) made one-hot, each moved towards 0.5
+    by `smoothing` (timm's multi-label smoothing, for one-vs-rest sigmoid heads)."""
+    dense = labels.float() if labels.dim() == 2 else one_hot(labels, num_classes)
+    return dense * (1.0 - smoothing) + 0.5 * smoothing if smoothing else dense
+
+
 class Mixup:
     """Mixup or CutMix on a batch (one draw per batch, as timm's default 'batch' mode).
 
@@ -38,6 +47,7 @@ class Mixup:
         switch_prob: probability of CutMix when both are enabled.
         label_smoothing: smoothing of the targets.
         num_classes: number of classes.
+        multi_label: targets for sigmoid heads (`binary_targets`): labels may be multi-hot.
     """
 
     def __init__(
@@ -49,6 +59,7 @@ class Mixup:
         switch_prob: float = 0.5,
         label_smoothing: float = 0.1,
         num_classes: int = 1000,
+        multi_label: bool = False,
     ) -> None:
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha
@@ -56,6 +67,7 @@ class Mixup:
         self.switch_prob = switch_prob
         self.label_smoothing = label_smoothing
         self.num_classes = num_classes
+        self.multi_label = multi_label
 
     @property
     def active(self) -> bool:
@@ -65,7 +77,10 @@ class Mixup:
         return float(torch.distributions.Beta(alpha, alpha).sample())
 
     def __call__(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        targets = one_hot(labels, self.num_classes, self.label_smoothing)
+        if self.multi_label:
+            targets = binary_targets(labels, self.num_classes, self.label_smoothing)
+        else:
+            targets = one_hot(labels, self.num_classes, self.label_smoothing)
         if not self.active or _rand() >= self.prob:
             return images, targets
         use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha <= 0 or _rand() < self.switch_prob)

@@ -257,12 +257,15 @@ def none_readable(corrupt: dict[str, str], shown: int = 3) -> str:
     )
 
 
-def collate(batch: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor]:
-    """Stack (image, label) pairs, dropping the None of skipped files."""
+def collate(batch: list[tuple[Tensor, int | Tensor] | None]) -> tuple[Tensor, Tensor]:
+    """Stack (image, label) pairs, dropping the None of skipped files; multi-hot targets
+    (multi-label data) stack to (B, num_classes)."""
     items = [item for item in batch if item is not None]
     if not items:
         return torch.empty(0), torch.empty(0, dtype=torch.long)
     images = torch.stack([image for image, _ in items])  # (B, C, H, W)
+    if isinstance(items[0][1], Tensor):
+        return images, torch.stack([label for _, label in items])  # (B, num_classes)
     labels = torch.tensor([label for _, label in items], dtype=torch.long)
     return images, labels
 

@@ -36,6 +36,7 @@ from .datasets import (
     mean_std,
     split_indices,
 )
+from .file_lists import LIST_SUFFIXES, load_file_list, whole_list
 from .folders import (
     class_folders,
     folder_layout,
@@ -402,6 +403,9 @@ register_source(
 register_source("wds", load_shards, shown="'wds:PATTERN' (tar shards, webdataset's layout)")
 register_source("hfds", load_hf_dataset, shown="'hfds:PATH' (a Hugging Face dataset on disk)")
 register_source("hfids", load_hf_stream, shown="'hfids:PATH' (the same, streamed)")
+register_source(
+    "list", load_file_list, shown="a CSV or JSONL file list (list:FILE)", found_by_path=True
+)
 
 
 def detect_source(spec: str) -> tuple[str, str | None]:
@@ -417,6 +421,8 @@ def detect_source(spec: str) -> tuple[str, str | None]:
             f"data {spec!r} is neither a built-in source ({', '.join(SOURCES)}) nor an "
             "existing file or folder"
         )
+    if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
+        return "list", spec
     if path.is_file() or _looks_like_cifar(path):
         return "cifar", spec
     return "folder", spec
@@ -513,7 +519,8 @@ def evaluation_set(
 ) -> EvaluationSet:
     """What to score for `spec` (timm's validate: a held-out folder is scored whole).
 
-    An image folder's `test/` (else its val folder) when it has one; else every image of it,
+    An image folder's `test/` (else its val folder) when it has one; else every image of it
+    (every image of a file list too),
     unless it is the data the model trained on (`trained_on`, the checkpoint's recorded spec):
     then the test split that training cut and never saw, with the run's seed and fractions,
     as for the built-in sources (their test set).
@@ -531,6 +538,10 @@ def evaluation_set(
     kind, path = detect_source(spec)
     names = list(class_names) if class_names else None
     files = {"in_chans": in_chans, "skip_corrupt": skip_corrupt}
+    if kind == "list" and path is not None and not _same_data(spec, trained_on):
+        dataset, names = whole_list(path, names, **files)
+        described = f"all of {path} ({image_count(len(dataset))})"
+        return EvaluationSet(dataset, names, "all", described)
     if kind == "folder" and path is not None:
         layout = folder_layout(path)
         held = next(((n, layout.parts[n]) for n in ("test", "val") if n in layout.parts), None)

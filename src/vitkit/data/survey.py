@@ -20,6 +20,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from .file_lists import read_list
 from .folders import SPLIT_FOLDERS, Samples, class_folders
 from .hf_datasets import first_images as hf_first_images
 from .shards import first_images
@@ -76,10 +77,10 @@ class ImageSurvey:
 
 def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | None:
     """A look at the images of a source (`detect_source`'s kind and path): an image folder's
-    sampled headers, CIFAR's format. None when there is nothing to go by: a source whose
-    images are not looked at (in memory), or a folder none of whose sampled images opens
-    (the loader names the broken files). A folder that cannot be used (no classes, no
-    images) raises the loader's DataError."""
+    (or a file list's) sampled headers, CIFAR's format. None when there is nothing to go by:
+    a source whose images are not looked at (in memory), or a folder none of whose sampled
+    images opens (the loader names the broken files). A folder or list that cannot be used
+    (no classes, no images) raises the loader's DataError."""
     if kind == "cifar":
         return ImageSurvey(size=(32, 32), grey=False, colour="RGB", kind="CIFAR")
     if kind in ("hfds", "hfids") and path is not None:
@@ -88,11 +89,14 @@ def survey_images(kind: str, path: str | os.PathLike | None) -> ImageSurvey | No
     if kind == "wds" and path is not None:
         images, count = first_images(path, SAMPLE)  # a shuffled stream: its first images
         return _surveyed([io.BytesIO(image) for image in images], count)
-    if kind != "folder" or path is None:
+    if kind == "list" and path is not None:  # a file list: the images it names
+        samples = [(entry.path, 0) for entry in read_list(path)]
+    elif kind != "folder" or path is None:
         return None
-    root = Path(path)
-    train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
-    _, samples = class_folders(train)
+    else:
+        root = Path(path)
+        train = next((root / n for n in SPLIT_FOLDERS["train"] if (root / n).is_dir()), root)
+        _, samples = class_folders(train)
     return _surveyed(_spread(samples, SAMPLE), len(samples))
 
 

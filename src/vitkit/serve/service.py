@@ -1,6 +1,7 @@
 """The model a server answers with, loaded once (`inference.Predictor`): images prepared as
-`vitkit predict` prepares them, class scores from the same `Predictor.predict`, explanations
-from `Predictor.explain`, drawn as one overlay PNG."""
+`vitkit predict` prepares them, class scores from the same `Predictor.predict` (a multi-label
+model's: the labels over its threshold, `Predictor.labels`), explanations from
+`Predictor.explain`, drawn as one overlay PNG."""
 
 from __future__ import annotations
 
@@ -67,7 +68,16 @@ class Service:
 
     def predict(self, images: Tensor, topk: Sequence[int]) -> list[list[dict[str, Any]]]:
         """Each image's `topk[i]` most probable classes, most probable first, as `vitkit
-        predict --json` lists them: {class, index, probability (6 decimals)}."""
+        predict --json` lists them: {class, index, probability (6 decimals)}; a multi-label
+        model's are the classes whose sigmoid reaches its threshold (`topk` does not cut them)."""
+        if getattr(self.predictor, "multi_label", False):
+            return [
+                [
+                    {"class": self.class_names[i], "index": i, "probability": round(q, 6)}
+                    for q, i in found
+                ]
+                for found in self.predictor.labels(images)
+            ]
         probs, indices = self.predictor.predict(images, max(topk))
         return [
             [
@@ -105,6 +115,8 @@ class Service:
             "precision": self.precision,
             "device": str(self.predictor.device),
             "explain": self.predictor.explanation is not None,
+            "multi_label": getattr(self.predictor, "multi_label", False),
+            "threshold": getattr(self.predictor, "threshold", None),
         }
 
 

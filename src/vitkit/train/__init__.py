@@ -11,6 +11,7 @@ from .fit import FitResult, fit
 from .job import RunOutcome, run_job, run_training
 from .loop import NonFiniteLossError, evaluate, train_one_epoch
 from .losses import distill_loss, soft_cross_entropy
+from .multi_label import average_precision, evaluate_multi_label
 from .optim import ModelEma, Schedule, lr_at, param_groups
 from .recipes import RECIPES, resolve_config
 from .run_folder import BEST_FILE, EMA_FILE, LAST_FILE, METRICS_FILE, STATE_FILE
@@ -41,8 +42,10 @@ __all__ = [
     "Task",
     "TrainConfig",
     "TrainingSetup",
+    "average_precision",
     "distill_loss",
     "evaluate",
+    "evaluate_multi_label",
     "fit",
     "load_state",
     "lr_at",

@@ -39,6 +39,7 @@ from ..options import (
     option_names,
 )
 from ..weights.cnn import is_timm_name
+from .losses import MULTI_LABEL_LOSSES
 
 AMP_MODES = ("none", "bf16", "fp16")
 DISTILL_MODES = ("none", "hard", "soft")
@@ -63,6 +64,7 @@ class JobConfig(Options):
         "augment": "augmentation and regularisation (unset: the recipe's value)",
         "finetune": "fine-tuning (with --pretrained)",
         "distill": "distillation (DeiT)",
+        "multilabel": "multi-label classification (one-vs-rest)",
         "mae": "MAE pretraining",
         "run": "how the run executes",
     }
@@ -357,6 +359,29 @@ class TrainConfig(JobConfig):
         None, "keep an EMA of the weights with this decay", metavar="DECAY", range=FRACTION,
         group="augment",
     )  # fmt: skip
+
+    # -- multi-label classification
+    multi_label: bool = option(
+        False,
+        "one-vs-rest: a sigmoid per class, for images of several classes (on for a file list "
+        "with several labels per image)",
+        group="multilabel",
+        since=True,
+    )
+    multi_label_loss: str = option(
+        "bce",
+        "binary cross-entropy, or asymmetric loss (Ridnik et al. 2021, as timm's)",
+        choices=MULTI_LABEL_LOSSES,
+        group="multilabel",
+        since=True,
+    )
+    threshold: float = option(
+        0.5,
+        "a class is a label when its sigmoid reaches this (recorded for eval, predict, serve)",
+        range=PROBABILITY,
+        group="multilabel",
+        since=True,
+    )
 
     # -- fine-tuning
     pretrained: str | None = option(

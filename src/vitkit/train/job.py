@@ -40,7 +40,8 @@ class RunOutcome:
         result = self.result
         test = None
         if self.test is not None:
-            test = {k: self.test[k] for k in ("loss", "acc1", "acc5", "count") if k in self.test}
+            keys = ("loss", "acc1", "acc5", "map", "f1", "count")
+            test = {k: self.test[k] for k in keys if k in self.test}
         return {
             "task": self.task,
             "out": str(self.out),

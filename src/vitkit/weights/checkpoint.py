@@ -29,7 +29,15 @@ from ..data.datasets import TEST_FRACTION, VAL_FRACTION
 from ..files import atomic_write
 from ..model import architecture_of, architectures, build_model, get_architecture
 from ..model.layers.patch_embed import to_2tuple
-from ..options import FRACTION, NON_NEGATIVE, Options, keyword_forms, option, option_names
+from ..options import (
+    FRACTION,
+    NON_NEGATIVE,
+    PROBABILITY,
+    Options,
+    keyword_forms,
+    option,
+    option_names,
+)
 from .cnn import TIMM_KEY, timm_metadata
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,13 @@ class RunMeta(Options):
     epoch: int | None = option(None, "the epoch that wrote it", range=NON_NEGATIVE)
     val_acc1: float | None = option(None, "its validation top-1 then")
     ema: bool = option(False, "the weights are the run's exponential moving average")
+    multi_label: bool = option(
+        False, "one-vs-rest: each class's sigmoid says whether the image is of it"
+    )
+    threshold: float = option(
+        0.5, "a multi-label model's labels are those whose sigmoid reaches it", range=PROBABILITY
+    )
+    val_map: float | None = option(None, "a multi-label model's validation mAP then")
 
     @classmethod
     def read(cls, meta: Mapping[str, Any], source: str) -> RunMeta:

@@ -2,7 +2,9 @@
 weights of any format `load_pretrained` reads, or a timm CNN; a distillation teacher), Mixup /
 CutMix and label smoothing, DeiT's distillation, an EMA of the weights, layer decay, freezing
 and linear probing; the best epoch is the highest validation top-1, whose weights are scored
-on the test split at the end (`test.json`)."""
+on the test split at the end (`test.json`). Multi-label data (a file list with several labels
+per image, or `multi_label`) trains one-vs-rest: a sigmoid per class with binary cross-entropy
+or ASL, scored by mAP (`multi_label.py`)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from ...weights.families import check_arch
 from ..config import TrainConfig
 from ..distributed import barrier, make_loader, world
 from ..loop import evaluate
-from ..losses import distill_loss, soft_cross_entropy
+from ..losses import distill_loss, multi_label_loss, soft_cross_entropy
+from ..multi_label import evaluate_multi_label
 from ..optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
 from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE, RUN_FILES, TEST_FILE
 from ..setup import fresh_model, load_splits, transforms
@@ -197,6 +200,8 @@ class ClassificationTask(Task):
         teacher: distillation teacher (with `config.distill` 'hard' or 'soft'), called on
             the student's batch as it is; `teacher.Teacher` prepares it for another model.
         meta: saved with each model file (class names, normalisation, ...).
+        multi_label: one-vs-rest (sigmoid heads): targets multi-hot, the loss
+            `config.multi_label_loss`, the best epoch the highest validation mAP.
     """
 
     name = "classification"
@@ -215,9 +220,19 @@ class ClassificationTask(Task):
         *,
         teacher: nn.Module | None = None,
         meta: dict[str, Any] | None = None,
+        multi_label: bool = False,
     ) -> None:
+        if multi_label and teacher is not None:
+            raise ValueError(
+                "distillation trains a single-label student (softmax heads); train the "
+                "multi-label model without a teacher"
+            )
         _check_distillation(model, teacher, config)
         self.model, self.config, self.teacher = model, config, teacher
+        self.multi_label = multi_label
+        if multi_label:  # the instance's own: the class's stay those of single labels
+            self.best_metric = "val_map"
+            self.log_keys = ("train_loss", "val_loss", "val_map", "val_f1")
         self.meta = dict(meta or {})
         if teacher is not None:
             teacher.eval().requires_grad_(False)
@@ -228,6 +243,7 @@ class ClassificationTask(Task):
             switch_prob=config.switch_prob,
             label_smoothing=config.smoothing,
             num_classes=model.num_classes,
+            multi_label=multi_label,
         )
         self.ema: ModelEma | None = None
 
@@ -264,7 +280,10 @@ class ClassificationTask(Task):
             "val_fraction": config.val_fraction,
             "test_fraction": config.test_fraction,
         }
-        task = cls(model, config, teacher=teacher, meta=meta)
+        multi_label = config.multi_label or bool(splits.extra.get("multi_label"))
+        if multi_label:
+            meta.update(multi_label=True, threshold=config.threshold)
+        task = cls(model, config, teacher=teacher, meta=meta, multi_label=multi_label)
         task.splits = splits
         task.train_set, task.val_set, task.test_set = (
             built.train_set,
@@ -304,14 +323,14 @@ class ClassificationTask(Task):
         if (out / BEST_FILE).is_file():
             load_full(model, load_state_dict(out / BEST_FILE))
         loader = make_loader(self.test_set, config.batch_size, train=False)
-        test = evaluate(model, loader, device=config.device, amp=config.amp_on(config.device))
+        test = self._scores(loader, config.device, config.amp_on(config.device))
         if world()[0] == 0:
-            row = {
-                "test_loss": test["loss"],
-                "test_acc1": test["acc1"],
-                "test_acc5": test["acc5"],
-                "best_epoch": result.best_epoch,
-            }
+            if self.multi_label:
+                keys = {"test_loss": "loss", "test_map": "map", "test_f1": "f1", "test_ap": "ap"}
+            else:
+                keys = {"test_loss": "loss", "test_acc1": "acc1", "test_acc5": "acc5"}
+            row = {**{name: test[key] for name, key in keys.items()}}
+            row["best_epoch"] = result.best_epoch
             text = json.dumps(row) + "\n"
             atomic_write(out / TEST_FILE, lambda f: f.write(text), mode="w")
         return test
@@ -347,6 +366,12 @@ class ClassificationTask(Task):
         """The loss of a mixed batch and its correct predictions (against the largest target);
         with a teacher, DeiT's mix of the class loss and the distillation term, the mean of
         both heads as the prediction."""
+        if self.multi_label:
+            logits = trained(inputs)
+            loss = multi_label_loss(self.config.multi_label_loss, logits, targets)
+            # correct: the top-scoring class is one of the image's (mixed) labels
+            top = targets.gather(1, logits.argmax(-1, keepdim=True))
+            return loss, (top >= 0.5).sum().item()
         if self.teacher is None:
             logits = trained(inputs)
             loss = soft_cross_entropy(logits, targets)
@@ -366,16 +391,30 @@ class ClassificationTask(Task):
             self.ema.update(self.model)
 
     def validate(self, loader: Any, device: torch.device, amp: str) -> dict[str, float]:
-        """Loss, top-1 and top-5 on the validation split; with an EMA also its top-1."""
-        val = evaluate(self.model, loader, device=device, amp=amp)
-        row = {"val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"]}
+        """Loss, top-1 and top-5 on the validation split (multi-label: loss, mAP and F1 at the
+        threshold); with an EMA also its top-1 (mAP)."""
+        val = self._scores(loader, device, amp)
+        if self.multi_label:
+            row = {"val_loss": val["loss"], "val_map": val["map"], "val_f1": val["f1"]}
+        else:
+            row = {"val_loss": val["loss"], "val_acc1": val["acc1"], "val_acc5": val["acc5"]}
         if self.ema is not None:
+            key = "map" if self.multi_label else "acc1"
             with swapped_weights(self.model, self.ema):
-                row["ema_val_acc1"] = evaluate(self.model, loader, device=device, amp=amp)["acc1"]
+                row[f"ema_val_{key}"] = self._scores(loader, device, amp)[key]
         return row
 
+    def _scores(self, loader: Any, device: torch.device | str, amp: str) -> dict[str, Any]:
+        """`evaluate`, or for a multi-label model `evaluate_multi_label` at the threshold."""
+        if self.multi_label:
+            return evaluate_multi_label(
+                self.model, loader, device=device, amp=amp, threshold=self.config.threshold
+            )
+        return evaluate(self.model, loader, device=device, amp=amp)
+
     def save_files(self, out: Path, row: dict[str, Any], improved: bool) -> None:
-        file_meta = {**self.meta, "epoch": row["epoch"], "val_acc1": row["val_acc1"]}
+        score = "val_map" if self.multi_label else "val_acc1"
+        file_meta = {**self.meta, "epoch": row["epoch"], score: row[score]}
         save(self.model, out / LAST_FILE, meta=file_meta)
         if improved:
             save(self.model, out / BEST_FILE, meta=file_meta)
