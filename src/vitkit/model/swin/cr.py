@@ -297,6 +297,10 @@ class SwinTransformerV2Cr(SwinTransformer):
         """The last stage's map, (B, 8D, H/32, W/32) (NCHW, as timm's cr)."""
         return self.stages(self.embed(x)).permute(0, 3, 1, 2)  # (B, C, h, w)
 
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        """Logits (B, num_classes); the V2-cr's blocks return no attention weights."""
+        return self.forward_head(self.forward_features(x))
+
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """A map (B, C, h, w) -> logits (B, num_classes), or the pooled (B, C) features; with
         global_pool 'none' the map stays NCHW."""

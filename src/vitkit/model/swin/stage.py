@@ -92,6 +92,11 @@ class SwinBlock(nn.Module):
     def window_attention(self, x: Tensor) -> Tensor:
         """(B, H, W, C) -> (B, H, W, C): roll by the shift, pad to whole windows, attend within
         each window, then put the windows back, crop and roll back."""
+        return self.attend(x, False)[0]
+
+    def attend(self, x: Tensor, with_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """`window_attention`, and with `with_weights` the attention weights of its windows
+        (B * nW, heads, N, N), written out (the fused path returns none)."""
         _, height, width, chans = x.shape
         wh, ww = self.window_size
         shifted = any(self.shift_size)
@@ -116,19 +121,35 @@ class SwinBlock(nn.Module):
                 dtype=x.dtype,
             )
         windows = window_partition(x, self.window_size)  # (B * nW, wh * ww, C)
-        windows = self.attn(windows, mask)  # (B * nW, wh * ww, C)
+        weights: Tensor | None = None
+        if with_weights:
+            windows, weights = self.attn.forward_with_weights(windows, mask)
+        else:
+            windows = self.attn(windows, mask)  # (B * nW, wh * ww, C)
         x = window_reverse(windows, self.window_size, padded_h, padded_w)  # (B, Hp, Wp, C)
         x = x[:, :height, :width, :]  # (B, H, W, C)
         if shifted:
             x = torch.roll(x, shifts=self.shift_size, dims=(1, 2))
-        return x
+        return x, weights
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.run(x, False)[0]
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The same block, also returning its attention weights (B * nW, heads, N, N)."""
+        x, weights = self.run(x, True)
+        assert weights is not None
+        return x, weights
+
+    def run(self, x: Tensor, with_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The block on a map (B, H, W, C), and its attention weights if `with_weights`."""
         if self.res_post_norm:
-            x = x + self.drop_path1(self.norm1(self.window_attention(x)))
-            return x + self.drop_path2(self.norm2(self.mlp(x)))
-        x = x + self.drop_path1(self.window_attention(self.norm1(x)))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+            attended, weights = self.attend(x, with_weights)
+            x = x + self.drop_path1(self.norm1(attended))
+            return x + self.drop_path2(self.norm2(self.mlp(x))), weights
+        attended, weights = self.attend(self.norm1(x), with_weights)
+        x = x + self.drop_path1(attended)
+        return x + self.drop_path2(self.mlp(self.norm2(x))), weights
 
 
 class PatchMerging(nn.Module):

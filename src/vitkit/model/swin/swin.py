@@ -335,16 +335,53 @@ class SwinTransformer(nn.Module):
         tokens, grid = self.patch_embed(x)  # (B, N, D)
         return tokens.reshape(tokens.shape[0], grid[0], grid[1], -1)  # (B, H/p, W/p, D)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """The last stage's map after the final norm, (B, H/32, W/32, 8D) (NHWC, as timm)."""
+    def forward_features(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[list[Tensor]]]:
+        """The last stage's map after the final norm, (B, H/32, W/32, 8D) (NHWC, as timm); with
+        `return_attention`, also the attention weights (`features_with_attention`)."""
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if return_attention:
+                return self.features_with_attention(x)
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
         return self.norm(self.layers(self.embed(x)))
+
+    def features_with_attention(self, x: Tensor) -> tuple[Tensor, list[list[Tensor]]]:
+        """`forward_features` and the attention weights of every block, per stage a list
+        per block of (B * nW, heads, N, N): nW the windows of the stage's map padded to whole
+        windows, in timm's order (row-major, of the shifted map in odd blocks), N the tokens
+        of a window. Hugging Face's `output_attentions=True` returns the last block of each
+        stage: `[stage[-1] for stage in attentions]`. Written out, not fused."""
+        x = self.embed(x)
+        attentions: list[list[Tensor]] = []
+        for stage in self.layers:
+            x = stage.downsample(x)
+            weights: list[Tensor] = []
+            for block in stage.blocks:
+                x, block_weights = block.forward_with_weights(x)
+                weights.append(block_weights)
+            attentions.append(weights)
+        return self.norm(x), attentions
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """A map (B, h, w, C) -> logits (B, num_classes), or the pooled (B, C) features."""
         return self.head(x, pre_logits=pre_logits)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[list[Tensor]]]:
+        """Logits (B, num_classes); with `return_attention`, also every block's attention
+        weights, per stage (`features_with_attention`)."""
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if isinstance(return_attention, torch.fx.Proxy):
+                return_attention = False  # torch.fx makes every argument a proxy: trace logits
+            if return_attention:
+                features, attentions = self.features_with_attention(x)
+                return self.forward_head(features), attentions
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
+        return self.forward_head(self.norm(self.layers(self.embed(x))))
 
     def forward_intermediates(
         self,
