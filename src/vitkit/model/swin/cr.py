@@ -135,6 +135,7 @@ class CrBlock(SwinBlock):
         self.input_resolution = resolution
         self.res_post_norm = True
         self.dynamic_mask = config.dynamic_img_size
+        self.pad_first, self.per_input_shift = False, None  # timm's windowing only
         half = (window[0] // 2, window[1] // 2) if shift else (0, 0)
         self.window_size, self.shift_size = clamp_window(
             resolution, window, half, config.always_partition
@@ -185,7 +186,13 @@ class SwinTransformerV2Cr(SwinTransformer):
             config = SwinCrConfig.from_dict(options)
         elif options:
             config = config.replace(**options)
+        if config.dynamic_img_pad or config.windows_like != "timm":
+            raise ValueError(
+                "the Swin V2-cr embeds and windows as timm's only; drop dynamic_img_pad and "
+                "windows_like"
+            )
         self.config = config
+        self.img_pad = 0  # `embed` pads nothing
         self.num_classes = config.num_classes
         self.global_pool = config.global_pool
         self.embed_dim = config.embed_dim
