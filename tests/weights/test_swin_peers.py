@@ -1,8 +1,9 @@
 """The Swin beside transformers' and torchvision's own Swins, where they give more than
 logits or window otherwise: the attention weights of every window (`return_attention`, HF's
 `output_attentions=True`); images of partial patches and maps of partial windows
-(`dynamic_img_pad`, `windows_like`); torchvision's builders without a name, at any size.
-Random weights far from any init, tiny configs; equal within 1e-5."""
+(`dynamic_img_pad`, `windows_like`); torchvision's builders without a name, at any size;
+transformers' backbone folders (`load_hf_swin_backbone`). Random weights far from any init,
+tiny configs; equal within 1e-5."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from _parity import images, randomize_far
 
 from _helpers import optional_import, requires_torchvision, requires_transformers
 from vitkit import CheckpointError, SwinTransformer, load_pretrained
+from vitkit.weights.swin.hf_backbone import load_hf_swin_backbone
 from vitkit.weights.swin.torchvision import (
     from_torchvision_swin,
     torchvision_data_config,
@@ -235,3 +237,44 @@ def test_torchvision_swin_t_gives_its_logits_at_224_and_at_other_sizes():
             ours, theirs = model(x), source(x)
         # 12 blocks of weights far from init: logits up to ~100, so relative to the largest
         assert ((ours - theirs).abs().max() / theirs.abs().max()).item() < TOL
+
+
+# -- transformers' Swin backbones ------------------------------------------------------------
+
+
+@requires_transformers
+@pytest.mark.parametrize("version", [1, 2])
+def test_transformers_backbone_folders_give_its_feature_maps(tmp_path, version):
+    """SwinBackbone: per-stage norms and always_partition; Swinv2Backbone: no norms and no
+    final norm. Out features stage1 and stage3, at the folder's size and at another."""
+    config_cls = transformers.SwinConfig if version == 1 else transformers.Swinv2Config
+    backbone_cls = transformers.SwinBackbone if version == 1 else transformers.Swinv2Backbone
+    config = config_cls(embed_dim=16, depths=[2, 2, 2], num_heads=[1, 2, 4], image_size=64,
+                        patch_size=4, window_size=4, out_features=["stage1", "stage3"])  # fmt: skip
+    hf = randomize_far(backbone_cls._from_config(config, attn_implementation="eager"))
+    hf.save_pretrained(tmp_path)
+    name = backbone_cls.__name__
+    with pytest.raises(CheckpointError, match=rf"^the config is of a transformers {name}; read "
+                       r"its folder with vitkit\.weights\.swin\.hf_backbone\."):  # fmt: skip
+        load_pretrained(tmp_path)
+    backbone = load_hf_swin_backbone(tmp_path, dynamic_img_size=True)
+    assert backbone.out_indices == [0, 2] and backbone.channels == [16, 64]
+    assert (backbone.stage_norms is not None) == (version == 1)
+    for size in [(64, 64), (96, 64)]:
+        x = images(size, batch=2)
+        with torch.no_grad():
+            theirs, ours = hf(x).feature_maps, backbone(x)
+        assert len(ours) == len(theirs) == 2
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
+
+
+@requires_transformers
+def test_a_backbone_of_the_stem_is_refused(tmp_path):
+    config = transformers.SwinConfig(embed_dim=16, depths=[2], num_heads=[1], image_size=32,
+                                     window_size=4, out_features=["stem", "stage1"])  # fmt: skip
+    transformers.SwinBackbone(config).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"out_features \['stem', 'stage1'\] include "
+                       r"'stem' \(the patch embedding\), which vitkit's SwinBackbone does not "
+                       r"give; read the stages only$"):  # fmt: skip
+        load_hf_swin_backbone(tmp_path)
