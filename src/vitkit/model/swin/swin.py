@@ -92,7 +92,7 @@ class SwinTransformer(nn.Module):
         self.embed_dim = config.embed_dim
         self.num_features = self.head_hidden_size = config.num_features
         self.img_pad = config.patch_size if config.dynamic_img_pad else 0
-        self.patch_embed = _patch_embed(config, config.img_size)
+        self.patch_embed = swin_patch_embed(config, config.img_size)
         self.layers = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.LayerNorm(config.num_features, eps=config.norm_eps)
         self.head = SwinHead(
@@ -238,7 +238,7 @@ class SwinTransformer(nn.Module):
             reference = (config.windows, config.grid_size) if window_size is None else None
             self._window_reference = reference or (windows, new.grid_size)
         old = self.patch_embed
-        self.patch_embed = _patch_embed(config, size)
+        self.patch_embed = swin_patch_embed(config, size)
         self.patch_embed.load_state_dict(old.state_dict())
         self.patch_embed.to(old.proj.weight.device).train(old.training)
         for index, stage in enumerate(self.layers):
@@ -448,9 +448,10 @@ def _build_stage(config: SwinConfig, index: int) -> SwinStage:
     return SwinStage(downsample, blocks)
 
 
-def _patch_embed(config: SwinConfig, img_size: int | tuple[int, int]) -> PatchEmbed:
-    """The patch embedding at `img_size`; with `dynamic_img_pad`, at the size padded to whole
-    patches (`embed` pads the image first)."""
+def swin_patch_embed(config: SwinConfig, img_size: int | tuple[int, int]) -> PatchEmbed:
+    """The patch embedding (the ViT's convolution, then a LayerNorm; V2-cr's too) at
+    `img_size`; with `dynamic_img_pad`, at the size padded to whole patches (`embed` pads the
+    image first)."""
     patch, sides = config.patch_size, to_2tuple(img_size, "img_size")
     if config.dynamic_img_pad:
         img_size = tuple(-(-side // patch) * patch for side in sides)
