@@ -109,7 +109,7 @@ def test_hf_image_size_whose_maps_are_not_whole_windows_is_refused():
         CheckpointError,
         match=r"^at img_size \(56, 72\) stage 2 is a 7x9 map for a window of 4, which Hugging "
         r"Face V1 pads or clamps unlike timm: no faithful copy; load at an img_size whose "
-        r"stage maps are whole windows$",
+        r"stage maps are whole windows, or pass windows_like='hf' \(its windowing\)$",
     ):
         load_pretrained(_hf(1).state_dict(), hf_config=config)
 
@@ -136,8 +136,8 @@ def test_torchvision_swin_file_is_inspected_and_needs_an_image_size(tmp_path):
     info = inspect(tmp_path / "swin_v2.pth")
     assert info.format == "torchvision" and info.config is None
     assert str(info.error) == (
-        "torchvision Swin weights do not record the image size; pass arch='<timm model name>' "
-        "or img_size=(h, w)"
+        "torchvision Swin weights of sizes no builder (swin_t ... swin_v2_b) has do not record "
+        "the image size; pass arch='<timm model name>' or img_size=(h, w)"
     )
     assert load_pretrained(tmp_path / "swin_v2.pth", img_size=128).config.version == 2
 

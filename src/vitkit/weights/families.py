@@ -32,7 +32,6 @@ from .eva import reading as eva_reading
 from .swin import folders as swin_folders
 from .swin import parity as swin_parity
 from .swin import reading as swin_reading
-from .swin import timm as swin_timm
 from .vit import folders as vit_folders
 from .vit import layout as vit_layout
 from .vit import parity as vit_parity
@@ -192,7 +191,7 @@ SWIN = WeightsFamily(
         "hf": swin_reading.read_hf,
         "torchvision": swin_reading.read_torchvision,
     },
-    fill=swin_timm.fill_swin,
+    fill=swin_reading.fill,
     folder_options=swin_reading.folder_options,
     builders=swin_reading.builders(),
     parity={"torchvision": swin_parity.torchvision_parity},

@@ -120,6 +120,14 @@ class WindowAttention(nn.Module):
         out = self.attn_drop(self.attention(q, k, mask)) @ v  # (B * nW, heads, N, d)
         return self.project(out, x.shape)
 
+    def forward_with_weights(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`forward` written out, also returning the attention weights of every window,
+        (B * nW, heads, N, N): what Hugging Face's Swin returns with `output_attentions`."""
+        q, k, v = self.queries_keys_values(x)
+        weights = self.attention(q, k, mask)  # (B * nW, heads, N, N)
+        out = self.attn_drop(weights) @ v  # (B * nW, heads, N, d)
+        return self.project(out, x.shape), weights
+
     def project(self, out: Tensor, shape: list[int]) -> Tensor:
         """Heads (B * nW, heads, N, d) -> the output projection of windows `shape` (B*nW, N, C)."""
         out = out.transpose(1, 2).reshape(shape)  # (B * nW, N, C)

@@ -18,6 +18,7 @@ from ..layers.patch_embed import to_2tuple
 
 SWIN_VERSIONS = (1, 2)
 SWIN_POOLS = ("avg", "max", "avgmax", "none")
+SWIN_WINDOW_RULES = ("timm", "hf", "torchvision")
 _SIDE = Range(1, 65536)
 
 
@@ -101,6 +102,20 @@ class SwinConfig(Options):
         "per input (timm's strict_img_size=False)",
         group="architecture",
     )
+    windows_like: str = option(
+        "timm",
+        "how a map that is not whole windows is windowed: 'timm' (rolled, then padded; a "
+        "window no smaller than the map clamped to it), 'hf' (Hugging Face: padded, then "
+        "rolled; clamped as timm's) or 'torchvision' (padded, then rolled; never clamped, no "
+        "shift on a side the window covers, decided per input under dynamic_img_size)",
+        choices=SWIN_WINDOW_RULES, group="architecture",
+    )  # fmt: skip
+    dynamic_img_pad: bool = option(
+        False,
+        "pad an image whose sides are not multiples of the patch size on the right and "
+        "bottom to whole patches (Hugging Face's Swin; timm's dynamic_img_pad)",
+        group="architecture",
+    )
     act_layer: str = option("gelu", "the MLP activation", choices=ACT_LAYERS,
                             group="architecture")  # fmt: skip
     norm_eps: float = option(1e-5, "epsilon of every LayerNorm", range=POSITIVE,
@@ -153,8 +168,11 @@ class SwinConfig(Options):
     @property
     def grid_size(self) -> tuple[int, int]:
         """The patch grid (rows, columns) at `img_size`; the patches are cut by the floor, as
-        timm's strided convolution does with a size that is not a multiple."""
+        timm's strided convolution does with a size that is not a multiple (with
+        `dynamic_img_pad`, a partial patch counts: the image is padded to it)."""
         height, width = to_2tuple(self.img_size, "img_size")
+        if self.dynamic_img_pad:
+            return -(-height // self.patch_size), -(-width // self.patch_size)
         return height // self.patch_size, width // self.patch_size
 
     def stage_resolution(self, stage: int) -> tuple[int, int]:

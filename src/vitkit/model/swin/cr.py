@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import DropPath, Mlp, PatchEmbed
+from ..layers import DropPath, Mlp
 from ..layers.patch_embed import to_2tuple
 from .attention import WindowAttention
 from .cr_config import SwinCrConfig
 from .stage import PatchMerging, SwinBlock, SwinStage
-from .swin import SwinHead, SwinTransformer
+from .swin import SwinHead, SwinTransformer, swin_patch_embed
 from .window import clamp_window, shift_mask
 
 META_HIDDEN = 384  # timm's width of the position-bias meta network
@@ -135,6 +135,7 @@ class CrBlock(SwinBlock):
         self.input_resolution = resolution
         self.res_post_norm = True
         self.dynamic_mask = config.dynamic_img_size
+        self.pad_first, self.per_input_shift = False, None  # timm's windowing only
         half = (window[0] // 2, window[1] // 2) if shift else (0, 0)
         self.window_size, self.shift_size = clamp_window(
             resolution, window, half, config.always_partition
@@ -185,12 +186,18 @@ class SwinTransformerV2Cr(SwinTransformer):
             config = SwinCrConfig.from_dict(options)
         elif options:
             config = config.replace(**options)
+        if config.dynamic_img_pad or config.windows_like != "timm":
+            raise ValueError(
+                "the Swin V2-cr embeds and windows as timm's only; drop dynamic_img_pad and "
+                "windows_like"
+            )
         self.config = config
+        self.img_pad = 0  # `embed` pads nothing
         self.num_classes = config.num_classes
         self.global_pool = config.global_pool
         self.embed_dim = config.embed_dim
         self.num_features = self.head_hidden_size = config.num_features
-        self.patch_embed = _patch_embed(config)
+        self.patch_embed = swin_patch_embed(config, config.img_size)
         self.stages = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.Identity()  # none in cr: the identity, for the methods that apply one
         self.head = SwinHead(
@@ -266,7 +273,7 @@ class SwinTransformerV2Cr(SwinTransformer):
         if always_partition is not None:
             changes["always_partition"] = always_partition
         config = config.replace(**changes)
-        stem = _patch_embed(config)
+        stem = swin_patch_embed(config, config.img_size)
         stages = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         # the same Parameter objects move over (an optimizer holding them keeps them)
         stem.load_state_dict(self.patch_embed.state_dict(keep_vars=True), assign=True)
@@ -296,6 +303,10 @@ class SwinTransformerV2Cr(SwinTransformer):
     def forward_features(self, x: Tensor) -> Tensor:
         """The last stage's map, (B, 8D, H/32, W/32) (NCHW, as timm's cr)."""
         return self.stages(self.embed(x)).permute(0, 3, 1, 2)  # (B, C, h, w)
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        """Logits (B, num_classes); the V2-cr's blocks return no attention weights."""
+        return self.forward_head(self.forward_features(x))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """A map (B, C, h, w) -> logits (B, num_classes), or the pooled (B, C) features; with
@@ -330,19 +341,6 @@ class SwinTransformerV2Cr(SwinTransformer):
             return out
         final, maps = out
         return final.permute(0, 3, 1, 2), maps  # (B, C, h, w)
-
-
-def _patch_embed(config: SwinCrConfig) -> PatchEmbed:
-    """The ViT's patch-embedding convolution, then a LayerNorm (timm's cr stem)."""
-    return PatchEmbed(
-        img_size=config.img_size,
-        patch_size=config.patch_size,
-        in_chans=config.in_chans,
-        embed_dim=config.embed_dim,
-        norm=True,
-        norm_eps=config.norm_eps,
-        dynamic_img_size=config.dynamic_img_size,
-    )
 
 
 def _build_stage(config: SwinCrConfig, index: int) -> SwinStage:

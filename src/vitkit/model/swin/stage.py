@@ -17,7 +17,13 @@ from torch import Tensor, nn
 
 from ..layers import DropPath, Mlp
 from .attention import CosineWindowAttention, WindowAttention
-from .window import clamp_window, shift_mask, window_partition, window_reverse
+from .window import (
+    clamp_window,
+    shift_mask,
+    torchvision_shift,
+    window_partition,
+    window_reverse,
+)
 
 
 class SwinBlock(nn.Module):
@@ -35,7 +41,7 @@ class SwinBlock(nn.Module):
         dynamic_mask: build the shift mask per input (other input sizes) instead of once.
         pretrained_window: version 2's pre-training window (0: none).
         options: `mlp_ratio`, `qkv_bias`, `proj_drop`, `attn_drop`, `drop_path`,
-            `act_layer`, `norm_eps`, `always_partition`.
+            `act_layer`, `norm_eps`, `always_partition`, `windows_like`.
     """
 
     def __init__(
@@ -57,14 +63,18 @@ class SwinBlock(nn.Module):
         act_layer: str = "gelu",
         norm_eps: float = 1e-5,
         always_partition: bool = False,
+        windows_like: str = "timm",
     ) -> None:
         super().__init__()
         self.input_resolution = resolution
         self.res_post_norm = version == 2
         self.dynamic_mask = dynamic_mask
+        self.pad_first = windows_like != "timm"  # HF, torchvision: pad, then roll
         half = (window // 2, window // 2) if shift else (0, 0)
+        # torchvision decides the shift per input (a dynamic model's maps change)
+        self.per_input_shift = half if windows_like == "torchvision" and dynamic_mask else None
         self.window_size, self.shift_size = clamp_window(
-            resolution, (window, window), half, always_partition
+            resolution, (window, window), half, always_partition, windows_like
         )
         attention = dict(
             num_heads=num_heads,
@@ -91,13 +101,24 @@ class SwinBlock(nn.Module):
 
     def window_attention(self, x: Tensor) -> Tensor:
         """(B, H, W, C) -> (B, H, W, C): roll by the shift, pad to whole windows, attend within
-        each window, then put the windows back, crop and roll back."""
+        each window, then put the windows back, crop and roll back (`pad_first`: pad, then
+        roll; roll back, then crop)."""
+        return self.attend(x, False)[0]
+
+    def attend(self, x: Tensor, with_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """`window_attention`, and with `with_weights` the attention weights of its windows
+        (B * nW, heads, N, N), written out (the fused path returns none)."""
         _, height, width, chans = x.shape
         wh, ww = self.window_size
-        shifted = any(self.shift_size)
-        if shifted:
-            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        shift = self.shift_size
+        if self.per_input_shift is not None:
+            shift = torchvision_shift((height, width), self.window_size, self.per_input_shift)
+        shifted = shift[0] > 0 or shift[1] > 0
+        if shifted and not self.pad_first:
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
         x = F.pad(x, (0, 0, 0, -width % ww, 0, -height % wh))  # (B, Hp, Wp, C)
+        if shifted and self.pad_first:
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
         padded_h, padded_w = x.shape[1], x.shape[2]
         mask = self.attn_mask
         if torch.jit.is_scripting():  # the mask is Python-side: a scripted Swin needs it built
@@ -108,27 +129,40 @@ class SwinBlock(nn.Module):
                 )
         elif shifted and self.dynamic_mask:
             mask = shift_mask(
-                padded_h,
-                padded_w,
-                self.window_size,
-                self.shift_size,
-                device=x.device,
-                dtype=x.dtype,
+                padded_h, padded_w, self.window_size, shift, device=x.device, dtype=x.dtype
             )
         windows = window_partition(x, self.window_size)  # (B * nW, wh * ww, C)
-        windows = self.attn(windows, mask)  # (B * nW, wh * ww, C)
+        weights: Tensor | None = None
+        if with_weights:
+            windows, weights = self.attn.forward_with_weights(windows, mask)
+        else:
+            windows = self.attn(windows, mask)  # (B * nW, wh * ww, C)
         x = window_reverse(windows, self.window_size, padded_h, padded_w)  # (B, Hp, Wp, C)
+        if shifted and self.pad_first:
+            x = torch.roll(x, shifts=shift, dims=(1, 2))
         x = x[:, :height, :width, :]  # (B, H, W, C)
-        if shifted:
-            x = torch.roll(x, shifts=self.shift_size, dims=(1, 2))
-        return x
+        if shifted and not self.pad_first:
+            x = torch.roll(x, shifts=shift, dims=(1, 2))
+        return x, weights
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.run(x, False)[0]
+
+    def forward_with_weights(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The same block, also returning its attention weights (B * nW, heads, N, N)."""
+        x, weights = self.run(x, True)
+        assert weights is not None
+        return x, weights
+
+    def run(self, x: Tensor, with_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The block on a map (B, H, W, C), and its attention weights if `with_weights`."""
         if self.res_post_norm:
-            x = x + self.drop_path1(self.norm1(self.window_attention(x)))
-            return x + self.drop_path2(self.norm2(self.mlp(x)))
-        x = x + self.drop_path1(self.window_attention(self.norm1(x)))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+            attended, weights = self.attend(x, with_weights)
+            x = x + self.drop_path1(self.norm1(attended))
+            return x + self.drop_path2(self.norm2(self.mlp(x))), weights
+        attended, weights = self.attend(self.norm1(x), with_weights)
+        x = x + self.drop_path1(attended)
+        return x + self.drop_path2(self.mlp(self.norm2(x))), weights
 
 
 class PatchMerging(nn.Module):

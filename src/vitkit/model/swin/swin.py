@@ -21,10 +21,12 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..intermediates import take_indices
 from ..layers import PatchEmbed
+from ..layers.patch_embed import to_2tuple
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
 from ..timm_cfg import IMAGENET_MEAN, IMAGENET_STD, TimmPretrainedCfg
@@ -88,15 +90,8 @@ class SwinTransformer(TimmPretrainedCfg, nn.Module):
         self.global_pool = config.global_pool
         self.embed_dim = config.embed_dim
         self.num_features = self.head_hidden_size = config.num_features
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=config.embed_dim,
-            norm=True,
-            norm_eps=config.norm_eps,
-            dynamic_img_size=config.dynamic_img_size,
-        )
+        self.img_pad = config.patch_size if config.dynamic_img_pad else 0
+        self.patch_embed = swin_patch_embed(config, config.img_size)
         self.layers = nn.Sequential(*[_build_stage(config, i) for i in range(config.num_stages)])
         self.norm = nn.LayerNorm(config.num_features, eps=config.norm_eps)
         self.head = SwinHead(
@@ -223,15 +218,7 @@ class SwinTransformer(TimmPretrainedCfg, nn.Module):
             reference = (config.windows, config.grid_size) if window_size is None else None
             self._window_reference = reference or (windows, new.grid_size)
         old = self.patch_embed
-        self.patch_embed = PatchEmbed(
-            img_size=size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=config.embed_dim,
-            norm=True,
-            norm_eps=config.norm_eps,
-            dynamic_img_size=config.dynamic_img_size,
-        )
+        self.patch_embed = swin_patch_embed(config, size)
         self.patch_embed.load_state_dict(old.state_dict())
         self.patch_embed.to(old.proj.weight.device).train(old.training)
         for index, stage in enumerate(self.layers):
@@ -242,6 +229,7 @@ class SwinTransformer(TimmPretrainedCfg, nn.Module):
                     new.windows[index],
                     shift=position % 2 == 1,
                     always=new.always_partition,
+                    rule=new.windows_like,
                 )
         self.config = new
 
@@ -311,20 +299,62 @@ class SwinTransformer(TimmPretrainedCfg, nn.Module):
     # -- forward ----------------------------------------------------------------------------
 
     def embed(self, x: Tensor) -> Tensor:
-        """Images (B, C, H, W) -> the patch map (B, H/p, W/p, D), normed."""
+        """Images (B, C, H, W) -> the patch map (B, H/p, W/p, D), normed; with
+        `dynamic_img_pad` the image is first padded right and bottom to whole patches (HF's
+        `maybe_pad`)."""
+        if self.img_pad:
+            pad = self.img_pad
+            x = F.pad(x, (0, -x.shape[-1] % pad, 0, -x.shape[-2] % pad))  # (B, C, Hp, Wp)
         tokens, grid = self.patch_embed(x)  # (B, N, D)
         return tokens.reshape(tokens.shape[0], grid[0], grid[1], -1)  # (B, H/p, W/p, D)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """The last stage's map after the final norm, (B, H/32, W/32, 8D) (NHWC, as timm)."""
+    def forward_features(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[list[Tensor]]]:
+        """The last stage's map after the final norm, (B, H/32, W/32, 8D) (NHWC, as timm); with
+        `return_attention`, also the attention weights (`features_with_attention`)."""
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if return_attention:
+                return self.features_with_attention(x)
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
         return self.norm(self.layers(self.embed(x)))
+
+    def features_with_attention(self, x: Tensor) -> tuple[Tensor, list[list[Tensor]]]:
+        """`forward_features` and the attention weights of every block, per stage a list
+        per block of (B * nW, heads, N, N): nW the windows of the stage's map padded to whole
+        windows, in timm's order (row-major, of the shifted map in odd blocks), N the tokens
+        of a window. Hugging Face's `output_attentions=True` returns the last block of each
+        stage: `[stage[-1] for stage in attentions]`. Written out, not fused."""
+        x = self.embed(x)
+        attentions: list[list[Tensor]] = []
+        for stage in self.layers:
+            x = stage.downsample(x)
+            weights: list[Tensor] = []
+            for block in stage.blocks:
+                x, block_weights = block.forward_with_weights(x)
+                weights.append(block_weights)
+            attentions.append(weights)
+        return self.norm(x), attentions
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """A map (B, h, w, C) -> logits (B, num_classes), or the pooled (B, C) features."""
         return self.head(x, pre_logits=pre_logits)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[list[Tensor]]]:
+        """Logits (B, num_classes); with `return_attention`, also every block's attention
+        weights, per stage (`features_with_attention`)."""
+        if not torch.jit.is_scripting():  # TorchScript compiles the plain path only
+            if isinstance(return_attention, torch.fx.Proxy):
+                return_attention = False  # torch.fx makes every argument a proxy: trace logits
+            if return_attention:
+                features, attentions = self.features_with_attention(x)
+                return self.forward_head(features), attentions
+        elif return_attention:
+            raise ValueError("return_attention=True needs the eager model, not TorchScript")
+        return self.forward_head(self.norm(self.layers(self.embed(x))))
 
     def forward_intermediates(
         self,
@@ -391,23 +421,56 @@ def _build_stage(config: SwinConfig, index: int) -> SwinStage:
             act_layer=config.act_layer,
             norm_eps=config.norm_eps,
             always_partition=config.always_partition,
+            windows_like=config.windows_like,
         )
         for depth in range(config.depths[index])
     ]
     return SwinStage(downsample, blocks)
 
 
+def swin_patch_embed(config: SwinConfig, img_size: int | tuple[int, int]) -> PatchEmbed:
+    """The patch embedding (the ViT's convolution, then a LayerNorm; V2-cr's too) at
+    `img_size`; with `dynamic_img_pad`, at the size padded to whole patches (`embed` pads the
+    image first)."""
+    patch, sides = config.patch_size, to_2tuple(img_size, "img_size")
+    if config.dynamic_img_pad:
+        img_size = tuple(-(-side // patch) * patch for side in sides)
+    elif any(side % patch for side in sides):
+        raise ValueError(
+            f"img_size {img_size} is not a multiple of the patch size {patch}; use a multiple "
+            f"of {patch}, or pass dynamic_img_pad=True to pad the image to whole patches (as "
+            "Hugging Face's Swin does)"
+        )
+    return PatchEmbed(
+        img_size=img_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_chans,
+        embed_dim=config.embed_dim,
+        norm=True,
+        norm_eps=config.norm_eps,
+        dynamic_img_size=config.dynamic_img_size,
+    )
+
+
 @torch.no_grad()
 def _resize_block(
-    block: SwinBlock, resolution: tuple[int, int], window: int, *, shift: bool, always: bool
+    block: SwinBlock,
+    resolution: tuple[int, int],
+    window: int,
+    *,
+    shift: bool,
+    always: bool,
+    rule: str = "timm",
 ) -> None:
     """A block for another map and window, as timm's `set_input_size`: the window clamped to
     the map, the V1 bias table resized (V2's coordinates recomputed for the pre-training
     window), the index and the shift mask rebuilt."""
     half = (window // 2, window // 2) if shift else (0, 0)
-    used, shifts = clamp_window(resolution, (window, window), half, always)
+    used, shifts = clamp_window(resolution, (window, window), half, always, rule)
     block.input_resolution = resolution
     block.shift_size = shifts
+    if block.per_input_shift is not None:
+        block.per_input_shift = half
     attn = block.attn
     if used != block.window_size:
         device = attn.proj.weight.device

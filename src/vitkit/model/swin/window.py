@@ -90,12 +90,26 @@ def shift_mask(
 
 
 def clamp_window(
-    resolution: tuple[int, int], window: tuple[int, int], shift: tuple[int, int], always: bool
+    resolution: tuple[int, int],
+    window: tuple[int, int],
+    shift: tuple[int, int],
+    always: bool,
+    rule: str = "timm",
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """The window and shift a block uses on a map of `resolution`: a window no smaller than the
-    map is clamped to the map and not shifted (unless `always` partition), per side."""
+    map is clamped to the map and not shifted (unless `always` partition), per side; under
+    torchvision's `rule` it is kept (the map is padded to it) and only the shift dropped."""
     if always:
         return window, shift
+    if rule == "torchvision":
+        return window, torchvision_shift(resolution, window, shift)
     used = tuple(r if r <= w else w for r, w in zip(resolution, window))
     shifts = tuple(0 if r <= w else s for r, w, s in zip(resolution, used, shift))
     return used, shifts  # type: ignore[return-value]
+
+
+def torchvision_shift(
+    resolution: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]
+) -> tuple[int, int]:
+    """torchvision's shift on a map of `resolution`: none on a side that one window covers."""
+    return tuple(0 if r <= w else s for r, w, s in zip(resolution, window, shift))  # type: ignore[return-value]

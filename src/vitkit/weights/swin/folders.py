@@ -25,6 +25,7 @@ from torch import Tensor
 from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from ...files import atomic_write
 from ...model import SwinConfig, SwinTransformer
+from ...model.layers.patch_embed import to_2tuple
 from ...model.swin.cr_config import SwinCrConfig
 from ..hub import HF_ACTIVATIONS, class_names, hf_processor, write_json
 from .hf import check_same_windows
@@ -160,6 +161,19 @@ def timm_swin_args(config: SwinConfig) -> tuple[str, dict[str, Any]]:
     `swinv2_*`; every size given, so the architecture contributes its class only)."""
     if config.norm_eps != 1e-5:
         raise ValueError(f"timm's Swin norms have eps 1e-5; this model has {config.norm_eps:g}")
+    if config.windows_like != "timm":
+        library = "torchvision" if config.windows_like == "torchvision" else "Hugging Face V"
+        check_same_windows(  # a CheckpointError: ValueError
+            config.replace(windows_like="timm"),
+            library + (str(config.version) if library.endswith("V") else ""),
+            fix="timm's Swin windows them otherwise: no faithful timm folder",
+        )
+    sides = to_2tuple(config.img_size, "img_size")
+    if config.dynamic_img_pad and any(side % config.patch_size for side in sides):
+        raise ValueError(
+            f"timm's Swin does not pad img_size {config.img_size} to whole patches of "
+            f"{config.patch_size}: no faithful timm folder"
+        )
     windows = config.windows
     if len(set(windows)) > 1 and config.num_stages == 2:
         raise ValueError("timm reads two windows as (height, width), not one per stage")

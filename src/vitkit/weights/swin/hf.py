@@ -14,7 +14,9 @@ HF pads a feature map to whole windows before it shifts it, timm (and vitkit) sh
 HF's V1 clamps a window to the smaller side of a map, timm each side to that side. Both agree
 wherever a shifted stage's map is whole windows or padded by exactly the shift (and, for V1,
 no map is smaller than the window): `check_same_windows` refuses the other image sizes in one
-line.
+line, unless the model windows as HF does (`windows_like='hf'`; `dynamic_img_pad` for an image
+of partial patches, which HF pads). A `SwinBackbone` / `Swinv2Backbone` folder is read by
+`hf_backbone.py`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ...model import SwinConfig
+from ...model.layers.patch_embed import to_2tuple
 from ..checkpoint import CheckpointError, MissingOptionError
 from ..hub import HF_ACTIVATIONS, hf_config_dict, unknown_weights_error
 from .timm import from_timm_swin
@@ -83,6 +86,12 @@ def hf_to_timm_swin(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     unknown = {}
     for key, value in state_dict.items():
         name = next((key[len(p) :] for p in _PREFIXES if key.startswith(p)), key)
+        if name.startswith("hidden_states_norms."):
+            raise CheckpointError(
+                "these are a transformers SwinBackbone's weights (per-stage "
+                "hidden_states_norms): read its folder with "
+                "vitkit.weights.swin.hf_backbone.load_hf_swin_backbone"
+            )
         if name == "embeddings.position_embeddings":
             raise CheckpointError(
                 "these Swin weights have an absolute position embedding "
@@ -154,6 +163,11 @@ def from_hf_swin(
     hf = hf_config_dict(config)
     fit_img_size = overrides.pop("fit_img_size", None)
     overrides.pop("num_heads", None)  # read from the weights
+    if {"SwinBackbone", "Swinv2Backbone"} & set(hf.get("architectures") or ()):
+        raise CheckpointError(
+            f"the config is of a transformers {hf['architectures'][0]}; read its folder "
+            "with vitkit.weights.swin.hf_backbone.load_hf_swin_backbone"
+        )
     sd = hf_to_timm_swin(state_dict)
     options: dict[str, Any] = {}
     if hf:
@@ -184,11 +198,27 @@ def from_hf_swin(
     if windows is not None and "window_size" not in options:
         options["window_size"] = windows
     options.update(overrides)
+    _check_whole_patches(options, sd)
     sd, swin = read_renamed(
         sd, options, arch=arch, fit_img_size=fit_img_size, library="Hugging Face"
     )
     check_same_windows(swin, f"Hugging Face V{swin.version}")
     return sd, swin
+
+
+def _check_whole_patches(options: Mapping[str, Any], sd: Mapping[str, Tensor]) -> None:
+    """Refuse in one line an image size of partial patches, which HF pads (unless the options
+    pad it too)."""
+    weight = sd.get("patch_embed.proj.weight")
+    if "img_size" not in options or weight is None or options.get("dynamic_img_pad"):
+        return
+    size, patch = options["img_size"], weight.shape[-1]
+    if any(side % patch for side in to_2tuple(size, "img_size")):
+        raise CheckpointError(
+            f"image_size {size} is not a multiple of the patch size {patch}, which Hugging "
+            "Face pads to whole patches; pass dynamic_img_pad=True and windows_like='hf' to "
+            "do the same"
+        )
 
 
 def read_renamed(
@@ -222,26 +252,50 @@ def _same_windows(library: str, sides: tuple[int, int], window: int, shifted: bo
     (tests/weights/test_swin_hf.py); a map shifted on one side only and padded differs."""
     if library == "torchvision" and min(sides) < window:
         return False
-    if library == "Hugging Face V1" and min(sides) <= window:
-        if min(sides) < window or (shifted and sides[0] != sides[1]):
-            return False
+    if library == "Hugging Face V1" and not _v1_clamps_alike(sides, window, shifted):
+        return False
     if not shifted or all(side % window == 0 for side in sides):
         return True
     return all(side > window and -side % window in (0, window // 2) for side in sides)
 
 
-def check_same_windows(
-    config: SwinConfig,
-    library: str,
-    fix: str = "load at an img_size whose stage maps are whole windows",
-) -> None:
-    """Refuse, in one line ending with `fix`, an image size at which `library`'s
-    ('torchvision', 'Hugging Face V1' or 'Hugging Face V2') windows differ from timm's
-    (`_same_windows`)."""
+def _v1_clamps_alike(sides: tuple[int, int], window: int, shifted: bool) -> bool:
+    """Whether HF V1's clamping (the smaller side for both, no shift, and a forward that
+    fails on a map smaller than its window) agrees with timm's per-side clamping."""
+    if min(sides) > window:
+        return True
+    return min(sides) == window and not (shifted and sides[0] != sides[1])
+
+
+# The `windows_like` of each library's windowing.
+_LIKE = {"torchvision": "torchvision", "Hugging Face V1": "hf", "Hugging Face V2": "hf"}
+
+
+def check_same_windows(config: SwinConfig, library: str, fix: str | None = None) -> None:
+    """Refuse, in one line ending with `fix` (default: a size of whole windows, or the
+    `windows_like` of `library`), an image size at which `library`'s ('torchvision', 'Hugging
+    Face V1' or 'Hugging Face V2') windows differ from `config`'s: timm's (`_same_windows`),
+    or the library's own under its `windows_like`, where only HF V1's clamping differs."""
+    like = _LIKE[library]
+    if fix is None:
+        fix = (
+            "load at an img_size whose stage maps are whole windows, or pass "
+            f"windows_like='{like}' (its windowing)"
+        )
+    if config.windows_like not in ("timm", like):
+        raise CheckpointError(
+            f"windows_like={config.windows_like!r} is not {library}'s windowing; pass "
+            f"windows_like='{like}' or 'timm'"
+        )
     for stage in range(config.num_stages):
         sides, window = config.stage_resolution(stage), config.windows[stage]
         shifted = config.depths[stage] > 1 and max(sides) > window  # odd blocks shift
-        if not _same_windows(library, sides, window, shifted):
+        if config.windows_like == like:
+            same = library != "Hugging Face V1" or config.always_partition  # no clamping
+            same = same or _v1_clamps_alike(sides, window, shifted)
+        else:
+            same = _same_windows(library, sides, window, shifted)
+        if not same:
             raise CheckpointError(
                 f"at img_size {config.img_size} stage {stage} is a {sides[0]}x{sides[1]} map for "
                 f"a window of {window}, which {library} pads or clamps unlike timm: no faithful "

@@ -7,16 +7,23 @@ the reading options every source is given. A Swin's weights do not record the im
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
 
-from ...model import SwinConfig
+from ...model import SwinConfig, SwinTransformer
+from ..source import Fitting, SourceWeights
 from .folders import swin_folder_options
 from .hf import from_hf_swin, is_hf_swin
-from .timm import from_timm_swin, is_swin_state_dict
-from .torchvision import TORCHVISION_SWIN, from_torchvision_swin, is_torchvision_swin
+from .timm import fill_swin, from_timm_swin, is_swin_state_dict
+from .torchvision import (
+    TORCHVISION_SWIN,
+    from_torchvision_swin,
+    is_torchvision_swin,
+    torchvision_data_config,
+)
 
 
 def timm_keys(keys: Sequence[str]) -> bool:
@@ -61,3 +68,18 @@ def folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:
 def builders() -> dict[str, dict[str, Any]]:
     """torchvision's builder names (`swin_t`, ...): `from_torchvision_swin` reads the name."""
     return {name: {"arch": name} for name in TORCHVISION_SWIN}
+
+
+def fill(
+    weights: SourceWeights,
+    model: SwinTransformer | None,
+    fitting: Fitting,
+    overrides: Mapping[str, Any],
+) -> SwinTransformer:
+    """`fill_swin`, torchvision builders' weights given the eval transform of their weights
+    (which a state dict does not carry) where nothing else states a data config."""
+    if weights.format == "torchvision" and weights.data_config is None:
+        data_config = torchvision_data_config(weights.config)
+        if data_config is not None:
+            weights = dataclasses.replace(weights, data_config=data_config)
+    return fill_swin(weights, model, fitting, overrides)

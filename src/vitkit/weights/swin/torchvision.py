@@ -9,10 +9,12 @@ MLP's `mlp.0` / `mlp.3` to `fc1` / `fc2`. The V1 bias tables and the saved
 `qkv.bias` holds a k bias that torchvision zeroes at every forward: it is dropped, and the q
 and v thirds become timm's `q_bias` / `v_bias`.
 
-The weights do not record the image size: `arch=` or `img_size` gives it. torchvision pads a
-map to whole windows and attends to the padding, where timm clamps a window to a smaller map
-and shifts before padding: an image size whose stage maps are not whole windows is refused
-(`hf.check_same_windows`).
+The weights do not record the image size: `arch=` or `img_size` gives it, or the builder the
+tensors' sizes name (`swin_t` ...), read as torchvision's model (its eval size, any input size,
+`windows_like='torchvision'`, the data config of its weights' transforms). torchvision pads a
+map to whole windows before the shift and attends to the padding, where timm clamps a window
+to a smaller map and shifts before padding: under timm's windowing an image size whose stage
+maps are not whole windows is refused (`hf.check_same_windows`).
 """
 
 from __future__ import annotations
@@ -24,22 +26,26 @@ from typing import Any
 
 from torch import Tensor
 
+from ...data.data_config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from ...model import SwinConfig
-from ..checkpoint import ArchMismatchError, CheckpointError
+from ...model.layers.patch_embed import to_2tuple
+from ..checkpoint import ArchMismatchError, CheckpointError, MissingOptionError
 from .hf import check_same_windows, coords_windows, read_renamed
+from .timm import from_timm_swin
 
 _BLOCK_NAMES = {"mlp.0": "mlp.fc1", "mlp.3": "mlp.fc2"}
 
-# torchvision's Swin builders: (version, embed_dim, depths, heads, window, the image size of
-# their weights' eval transform), `models/swin_transformer.py`.
-TORCHVISION_SWIN: dict[str, tuple[int, int, tuple[int, ...], tuple[int, ...], int, int]] = {
-    "swin_t": (1, 96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 224),
-    "swin_s": (1, 96, (2, 2, 18, 2), (3, 6, 12, 24), 7, 224),
-    "swin_b": (1, 128, (2, 2, 18, 2), (4, 8, 16, 32), 7, 224),
-    "swin_v2_t": (2, 96, (2, 2, 6, 2), (3, 6, 12, 24), 8, 256),
-    "swin_v2_s": (2, 96, (2, 2, 18, 2), (3, 6, 12, 24), 8, 256),
-    "swin_v2_b": (2, 128, (2, 2, 18, 2), (4, 8, 16, 32), 8, 256),
-}
+# torchvision's Swin builders: (version, embed_dim, depths, heads, window, the crop and the
+# resize of their weights' eval transform), `models/swin_transformer.py` and
+# `Swin_*_Weights.IMAGENET1K_V1.transforms` (bicubic, ImageNet statistics).
+TORCHVISION_SWIN: dict[str, tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, int]] = {
+    "swin_t": (1, 96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 224, 232),
+    "swin_s": (1, 96, (2, 2, 18, 2), (3, 6, 12, 24), 7, 224, 246),
+    "swin_b": (1, 128, (2, 2, 18, 2), (4, 8, 16, 32), 7, 224, 238),
+    "swin_v2_t": (2, 96, (2, 2, 6, 2), (3, 6, 12, 24), 8, 256, 260),
+    "swin_v2_s": (2, 96, (2, 2, 18, 2), (3, 6, 12, 24), 8, 256, 260),
+    "swin_v2_b": (2, 128, (2, 2, 18, 2), (4, 8, 16, 32), 8, 256, 272),
+}  # fmt: skip
 
 
 def is_torchvision_swin(keys: Mapping[str, Any] | list[str]) -> bool:
@@ -91,22 +97,28 @@ def from_torchvision_swin(
     state_dict: Mapping[str, Tensor], *, arch: str | None = None, **overrides: Any
 ) -> tuple[dict[str, Tensor], SwinConfig]:
     """A torchvision Swin state dict in timm's layout and its `SwinConfig`: the sizes and
-    windows the tensors show, the image size from `arch` (a torchvision builder such as
-    'swin_t': its weights' eval size; or a vitkit `swin*` name) or the `overrides`
-    (`SwinConfig` fields; `fit_img_size` is `load_pretrained`'s img_size)."""
+    windows the tensors show, the image size from `arch` (a vitkit `swin*` name), the
+    `overrides` (`SwinConfig` fields; `fit_img_size` is `load_pretrained`'s img_size), or a
+    torchvision builder: named (`arch='swin_t'`) or, without a name or a size, the one whose
+    sizes the tensors show. A builder's weights read as torchvision's model: its eval size,
+    any input size (`dynamic_img_size`) windowed as torchvision does (`windows_like`)."""
     fit_img_size = overrides.pop("fit_img_size", None)
     overrides.pop("num_heads", None)  # read from the weights
     sd = torchvision_to_timm_swin(state_dict)
-    builder = None
-    if arch in TORCHVISION_SWIN:
-        builder, arch = arch, None
-        overrides.setdefault("img_size", TORCHVISION_SWIN[builder][5])
     windows = coords_windows(sd)
     if windows is None:
         windows = _index_windows(state_dict)
     options: dict[str, Any] = {"norm_eps": 1e-5, "pretrained_window_sizes": 0}
     if windows is not None:
         options["window_size"] = windows
+    builder = None
+    if arch in TORCHVISION_SWIN:
+        builder, arch = arch, None
+    elif arch is None and fit_img_size is None and "img_size" not in overrides:
+        builder = _builder_of(sd, options)
+    if builder is not None:
+        options.update(img_size=TORCHVISION_SWIN[builder][5], dynamic_img_size=True)
+        options["windows_like"] = "torchvision"
     options.update(overrides)
     sd, config = read_renamed(
         sd, options, arch=arch, fit_img_size=fit_img_size, library="torchvision"
@@ -121,10 +133,43 @@ def from_torchvision_swin(
     return sd, config
 
 
+def _builder_of(sd: dict[str, Tensor], options: dict[str, Any]) -> str:
+    """The torchvision builder whose sizes the weights show; without one, a one-line refusal
+    asking for what they do not record (the image size)."""
+    _, config = from_timm_swin(dict(sd), **options, img_size=224)
+    builder = torchvision_swin_builder(config)
+    if builder is None:
+        raise MissingOptionError(
+            "torchvision Swin weights of sizes no builder (swin_t ... swin_v2_b) has do not "
+            "record the image size",
+            ("arch",),
+            ("img_size",),
+        )
+    return builder
+
+
+def torchvision_data_config(config: SwinConfig) -> DataConfig | None:
+    """The eval transform of a torchvision builder's weights (`Swin_T_Weights.IMAGENET1K_V1
+    .transforms()`: bicubic resize of the shorter side to 232, centre crop 224, ImageNet
+    statistics), at `config`'s image size; None for sizes of no builder."""
+    builder = torchvision_swin_builder(config)
+    if builder is None:
+        return None
+    *_, crop, resize = TORCHVISION_SWIN[builder]
+    height, width = to_2tuple(config.img_size, "img_size")
+    return DataConfig(
+        input_size=(config.in_chans, height, width),
+        interpolation="bicubic",
+        crop_pct=crop / resize,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    )
+
+
 def torchvision_swin_builder(config: SwinConfig) -> str | None:
     """The torchvision builder of `config`'s version, sizes and windows; None for others."""
     sizes = (config.version, config.embed_dim, config.depths, config.num_heads)
-    for name, (*named, window, _) in TORCHVISION_SWIN.items():
+    for name, (*named, window, _, _) in TORCHVISION_SWIN.items():
         if sizes == tuple(named) and set(config.windows) == {window} and config.patch_size == 4:
             return name
     return None
