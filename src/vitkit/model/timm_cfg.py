@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .layers.patch_embed import to_2tuple
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -17,8 +19,9 @@ INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)
 class TimmPretrainedCfg:
     """A model's timm `pretrained_cfg`: a family sets `TIMM_MEAN` / `TIMM_STD` (its timm
     default for 3-channel inputs; 0.5 per channel otherwise) and, where its classifier is not
-    `head`, `timm_classifier`. The model needs `config.in_chans`, `patch_embed` (its `img_size`
-    and `dynamic_img_size`), `num_classes` and `data_config`; a cfg set by timm is kept as set."""
+    `head`, `timm_classifier`. The model needs `config` (`in_chans`, `img_size` as built, not as
+    padded to whole patches, and `dynamic_img_size`), `num_classes` and `data_config`; a cfg set
+    by timm is kept as set."""
 
     # class attributes without annotations: TorchScript would read annotations as the
     # module's attributes to compile
@@ -34,7 +37,7 @@ class TimmPretrainedCfg:
     def pretrained_cfg(self) -> dict[str, Any]:
         if self._pretrained_cfg is not None:
             return self._pretrained_cfg
-        chans, (height, width) = self.config.in_chans, self.patch_embed.img_size
+        chans, (height, width) = self.config.in_chans, to_2tuple(self.config.img_size, "img_size")
         data = {
             "input_size": (chans, height, width),
             "interpolation": "bicubic",
@@ -47,7 +50,7 @@ class TimmPretrainedCfg:
             data = {key: getattr(self.data_config, key) for key in data}
         return {
             **data,
-            "fixed_input_size": not self.patch_embed.dynamic_img_size,
+            "fixed_input_size": not self.config.dynamic_img_size,
             "num_classes": self.num_classes,
             "pool_size": None,
             "first_conv": "patch_embed.proj",
