@@ -204,6 +204,24 @@ def scores_stages(path: str, block: int | None = None, bias: list[Stage] = ()) -
     ]
 
 
+def biased_qkv_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
+    """BEiT's qkv (EVA's too): the `qkv` Linear's weight read by `F.linear` with the separate
+    `q_bias` / `v_bias` (keys never biased) where the attention has them, then the heads."""
+    attn = root.get_submodule(path)
+    dim = attn.qkv.in_features
+    if attn.q_bias is not None:
+        biases = "q and v biases"
+    else:
+        biases = "bias" if attn.qkv.bias is not None else "no bias"
+    params = sum(param_count(p) for p in (attn.qkv, attn.q_bias, attn.v_bias))
+    detail, qkv = f"Linear {dim}->{3 * dim}, {biases}", Op(path, ("linear",))
+    heads, split = "reshape + permute into q, k, v", Op(path, ("permute",))
+    return [
+        Stage(path, "qkv projection", detail, "(B, N, 3*D)", qkv, params, block),
+        Stage(path, "split heads", heads, "(3, B, heads, N, hd)", split, 0, block),
+    ]
+
+
 def attention_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
     """An `Attention` on its explicit path: qkv, heads, softmax(q k^T * scale) v, projection."""
     attn: Attention = root.get_submodule(path)

@@ -20,6 +20,7 @@ from ..stages import (
     Op,
     Output,
     Stage,
+    biased_qkv_stages,
     gamma_stages,
     head_stages,
     mlp_stages,
@@ -60,16 +61,10 @@ def _bias_stages(root: nn.Module, path: str, block: int, shared: bool) -> list[S
 def attention_stages(root: nn.Module, path: str, block: int, shared: bool) -> list[Stage]:
     """A `BeitAttention` on its written-out path: the qkv weight read by `F.linear` with the
     q / v biases, heads, logits plus the relative position bias, softmax, values, projection."""
-    attn: BeitAttention = root.get_submodule(path)
-    dim = attn.proj.in_features
-    biases = ", q and v biases" if attn.q_bias is not None else ", no bias"
-    params = sum(param_count(p) for p in (attn.qkv, attn.q_bias, attn.v_bias))
-    qkv, linear = Op(path, ("linear",)), f"Linear {dim}->{3 * dim}{biases}"
-    split, heads = Op(path, ("permute",)), "reshape + permute into q, k, v"
+    dim = root.get_submodule(path).proj.in_features
     proj = f"Linear {dim}->{dim}"
     return [
-        Stage(path, "qkv projection", linear, "(B, N, 3*D)", qkv, params, block),
-        Stage(path, "split heads", heads, "(3, B, heads, N, hd)", split, 0, block),
+        *biased_qkv_stages(root, path, block),
         *scores_stages(path, block, _bias_stages(root, path, block, shared)),
         module_stage(root, f"{path}.proj", "attention projection", proj, "(B, N, D)", block),
     ]

@@ -21,6 +21,7 @@ from ..stages import (
     Op,
     Output,
     Stage,
+    biased_qkv_stages,
     gamma_stages,
     head_stages,
     mlp_stages,
@@ -49,30 +50,24 @@ def _qkv_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
     """EVA's fused weight (read by `F.linear`, its q / v biases beside it) or timm's separate
     q, k, v projections; then the heads."""
     attn: EvaAttention = root.get_submodule(path)
+    if attn.qkv is not None:
+        return biased_qkv_stages(root, path, block)
     dim = attn.proj.in_features
-    if attn.qkv is None:
-        projections = (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj))
-        stages = [
-            module_stage(
-                root,
-                f"{path}.{name}_proj",
-                f"{name} projection",
-                f"Linear {dim}->{proj.out_features}",
-                "(B, N, D)" if proj.out_features == dim else "(B, N, kv*hd)",
-                block,
-            )
-            for name, proj in projections
-        ]
-        split = Op(path, ("transpose",), 0)  # q's
-        detail = "reshape + transpose: q, k, v each (B, heads, N, hd)"
-        return [*stages, Stage(path, "split heads", detail, HEADS, split, 0, block)]
-    biases = "q and v biases" if attn.q_bias is not None else "bias"
-    biases = biases if attn.q_bias is not None or attn.qkv.bias is not None else "no bias"
-    params = sum(param_count(p) for p in (attn.qkv, attn.q_bias, attn.v_bias))
-    detail = f"Linear {dim}->{3 * dim}, {biases}"
-    qkv = Stage(path, "qkv projection", detail, "(B, N, 3*D)", Op(path, ("linear",)), params, block)
-    detail, split = "reshape + permute into q, k, v", Op(path, ("permute",))
-    return [qkv, Stage(path, "split heads", detail, "(3, B, heads, N, hd)", split, 0, block)]
+    projections = (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj))
+    stages = [
+        module_stage(
+            root,
+            f"{path}.{name}_proj",
+            f"{name} projection",
+            f"Linear {dim}->{proj.out_features}",
+            "(B, N, D)" if proj.out_features == dim else "(B, N, kv*hd)",
+            block,
+        )
+        for name, proj in projections
+    ]
+    split = Op(path, ("transpose",), 0)  # q's
+    detail = "reshape + transpose: q, k, v each (B, heads, N, hd)"
+    return [*stages, Stage(path, "split heads", detail, HEADS, split, 0, block)]
 
 
 def attention_stages(root: nn.Module, path: str, block: int, rope: bool) -> list[Stage]:
