@@ -177,3 +177,43 @@ def test_the_written_out_attention_is_the_fused_one_and_the_walk_restores_it(fam
     for attn in attentions:
         attn.fused_attn = False
     torch.testing.assert_close(model(x), fused, rtol=1e-5, atol=1e-5)
+
+
+OTHER_EVAS = {
+    "gqa": dict(use_rot_pos_emb=True, attn_type="rope", qkv_fused=False, num_kv_heads=(2, 1),
+                qk_norm=True, norm_layer="rmsnorm", init_values=1e-5, attn_only_layer_scale=True),
+    "mixed": dict(use_rot_pos_emb=True, rope_type="mixed", rope_grid_indexing="xy"),
+    "half": dict(use_rot_pos_emb=True, rope_rotate_half=True, num_reg_tokens=2),
+    "no-embed-class": dict(no_embed_class=True, num_reg_tokens=1),
+    "post-norm": dict(use_post_norm=True, use_rot_pos_emb=True, scale_attn_inner=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", OTHER_EVAS)
+def test_the_eva_walk_of_other_options(kind):
+    """Grouped key / value heads, RoPE-Mixed, the half rotation, positions on the patches
+    only and post-norm blocks: measured as the model runs them."""
+    torch.manual_seed(0)
+    model = Eva(**TINY, **OTHER_EVAS[kind])
+    result, rows, _ = check_walk(model, (2, 3, 32, 32))
+    roles = [r.role for r in result.rows]
+    if kind == "gqa":  # block 1: one key / value head for both query heads
+        assert (0, "kv heads repeated") not in rows
+        assert rows[(1, "kv heads repeated")].shape == (2, 2, 17, 12)
+        assert rows[(1, "k projection")].shape == (2, 17, 12)
+        assert rows[(1, "rotary positions")].shape == (2, 1, 17, 12)  # k's, before repeating
+        assert rows[(0, "key norm")].detail == "RMSNorm" and (0, "layer scale") in rows
+        assert len([r for r in result.rows if r.role == "layer scale"]) == 2  # attention only
+    if kind == "mixed":
+        assert rows[(None, "rotary table")].shape == (2, 2, 16, 24)  # (depth, heads, P, 2*hd)
+        assert rows[(None, "rotary table")].params == model.rope.freqs.numel()
+    if kind == "half":
+        assert rows[(0, "rotary positions")].shape == (2, 2, 19, 12)
+    if kind == "no-embed-class":
+        assert roles.index("position add") < roles.index("token concat")
+        assert rows[(None, "position add")].shape == (2, 16, 24)
+        assert rows[(None, "token concat")].shape == (2, 18, 24)
+    if kind == "post-norm":
+        block = [r.role for r in result.rows if r.block == 0]
+        assert block.index("attention norm") == block.index("attention projection") + 1
+        assert rows[(0, "merged heads norm")].shape == (2, 17, 24)
