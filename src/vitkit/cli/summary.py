@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.OK
     arch = find_architecture(model)
     if not callable(getattr(model, "describe_flow", None)):
+        what = "a timm CNN" if arch is None else f"a {arch.title}, which has no stage walk"
         raise UserError(
-            f"{args.model} is a timm CNN: --flow and --compare-torch walk vitkit's families"
+            f"{args.model} is {what}: --flow and --compare-torch walk the ViT, Swin (V1, V2), "
+            "EVA and BEiT families"
         )
     if args.compare_torch and (arch is None or "encoder" not in arch.option_names()):
         title = arch.title if arch is not None else "ViTDet pyramid"

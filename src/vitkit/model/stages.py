@@ -186,27 +186,59 @@ def patch_embed_stages(root: nn.Module, path: str) -> list[Stage]:
     return stages + optional_stages(root, f"{path}.norm", "patch norm", "(B, P, D)", None)
 
 
+def scores_stages(path: str, block: int | None = None, bias: list[Stage] = ()) -> list[Stage]:
+    """The attention proper, written out in the module at `path` on heads q, k, v (B, heads,
+    N, hd): logits q k^T * scale, any position `bias` stages, softmax, weighted values and the
+    merged heads (the first and second `matmul` of that module, its `softmax`, its `flatten`)."""
+
+    def op(role: str, detail: str, layout: str, name: str, nth: int = 0) -> Stage:
+        return Stage(path, role, detail, layout, Op(path, (name,), nth), 0, block)
+
+    heads = "(B, heads, N, N)"
+    return [
+        op("attention logits", "q @ k^T * scale", heads, "matmul", 0),
+        *bias,
+        op("softmax", "over the keys: each row sums to 1", heads, "softmax"),
+        op("weighted values", "softmax @ v", "(B, heads, N, hd)", "matmul", 1),
+        op("merge heads", "transpose(1, 2) + flatten", TOKEN, "flatten"),
+    ]
+
+
+def biased_qkv_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
+    """BEiT's qkv (EVA's too): the `qkv` Linear's weight read by `F.linear` with the separate
+    `q_bias` / `v_bias` (keys never biased) where the attention has them, then the heads."""
+    attn = root.get_submodule(path)
+    dim = attn.qkv.in_features
+    if attn.q_bias is not None:
+        biases = "q and v biases"
+    else:
+        biases = "bias" if attn.qkv.bias is not None else "no bias"
+    params = sum(param_count(p) for p in (attn.qkv, attn.q_bias, attn.v_bias))
+    detail, qkv = f"Linear {dim}->{3 * dim}, {biases}", Op(path, ("linear",))
+    heads, split = "reshape + permute into q, k, v", Op(path, ("permute",))
+    return [
+        Stage(path, "qkv projection", detail, "(B, N, 3*D)", qkv, params, block),
+        Stage(path, "split heads", heads, "(3, B, heads, N, hd)", split, 0, block),
+    ]
+
+
 def attention_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
     """An `Attention` on its explicit path: qkv, heads, softmax(q k^T * scale) v, projection."""
     attn: Attention = root.get_submodule(path)
     dim = attn.qkv.in_features
 
-    def op(role: str, detail: str, layout: str, name: str, nth: int = 0) -> Stage:
-        return Stage(path, role, detail, layout, Op(path, (name,), nth), 0, block)
-
     def layer(name: str, role: str, detail: str, layout: str) -> Stage:
         return module_stage(root, f"{path}.{name}", role, detail, layout, block)
 
     heads = "(B, heads, N, hd)"
+    split = Op(path, ("permute",))
+    detail = "reshape + permute into q, k, v"
     return [
         layer("qkv", "qkv projection", f"Linear {dim}->{3 * dim}", "(B, N, 3*D)"),
-        op("split heads", "reshape + permute into q, k, v", "(3, B, heads, N, hd)", "permute"),
+        Stage(path, "split heads", detail, "(3, B, heads, N, hd)", split, 0, block),
         *optional_stages(root, f"{path}.q_norm", "query norm", heads, block),
         *optional_stages(root, f"{path}.k_norm", "key norm", heads, block),
-        op("attention logits", "q @ k^T * scale", "(B, heads, N, N)", "matmul", 0),
-        op("softmax", "over the keys: each row sums to 1", "(B, heads, N, N)", "softmax"),
-        op("weighted values", "softmax @ v", heads, "matmul", 1),
-        op("merge heads", "transpose(1, 2) + flatten", TOKEN, "flatten"),
+        *scores_stages(path, block),
         *optional_stages(root, f"{path}.norm", "merged heads norm", TOKEN, block),
         layer("proj", "attention projection", f"Linear {dim}->{dim}", TOKEN),
     ]
@@ -243,3 +275,114 @@ def mlp_stages(root: nn.Module, path: str, block: int | None = None) -> list[Sta
         *optional_stages(root, f"{path}.norm", "MLP hidden norm", layout, block),
         output,
     ]
+
+
+def residual_block_stages(
+    root: nn.Module,
+    path: str,
+    block: int,
+    branches: tuple[list[Stage], list[Stage]],
+    scales: tuple[list[Stage], list[Stage]] = ([], []),
+    post: bool = False,
+) -> list[Stage]:
+    """A transformer block around its attention and MLP `branches`: x + scale(attention(
+    norm1(x))), then x + scale(mlp(norm2(x))) (pre-norm), or with `post` each branch's output
+    normalised instead (res-post-norm); `scales` are the LayerScale stages, the residuals the
+    block's first and second `add`."""
+    module = root.get_submodule(path)
+
+    def norm(name: str, role: str) -> Stage:
+        detail = layer_kind(module.get_submodule(name)) + (" of the branch" if post else "")
+        return module_stage(root, f"{path}.{name}", role, detail, TOKEN, block)
+
+    def residual(branch: str, nth: int) -> Stage:
+        return Stage(path, "residual", f"x + {branch}", TOKEN, Op(path, ("add",), nth), 0, block)
+
+    attn, mlp = branches
+    if post:
+        attn, mlp = attn + [norm("norm1", "attention norm")], mlp + [norm("norm2", "MLP norm")]
+    else:
+        attn, mlp = [norm("norm1", "attention norm"), *attn], [norm("norm2", "MLP norm"), *mlp]
+    return [*attn, *scales[0], residual("attention", 0), *mlp, *scales[1], residual("MLP", 1)]
+
+
+def gamma_stages(root: nn.Module, path: str, block: int) -> tuple[list[Stage], list[Stage]]:
+    """LayerScale held by the block at `path` as parameters `gamma_1`, `gamma_2` (BEiT's and
+    EVA's names; None where unscaled), each a `mul` of that block."""
+    module, out, nth = root.get_submodule(path), [], 0
+    for name in ("gamma_1", "gamma_2"):
+        gamma = getattr(module, name, None)
+        if gamma is None:
+            out.append([])
+            continue
+        measure, params = Op(path, ("mul",), nth), gamma.numel()
+        detail = f"x * {name}"
+        out.append([Stage(f"{path}.{name}", "layer scale", detail, TOKEN, measure, params, block)])
+        nth += 1
+    return out[0], out[1]
+
+
+# -- the stages around the blocks of a ViT-like model (prefix tokens, positions, pool, head) -
+
+TOKEN_KINDS = {"cls_token": "class", "dist_token": "distillation", "reg_token": "register"}
+
+
+def token_stages(root: nn.Module) -> list[Stage]:
+    """The prefix tokens the model holds (`TOKEN_KINDS`) joined before the patches by the
+    model's own `cat`; none without them."""
+    prefix = [(name, kind, getattr(root, name, None)) for name, kind in TOKEN_KINDS.items()]
+    prefix = [(name, kind, param) for name, kind, param in prefix if param is not None]
+    if not prefix:
+        return []
+    kinds = [kind for _, kind, _ in prefix]
+    label = " and ".join(kinds) + (" token" if kinds == ["class"] else " tokens")
+    return [
+        Stage(
+            " + ".join(name for name, _, _ in prefix),
+            "token concat",
+            f"prepend the {label} to the patches",
+            TOKEN,
+            Op("", ("cat",)),
+            sum(param_count(param) for _, _, param in prefix),
+        )
+    ]
+
+
+def position_stage(
+    root: nn.Module, kind: str = "learned table", rows: str = "N", measure: Measure | None = None
+) -> list[Stage]:
+    """The absolute positions `pos_embed` added to the tokens (none without them): a `kind`
+    table (1, `rows`, D), measured at the input of `pos_drop` unless `measure` says."""
+    if root.pos_embed is None:
+        return []
+    detail, params = f"x + {kind} (1, {rows}, D)", param_count(root.pos_embed)
+    layout = TOKEN if rows == "N" else "(B, P, D)"
+    measure = measure or Input("pos_drop")
+    return [Stage("pos_embed", "position add", detail, layout, measure, params)]
+
+
+def pool_stage(root: nn.Module, over: str) -> Stage:
+    """What the model's `global_pool` does with the tokens before `fc_norm`: the class token,
+    a mean / max over `over` (the patch tokens, all tokens), the attention pool `attn_pool`,
+    or nothing."""
+    pool, shape = root.global_pool, Input("fc_norm")
+    if pool == "token":
+        return Stage("pool", "pooling", "class token x[:, 0]", "(B, D)", shape)
+    if pool == "none":
+        return Stage("pool", "pooling", "none: every token goes on", TOKEN, shape)
+    if pool == "map":
+        detail = f"attention pool (attn_pool): a learned query attends over {over}"
+        return Stage("attn_pool", "pooling", detail, "(B, D)", shape, param_count(root.attn_pool))
+    reduce = {"avg": "mean", "max": "max", "avgmax": "(mean + max) / 2"}[pool]
+    return Stage("pool", "pooling", f"{reduce} of {over}", "(B, D)", shape)
+
+
+def head_stages(root: nn.Module, heads: tuple[tuple[str, str], ...] = (("head", "head"),)) -> list:
+    """`fc_norm` and each Linear head (attribute, role) the model has."""
+    stages = optional_stages(root, "fc_norm", "norm after pooling", "(B, D)", None)
+    for name, role in heads:
+        head = getattr(root, name, None)
+        if isinstance(head, nn.Linear):
+            detail = f"Linear {head.in_features}->{head.out_features}"
+            stages.append(module_stage(root, name, role, detail, "(B, classes)"))
+    return stages

@@ -3,8 +3,8 @@
 - `summary(model, input_size)`: any module's per-layer table (output shape, parameters, FLOPs
   counted by `flop_counter`), with totals (table.py).
 - `flow(model, input_size)`: the stages a model describes of itself (`describe_flow`: a vitkit
-  `VisionTransformer` or `SwinTransformer`), each measured as it ran; `compare_params` sets two
-  encoders' side by side (walk.py, on the recording of record.py).
+  `VisionTransformer`, `SwinTransformer`, `Eva` or `Beit`), each measured as it ran;
+  `compare_params` sets two encoders' side by side (walk.py, on the recording of record.py).
 """
 
 from .table import LayerRow, ModelSummary, flop_counter, summary

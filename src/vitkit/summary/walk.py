@@ -170,10 +170,11 @@ def _fold_patterns(rows: list[FlowRow], blocks: dict[int, list[FlowRow]]) -> lis
 
 def flow(model: nn.Module, input_size: tuple[int, ...]) -> ModelFlow:
     """The forward pass of a model that describes its stages (`describe_flow`: a vitkit
-    `VisionTransformer`, `SwinTransformer` or ViTDet pyramid), stage by stage: one batch of
-    zeros runs through the model, attention computed explicitly, while every torch function
-    (and, inside `nn.MultiheadAttention`, every aten operator) is recorded with the module it
-    runs in, so each shape is the one the model produced, for any option and either encoder.
+    `VisionTransformer`, `SwinTransformer`, `Eva`, `Beit` or ViTDet pyramid), stage by stage:
+    one batch of zeros runs through the model, attention computed explicitly, while every torch
+    function (and, inside `nn.MultiheadAttention`, every aten operator) is recorded with the
+    module it runs in, so each shape is the one the model produced, for any option and either
+    encoder.
 
     Args:
         model: a `VisionTransformer` (native blocks or `encoder='torch'`), a

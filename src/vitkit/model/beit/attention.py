@@ -52,6 +52,7 @@ class BeitAttention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.fused_attn = True  # timm's flag: False writes the attention out (`summary --flow`)
 
     def set_window_size(self, grid: tuple[int, int]) -> None:
         """Take another patch grid: the table resized as timm's, the index rebuilt."""
@@ -82,11 +83,13 @@ class BeitAttention(nn.Module):
 
     def forward(self, x: Tensor, shared_bias: Tensor | None = None) -> Tensor:
         """Tokens (B, N, D) -> (B, N, D): SDPA with the bias as its additive mask (timm's fused
-        path), written out for bf16 training on CPU and under `torch.export` (whose ONNX
-        decomposition of a masked SDPA fails: `layers.attention.exporting`)."""
+        path), written out with `fused_attn` False, for bf16 training on CPU and under
+        `torch.export` (whose ONNX decomposition of a masked SDPA fails:
+        `layers.attention.exporting`)."""
         q, k, v = self._qkv(x)
         bias = self.position_bias(shared_bias)
-        if bf16_cpu_training(q) or (not torch.jit.is_scripting() and exporting()):
+        written = not self.fused_attn or bf16_cpu_training(q)
+        if written or (not torch.jit.is_scripting() and exporting()):
             scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
             if bias is not None:
                 scores = scores + bias

@@ -34,9 +34,11 @@ from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rel_pos_bias import RelativePositionBias
 from ..layers.weight_init import trunc_normal_
+from ..stages import FlowSpec
 from ..timm_cfg import TimmPretrainedCfg  # timm's BEiT default: mean = std = 0.5
 from .block import BeitBlock
 from .config import BeitConfig
+from .flow import describe_beit
 
 
 class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
@@ -201,6 +203,11 @@ class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
             self.rel_pos_bias.set_window_size(grid)
         for block in self.blocks:
             block.attn.set_window_size(grid)
+
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """This model's forward pass for an input of `input_size` (B, C, H, W), stage by
+        stage, for `vitkit.summary.flow` to measure (flow.py)."""
+        return describe_beit(self, input_size)
 
     # -- forward ------------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class EvaAttention(nn.Module):
         self.norm = make_norm(norm_layer, dim, norm_eps) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.fused_attn = True  # timm's flag: False writes the attention out (`summary --flow`)
 
     def _qkv(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Tokens (B, N, D) -> q (B, heads, N, hd), k and v (B, heads, N, hd) after norm,
@@ -107,6 +108,8 @@ class EvaAttention(nn.Module):
         return self.proj_drop(self.proj(self.norm(x)))
 
     def forward(self, x: Tensor, rope: Tensor | None = None) -> Tensor:
+        if not self.fused_attn:
+            return self.forward_with_weights(x, rope)[0]
         q, k, v = self._qkv(x, rope)
         dropout_p = self.attn_drop.p if self.training else 0.0
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, heads, N, hd)

@@ -38,9 +38,11 @@ from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
+from ..stages import FlowSpec
 from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, TimmPretrainedCfg
 from .block import EvaBlock
 from .config import EvaConfig
+from .flow import describe_eva
 
 
 def build_rope(config: EvaConfig) -> nn.Module | None:
@@ -258,6 +260,11 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
                 num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
             )
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+
+    def describe_flow(self, input_size: tuple[int, ...]) -> FlowSpec:
+        """This model's forward pass for an input of `input_size` (B, C, H, W), stage by
+        stage, for `vitkit.summary.flow` to measure (flow.py)."""
+        return describe_eva(self, input_size)
 
     # -- forward ------------------------------------------------------------------------------
 

@@ -179,6 +179,7 @@ class SwinTransformerV2Cr(SwinTransformer):
 
     # Python-side only: TorchScript compiles properties otherwise (`layers` is `stages`).
     __jit_unused_properties__ = ["pretrained_cfg", "default_cfg", "timm_classifier", "layers"]
+    describe_flow = None  # no stage walk: the Swin's does not know the meta-MLP bias or norm3
 
     def __init__(self, config: SwinCrConfig | None = None, /, **options: Any) -> None:
         nn.Module.__init__(self)

@@ -2,8 +2,9 @@
 `vitkit.summary.flow`: the paper's steps (Dosovitskiy et al., ICLR 2021, Eq. 1-4) named after
 the modules that run them, each with the place its output shape is measured (`stages.py`).
 
-The layer describers (`patch_embed_stages`, `attention_stages`, `mlp_stages`, `block_stages`)
-take a module and its path, so another architecture built of the same layers reuses them.
+The shared layers' describers (`patch_embed_stages`, `attention_stages`, `mlp_stages`, the
+residual block, the prefix tokens, positions, pooling and heads) are `stages.py`'s, shared
+with the other families' flows.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from ..stages import (
     Output,
     Stage,
     attention_stages,
-    layer_kind,
+    head_stages,
     mlp_stages,
-    module_stage,
     optional_stages,
     param_count,
     patch_embed_stages,
+    pool_stage,
+    position_stage,
+    residual_block_stages,
+    token_stages,
 )
 from .torch_encoder import torch_layer_stages
 
@@ -46,29 +50,16 @@ def block_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
     """A `Block`: x + proj(attention(norm1(x))), then x + mlp(norm2(x)), each branch through
     its LayerScale; a `ResPostBlock` normalises each branch's output instead."""
     module: Block = root.get_submodule(path)
+    branches = (
+        attention_stages(root, f"{path}.attn", block),
+        mlp_stages(root, f"{path}.mlp", block),
+    )
+    scales = tuple(
+        optional_stages(root, f"{path}.{name}", "layer scale", TOKEN, block, "x * gamma")
+        for name in ("ls1", "ls2")
+    )
     post = isinstance(module, ResPostBlock)
-
-    def norm(name: str, role: str) -> Stage:
-        detail = layer_kind(module.get_submodule(name)) + (" of the branch" if post else "")
-        return module_stage(root, f"{path}.{name}", role, detail, TOKEN, block)
-
-    def residual(branch: str, nth: int) -> Stage:
-        return Stage(path, "residual", f"x + {branch}", TOKEN, Op(path, ("add",), nth), 0, block)
-
-    attn = attention_stages(root, f"{path}.attn", block)
-    mlp = mlp_stages(root, f"{path}.mlp", block)
-    if post:
-        attn, mlp = attn + [norm("norm1", "attention norm")], mlp + [norm("norm2", "MLP norm")]
-    else:
-        attn, mlp = [norm("norm1", "attention norm"), *attn], [norm("norm2", "MLP norm"), *mlp]
-    stages = [
-        *attn,
-        *optional_stages(root, f"{path}.ls1", "layer scale", TOKEN, block, "x * gamma"),
-        residual("attention", 0),
-        *mlp,
-        *optional_stages(root, f"{path}.ls2", "layer scale", TOKEN, block, "x * gamma"),
-        residual("MLP", 1),
-    ]
+    stages = residual_block_stages(root, path, block, branches, scales, post)
     return _on_maps(stages, module, path, block) if isinstance(module, WindowBlock) else stages
 
 
@@ -100,63 +91,15 @@ def _on_maps(stages: list[Stage], module: WindowBlock, path: str, block: int) ->
     return [replace(stage, block=block) for stage in out]
 
 
-def _token_stage(model: nn.Module) -> list[Stage]:
-    """The prefix tokens joined before the patches (none without them)."""
-    tokens = {
-        "cls_token": ("class", model.cls_token),
-        "dist_token": ("distillation", model.dist_token),
-        "reg_token": ("register", model.reg_token),
-    }
-    prefix = [(name, kind, param) for name, (kind, param) in tokens.items() if param is not None]
-    if not prefix:
-        return []
-    kinds = [kind for _, kind, _ in prefix]
-    label = " and ".join(kinds) + (" token" if kinds == ["class"] else " tokens")
-    return [
-        Stage(
-            " + ".join(name for name, _, _ in prefix),
-            "token concat",
-            f"prepend the {label} to the patches",
-            TOKEN,
-            Op("", ("cat",)),
-            sum(param_count(param) for _, _, param in prefix),
-        )
-    ]
-
-
 def _position_stage(model: nn.Module) -> list[Stage]:
-    if model.pos_embed is None:
-        return []
     learned = isinstance(model.pos_embed, nn.Parameter)
     kind = "learned table" if learned else f"fixed {model.pos_embed_kind} table (not trained)"
-    detail, params = f"x + {kind} (1, N, D)", param_count(model.pos_embed)
-    return [Stage("pos_embed", "position add", detail, TOKEN, Input("pos_drop"), params)]
-
-
-def _pool_stage(model: nn.Module) -> Stage:
-    """What `VisionTransformer.pool` does with the tokens: the class token, a mean / max over
-    the patch tokens (or all tokens), the attention-pool head, or nothing."""
-    pool, shape = model.global_pool, Input("fc_norm")
-    if pool == "token":
-        return Stage("pool", "pooling", "class token x[:, 0]", "(B, D)", shape)
-    if pool == "none":
-        return Stage("pool", "pooling", "none: every token goes on", TOKEN, shape)
-    over = "all tokens" if model.pool_include_prefix else "the patch tokens"
-    if pool == "map":
-        detail = f"attention pool (attn_pool): a learned query attends over {over}"
-        return Stage("attn_pool", "pooling", detail, "(B, D)", shape, param_count(model.attn_pool))
-    reduce = {"avg": "mean", "max": "max", "avgmax": "(mean + max) / 2"}[pool]
-    return Stage("pool", "pooling", f"{reduce} of {over}", "(B, D)", shape)
+    return position_stage(model, kind)
 
 
 def _head_stages(model: nn.Module) -> list[Stage]:
     """fc_norm, the head(s), and a distilled model's average of its two heads."""
-    stages = optional_stages(model, "fc_norm", "norm after pooling", "(B, D)", None)
-    for name, role in (("head", "head"), ("head_dist", "distillation head")):
-        head = getattr(model, name)
-        if isinstance(head, nn.Linear):
-            detail = f"Linear {head.in_features}->{head.out_features}"
-            stages.append(module_stage(model, name, role, detail, "(B, classes)"))
+    stages = head_stages(model, (("head", "head"), ("head_dist", "distillation head")))
     if isinstance(model.head_dist, nn.Linear):
         average = "(head + head_dist) / 2"
         stages.append(Stage("", "average", average, "(B, classes)", Op("", ("div",))))
@@ -168,7 +111,7 @@ def describe_vit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     stages = [
         Stage("input", "image", "", "(B, C, H, W)", Input("")),
         *patch_embed_stages(model, "patch_embed"),
-        *_token_stage(model),
+        *token_stages(model),
         *_position_stage(model),
         *optional_stages(model, "norm_pre", "norm before the blocks", TOKEN, None),
     ]
@@ -182,7 +125,7 @@ def describe_vit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
         stages += describe(model, f"{container}.{i}", i)
     stages += [
         *optional_stages(model, "norm", "final norm", TOKEN, None),
-        _pool_stage(model),
+        pool_stage(model, "all tokens" if model.pool_include_prefix else "the patch tokens"),
         *_head_stages(model),
     ]
     return FlowSpec(
