@@ -126,8 +126,8 @@ def test_features_only_reads_block_maps():
 
 
 def test_bad_options_are_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"global_attn_indexes \[4\] are past the last block"):
-        SamConfig(depth=4, global_attn_indexes=(1, 4))
+    with pytest.raises(ValueError, match="embed_dim 64 is not divisible by num_heads 3; choose"):
+        SamConfig(embed_dim=64, num_heads=3)
     with pytest.raises(ValueError, match="a classifier needs a pooled vector"):
         SamConfig(num_classes=10, global_pool="none")
     with pytest.raises(ValueError, match="output_fmt='NCHW'"):

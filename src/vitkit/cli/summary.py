@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.OK
     arch = find_architecture(model)
     if not callable(getattr(model, "describe_flow", None)):
+        what = "a timm CNN" if arch is None else f"a {arch.title}, which has no stage-by-stage flow"
         raise UserError(
-            f"{args.model} is a timm CNN: --flow and --compare-torch walk vitkit's families"
+            f"{args.model} is {what}: --flow and --compare-torch walk the ViT's and the Swin's"
         )
     if args.compare_torch and (arch is None or "encoder" not in arch.option_names()):
         title = arch.title if arch is not None else "ViTDet pyramid"

@@ -26,6 +26,9 @@ from .checkpoint import saved_shapes_problem
 from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
 from .eva import reading as eva_reading
+from .sam import folders as sam_folders
+from .sam import pretrained as sam_pretrained
+from .sam import reading as sam_reading
 from .swin import folders as swin_folders
 from .swin import parity as swin_parity
 from .swin import reading as swin_reading
@@ -199,6 +202,16 @@ EVA = WeightsFamily(
     read_by_name=("timm",),
 )
 
+SAM = WeightsFamily(
+    architectures=("sam",),
+    recognises={"timm": sam_reading.timm_keys},
+    readers={"timm": sam_reading.read_timm},
+    fill=sam_pretrained.fill_sam,
+    folder_options=sam_reading.folder_options,
+    timm_sizes=sam_reading.timm_sizes,
+    folders={"hf": sam_folders.refuse_hf_folder, "timm": sam_folders.refuse_timm_folder},
+)
+
 _FAMILIES: list[WeightsFamily] = []
 # The family of last resort: keys no other family claims go to its readers, whose refusals
 # say what the keys lack, and a name no family owns to its options (the ViT, whose layout is
@@ -214,7 +227,7 @@ def register(family: WeightsFamily) -> None:
     _FAMILIES.append(family)
 
 
-for _family in (SWIN, EVA, VIT):  # the default last: it claims any keys of its layouts
+for _family in (SWIN, EVA, SAM, VIT):  # the default last: it claims any keys of its layouts
     register(_family)
 
 

@@ -67,7 +67,8 @@ class SamConfig(Options):
         "attention everywhere", range=Range(0, 65536), group="architecture",
     )  # fmt: skip
     global_attn_indexes: tuple[int, ...] = option(
-        (), "the blocks that attend over the whole grid (SAM ViT-B: 2 5 8 11)",
+        (), "the blocks that attend over the whole grid (SAM ViT-B: 2 5 8 11); as timm's, an index "
+        "past the last block selects none",
         range=Range(0, 1023), metavar="INDEX", group="architecture",
     )  # fmt: skip
     neck_chans: int = option(
@@ -98,12 +99,6 @@ class SamConfig(Options):
             raise ValueError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
                 f"choose num_heads among the divisors of {self.embed_dim}"
-            )
-        bad = [i for i in self.global_attn_indexes if i >= self.depth]
-        if bad:
-            raise ValueError(
-                f"global_attn_indexes {bad} are past the last block ({self.depth - 1}); pass "
-                f"indices from 0 to {self.depth - 1}"
             )
         if self.num_classes and self.global_pool == "none":
             raise ValueError(
