@@ -153,3 +153,32 @@ def test_train_eval_predict_on_the_digits_and_a_neck_only_model_refused(tmp_path
     assert cli.main(["summary", "samvit_base_patch16", "--flow"]) == 2
     err = capsys.readouterr().err
     assert "is a SAM ViT, which has no stage-by-stage flow" in err and err.count("\n") == 1
+
+
+@requires_timm
+def test_a_timm_hub_folder_loads_with_its_data_config(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    args = {**TINY, "global_attn_indexes": [1]}
+    source = randomize(timm.create_model("samvit_base_patch16", **args))
+    save_for_hf(source, str(tmp_path / "hub"), model_args=args, safe_serialization=True)
+    model = load_pretrained(tmp_path / "hub")
+    assert model.data_config.mean == pytest.approx((0.485, 0.456, 0.406))
+    assert model.data_config.crop_pct == 1.0  # the .sa1b weights' cfg
+    _same(model, source, 64)
+
+
+def test_exports_other_than_onnx_at_one_size_are_refused_in_one_line(tmp_path, capsys):
+    checkpoint = tmp_path / "sam.safetensors"
+    vitkit.save(vitkit.create_model("samvit_base_patch16_224", **TINY, num_classes=2), checkpoint)
+    refusals = {
+        ("--format", "hf"): "Hugging Face's transformers has no model of a SAM image encoder",
+        ("--format", "timm"): "vitkit writes no timm folder of a SAM ViT",
+        ("--dynamic-img-size",): "a SAM ViT exports at a fixed image size",
+    }
+    for flags, message in refusals.items():
+        out = tmp_path / "out"
+        assert cli.main(["export", "--checkpoint", str(checkpoint), *flags, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not out.exists()

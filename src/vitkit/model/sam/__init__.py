@@ -25,6 +25,8 @@ SAM = Architecture(
     # channels-first, not the (B, h, w, C) map Grad-CAM reads: no explanation.
     explanation=None,
     fused_cpu=False,  # the CPU fast path's blocks take tokens, not window maps
+    fixed_export_size="a SAM ViT exports at a fixed image size (its window padding and the "
+    "interpolation of its relative-position tables are computed from the size in Python)",
 )
 
 __all__ = ["SAM", "SamConfig", "SamViT"]
