@@ -156,7 +156,7 @@ def test_train_eval_predict_on_the_digits_and_a_neck_only_model_refused(tmp_path
 
 
 @requires_timm
-def test_a_timm_hub_folder_loads_with_its_data_config(tmp_path):
+def test_a_timm_hub_folder_loads_and_converts_with_its_data_config(tmp_path, capsys):
     from timm.models._hub import save_for_hf
 
     args = {**TINY, "global_attn_indexes": [1]}
@@ -166,6 +166,11 @@ def test_a_timm_hub_folder_loads_with_its_data_config(tmp_path):
     assert model.data_config.mean == pytest.approx((0.485, 0.456, 0.406))
     assert model.data_config.crop_pct == 1.0  # the .sa1b weights' cfg
     _same(model, source, 64)
+    out = tmp_path / "converted.safetensors"
+    assert cli.main(["convert", "--from", "timm", str(tmp_path / "hub"), str(out)]) == 0
+    parity = capsys.readouterr().out.splitlines()[-1]
+    assert parity.startswith("parity vs timm samvit_base_patch16 (") and "(ok," in parity
+    _same(vitkit.load(out), source, 64)
 
 
 def test_exports_other_than_onnx_at_one_size_are_refused_in_one_line(tmp_path, capsys):
