@@ -18,6 +18,7 @@ from torch import nn
 
 from .architecture import Architecture
 from .eva import EVA
+from .relpos import RELPOS
 from .sam import SAM
 from .swin import SWIN, SWIN_CR
 from .vit import VIT
@@ -39,7 +40,7 @@ def register(arch: Architecture) -> None:
     _REFUSED.update(arch.refused)
 
 
-for _arch in (VIT, SWIN, SWIN_CR, EVA, SAM):
+for _arch in (VIT, SWIN, SWIN_CR, EVA, SAM, RELPOS):
     register(_arch)
 
 
