@@ -26,6 +26,9 @@ from .checkpoint import saved_shapes_problem
 from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
 from .eva import reading as eva_reading
+from .relpos import folders as relpos_folders
+from .relpos import pretrained as relpos_pretrained
+from .relpos import reading as relpos_reading
 from .sam import folders as sam_folders
 from .sam import pretrained as sam_pretrained
 from .sam import reading as sam_reading
@@ -212,6 +215,16 @@ SAM = WeightsFamily(
     folders={"hf": sam_folders.refuse_hf_folder, "timm": sam_folders.refuse_timm_folder},
 )
 
+RELPOS = WeightsFamily(
+    architectures=("relpos",),
+    recognises={"timm": relpos_reading.timm_keys},
+    readers={"timm": relpos_reading.read_timm},
+    fill=relpos_pretrained.fill_relpos,
+    folder_options=relpos_reading.folder_options,
+    timm_sizes=relpos_reading.timm_sizes,
+    folders={"hf": relpos_folders.refuse_hf_folder, "timm": relpos_folders.refuse_timm_folder},
+)
+
 _FAMILIES: list[WeightsFamily] = []
 # The family of last resort: keys no other family claims go to its readers, whose refusals
 # say what the keys lack, and a name no family owns to its options (the ViT, whose layout is
@@ -227,7 +240,7 @@ def register(family: WeightsFamily) -> None:
     _FAMILIES.append(family)
 
 
-for _family in (SWIN, EVA, SAM, VIT):  # the default last: it claims any keys of its layouts
+for _family in (SWIN, EVA, SAM, RELPOS, VIT):  # the default last: it claims any keys of its layouts
     register(_family)
 
 
