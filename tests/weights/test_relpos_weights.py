@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitkit
-from _helpers import optional_import, randomize, requires_timm
+from _helpers import optional_import, randomize, requires_onnx, requires_timm
 from vitkit import CheckpointError, cli, load_pretrained
 from vitkit.weights.families import reading_family
 
@@ -91,3 +91,15 @@ def test_train_eval_predict_on_the_digits(tmp_path, capsys):
     Image.new("RGB", (32, 32)).save(image)
     assert cli.main(["predict", "--checkpoint", str(run), str(image)]) == 0
     assert capsys.readouterr().out.startswith(f"{image}: ")
+
+
+@requires_onnx
+def test_onnx_export_verifies(tmp_path, capsys):
+    checkpoint = tmp_path / "relpos.safetensors"
+    model = vitkit.create_model("vit_relpos_medium_patch16_cls_224", **SMALL, num_classes=2)
+    vitkit.save(model, checkpoint)
+    onnx_file = tmp_path / "relpos.onnx"
+    argv = ["export", "--checkpoint", str(checkpoint), "--format", "onnx", str(onnx_file),
+            "--verify"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert onnx_file.is_file() and "image size 64x64" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vitkit
-from _helpers import optional_import, randomize, requires_timm
+from _helpers import optional_import, randomize, requires_onnx, requires_timm
 from vitkit import CheckpointError, cli, load_pretrained
 from vitkit.weights import inspect
 from vitkit.weights.families import reading_family
@@ -187,3 +187,16 @@ def test_exports_other_than_onnx_at_one_size_are_refused_in_one_line(tmp_path, c
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
         assert not out.exists()
+
+
+@requires_onnx
+def test_onnx_export_at_the_fixed_size_verifies(tmp_path, capsys):
+    """The window attention's masked SDPA is written out under `torch.export` (torch's ONNX
+    decomposition of SDPA with a mask fails on its output's strides)."""
+    checkpoint = tmp_path / "sam.safetensors"
+    vitkit.save(vitkit.create_model("samvit_base_patch16", **TINY, num_classes=2), checkpoint)
+    onnx_file = tmp_path / "sam.onnx"
+    argv = ["export", "--checkpoint", str(checkpoint), "--format", "onnx", str(onnx_file),
+            "--verify"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert onnx_file.is_file() and "image size 64x64" in capsys.readouterr().out

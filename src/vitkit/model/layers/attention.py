@@ -107,6 +107,15 @@ class Attention(nn.Module):
         return self._out(x), weights
 
 
+def exporting() -> bool:
+    """Under `torch.export` (pt2, ONNX): attention with an additive mask takes the written-out
+    path there, as torch 2.14's ONNX decomposition of SDPA with a mask lays its output out
+    otherwise than the traced strides say ("Cannot view a tensor with shape ... as ..."); a
+    torch without `torch.compiler.is_exporting` takes the fused path there too."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
 def bf16_cpu_training(q: Tensor, max_tokens: int = 640) -> bool:
     """Whether attention over `q` is bf16 on CPU with gradients, over at most `max_tokens`:
     there the written-out attention beats SDPA's flash kernel, whose CPU backward is slow in

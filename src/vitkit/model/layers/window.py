@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, exporting
 from .block import Block
 
 
@@ -104,7 +104,7 @@ class RelPosAttention(Attention):
         batch, height, width, dim = x.shape
         q, k, v = self._qkv(x.reshape(batch, height * width, dim))  # each (B, heads, N, hd)
         bias = self._bias(q, (height, width))  # (B, heads, N, N) or None
-        if self.fused_attn:
+        if self.fused_attn and not (bias is not None and exporting()):
             dropout_p = self.attn_drop.p if self.training else 0.0
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..intermediates import take_indices
-from ..layers.attention import Attention
+from ..layers.attention import Attention, exporting
 from ..layers.block import Block, ResPostBlock
 from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
@@ -53,7 +53,7 @@ class BiasedAttention(Attention):
     def forward(self, x: Tensor, shared: Tensor | None = None) -> Tensor:  # type: ignore[override]
         q, k, v = self._qkv(x)  # each (B, heads, N, head_dim)
         bias = self.rel_pos.get_bias() if self.rel_pos is not None else shared
-        if self.fused_attn:
+        if self.fused_attn and not (bias is not None and exporting()):
             dropout_p = self.attn_drop.p if self.training else 0.0
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale

@@ -17,19 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers.attention import bf16_cpu_training
+from ..layers.attention import bf16_cpu_training, exporting
 from .window import log_spaced_offsets, relative_position_index
 
 LOGIT_SCALE_MAX = math.log(1.0 / 0.01)  # Swin V2's clamp: a temperature of at least 0.01
-
-
-def _exporting() -> bool:
-    """Under `torch.export` (pt2, ONNX): the written-out path, as torch 2.14's ONNX
-    decomposition of SDPA lays its output out otherwise than the traced strides say ("Cannot
-    view a tensor with shape ... as ..."); a torch without `torch.compiler.is_exporting`
-    takes the fused path there too."""
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return bool(is_exporting is not None and is_exporting())
 
 
 class WindowAttention(nn.Module):
@@ -111,14 +102,14 @@ class WindowAttention(nn.Module):
         position bias plus the shift mask as its additive mask (timm's fused path, equal to
         `attention` to float rounding); version 2 writes it out (`fused_attn` False, timm's
         name; `summary --flow` turns it off to show each step), and so does `torch.export`
-        (`_exporting`)."""
+        (`layers.attention.exporting`)."""
         q, k, v = self.queries_keys_values(x)
         if self.fused_attn:  # a constant under TorchScript: version 2 compiles no SDPA call
             # bf16 training on CPU: written out (SDPA's masked CPU backward in bf16 ran 5-7x
             # the written-out attention at Swin-T's window shapes)
             fused = not bf16_cpu_training(q)
             if not torch.jit.is_scripting():  # TorchScript compiles the fused path
-                fused = fused and not _exporting()
+                fused = fused and not exporting()
             if fused:
                 bias = self.attention_bias(mask, x.shape[0]).to(q.dtype)
                 drop = self.attn_drop.p if self.training else 0.0
