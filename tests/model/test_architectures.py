@@ -19,24 +19,38 @@ from vitkit.model import (
 
 
 def test_the_registered_families_and_their_presets():
-    assert [a.name for a in architectures()] == ["vit", "swin", "swin_cr", "eva", "beit"]
+    assert [a.name for a in architectures()] == [
+        "vit",
+        "swin",
+        "swin_cr",
+        "eva",
+        "beit",
+        "sam",
+        "relpos",
+    ]
     counts = {a.name: len(a.presets) for a in architectures()}
     assert sum(counts.values()) == len(list_models())
     assert counts["swin"] + counts["swin_cr"] == len(list_models("swin*"))  # 37, as timm's
     assert counts["swin_cr"] == len(list_models("swinv2_cr_*")) == 16
     assert counts["eva"] == 65  # timm's eva.py
     assert counts["beit"] == 7  # timm's beit.py
+    assert counts["sam"] == 4  # timm's vision_transformer_sam.py
+    assert counts["relpos"] == 14  # timm's vision_transformer_relpos.py
 
 
 @pytest.mark.parametrize(
     "name, arch", [("vit_digits", "vit"), ("swin_tiny_patch4_window7_224", "swin"),
                    ("swinv2_cr_tiny_224", "swin_cr"), ("eva02_tiny_patch14_224", "eva"),
-                   ("beitv2_base_patch16_224", "beit")]
+                   ("beitv2_base_patch16_224", "beit"),
+                   ("samvit_base_patch16", "sam"),
+                   ("vit_relpos_small_patch16_224", "relpos")]
 )  # fmt: skip
 def test_a_config_a_model_and_a_backbone_answer_their_record(name, arch):
     config = get_config(name)
     assert architecture_of(config).name == arch
-    small = dict(depth=3) if arch in ("vit", "eva", "beit") else dict(depths=(1, 1, 1, 1))
+    small = dict(depth=3) if arch in ("vit", "eva", "beit", "relpos") else dict(depths=(1, 1, 1, 1))
+    if arch == "sam":
+        small = dict(depth=3, global_attn_indexes=(2,), img_size=64)
     model = build_model(config.replace(**small))
     assert architecture_of(model) is get_architecture(arch)
     assert type(model) in get_architecture(arch).model_classes
@@ -50,7 +64,8 @@ def test_a_thing_of_no_family_is_refused_in_one_line():
         architecture_of(torch.nn.Linear(2, 2))
     with pytest.raises(
         ValueError,
-        match="unknown architecture 'convnext'; registered: vit, swin, swin_cr, eva, beit",
+        match="unknown architecture 'convnext'; registered: vit, swin, swin_cr, eva, beit, sam, "
+        "relpos",
     ):
         get_architecture("convnext")
 
@@ -77,6 +92,8 @@ def test_each_family_states_how_it_is_explained_and_read_as_features():
         "swin_cr": ("gradcam", "stage", False),
         "eva": ("attention", "block", False),
         "beit": ("attention", "block", False),
+        "sam": (None, "block", False),
+        "relpos": (None, "block", False),
     }
     assert get_architecture("vit").masked_autoencoder is not None
     assert get_architecture("swin").masked_autoencoder is None

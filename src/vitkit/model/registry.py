@@ -19,6 +19,8 @@ from torch import nn
 from .architecture import Architecture
 from .beit import BEIT
 from .eva import EVA
+from .relpos import RELPOS
+from .sam import SAM
 from .swin import SWIN, SWIN_CR
 from .vit import VIT
 
@@ -39,7 +41,7 @@ def register(arch: Architecture) -> None:
     _REFUSED.update(arch.refused)
 
 
-for _arch in (VIT, SWIN, SWIN_CR, EVA, BEIT):
+for _arch in (VIT, SWIN, SWIN_CR, EVA, BEIT, SAM, RELPOS):
     register(_arch)
 
 

@@ -29,6 +29,12 @@ from .checkpoint import saved_shapes_problem
 from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
 from .eva import reading as eva_reading
+from .relpos import folders as relpos_folders
+from .relpos import pretrained as relpos_pretrained
+from .relpos import reading as relpos_reading
+from .sam import folders as sam_folders
+from .sam import pretrained as sam_pretrained
+from .sam import reading as sam_reading
 from .swin import folders as swin_folders
 from .swin import parity as swin_parity
 from .swin import reading as swin_reading
@@ -220,6 +226,26 @@ BEIT = WeightsFamily(
     folders={"hf": beit_folders.refuse_hf_folder, "timm": beit_folders.save_timm_beit_folder},
 )
 
+SAM = WeightsFamily(
+    architectures=("sam",),
+    recognises={"timm": sam_reading.timm_keys},
+    readers={"timm": sam_reading.read_timm},
+    fill=sam_pretrained.fill_sam,
+    folder_options=sam_reading.folder_options,
+    timm_sizes=sam_reading.timm_sizes,
+    folders={"hf": sam_folders.refuse_hf_folder, "timm": sam_folders.refuse_timm_folder},
+)
+
+RELPOS = WeightsFamily(
+    architectures=("relpos",),
+    recognises={"timm": relpos_reading.timm_keys},
+    readers={"timm": relpos_reading.read_timm},
+    fill=relpos_pretrained.fill_relpos,
+    folder_options=relpos_reading.folder_options,
+    timm_sizes=relpos_reading.timm_sizes,
+    folders={"hf": relpos_folders.refuse_hf_folder, "timm": relpos_folders.refuse_timm_folder},
+)
+
 _FAMILIES: list[WeightsFamily] = []
 # The family of last resort: keys no other family claims go to its readers, whose refusals
 # say what the keys lack, and a name no family owns to its options (the ViT, whose layout is
@@ -235,7 +261,7 @@ def register(family: WeightsFamily) -> None:
     _FAMILIES.append(family)
 
 
-for _family in (SWIN, EVA, BEIT, VIT):  # the default last: it claims any keys of its layouts
+for _family in (SWIN, EVA, BEIT, SAM, RELPOS, VIT):  # the default last: it claims any keys
     register(_family)
 
 

@@ -109,9 +109,9 @@ class Attention(nn.Module):
 
 def exporting() -> bool:
     """Under `torch.export` (pt2, ONNX): attention with an additive mask takes the written-out
-    path there, as torch 2.14's ONNX decomposition of SDPA lays its output out otherwise than
-    the traced strides say ("Cannot view a tensor with shape ... as ..."); a torch without
-    `torch.compiler.is_exporting` takes the fused path there too."""
+    path there, as torch 2.14's ONNX decomposition of SDPA with a mask lays its output out
+    otherwise than the traced strides say ("Cannot view a tensor with shape ... as ..."); a
+    torch without `torch.compiler.is_exporting` takes the fused path there too."""
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting is not None and is_exporting())
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, exporting
 from .block import Block
 
 
@@ -45,15 +45,21 @@ def window_unpartition(
     return x[:, : size[0], : size[1]]
 
 
+def resize_rel_pos(rel_pos: Tensor, length: int) -> Tensor:
+    """A relative-position table (L, C) linearly interpolated to (length, C), as detectron2's
+    and SAM's `get_rel_pos` read it at another grid (and as weights are fitted to one)."""
+    if rel_pos.shape[0] == length:
+        return rel_pos
+    table = rel_pos.t().unsqueeze(0)  # (1, C, L)
+    table = F.interpolate(table, size=length, mode="linear")  # (1, C, length)
+    return table.squeeze(0).t()  # (length, C)
+
+
 def relative_table(q_size: int, k_size: int, rel_pos: Tensor) -> Tensor:
     """The relative-position embeddings of every (query, key) pair along one axis,
     (q_size, k_size, C), from a table (L, C), linearly interpolated to 2 * max(sizes) - 1 rows
     when L differs; shorter axes' coordinates are scaled up (detectron2's `get_rel_pos`)."""
-    length = 2 * max(q_size, k_size) - 1
-    if rel_pos.shape[0] != length:
-        table = rel_pos.t().unsqueeze(0)  # (1, C, L)
-        table = F.interpolate(table, size=length, mode="linear")  # (1, C, length)
-        rel_pos = table.squeeze(0).t()  # (length, C)
+    rel_pos = resize_rel_pos(rel_pos, 2 * max(q_size, k_size) - 1)
     q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(k_size / q_size, 1.0)
     k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(q_size / k_size, 1.0)
     coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
@@ -98,7 +104,7 @@ class RelPosAttention(Attention):
         batch, height, width, dim = x.shape
         q, k, v = self._qkv(x.reshape(batch, height * width, dim))  # each (B, heads, N, hd)
         bias = self._bias(q, (height, width))  # (B, heads, N, N) or None
-        if self.fused_attn:
+        if self.fused_attn and not (bias is not None and exporting()):
             dropout_p = self.attn_drop.p if self.training else 0.0
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scale

@@ -102,7 +102,7 @@ class WindowAttention(nn.Module):
         position bias plus the shift mask as its additive mask (timm's fused path, equal to
         `attention` to float rounding); version 2 writes it out (`fused_attn` False, timm's
         name; `summary --flow` turns it off to show each step), and so does `torch.export`
-        (`exporting`)."""
+        (`layers.attention.exporting`)."""
         q, k, v = self.queries_keys_values(x)
         if self.fused_attn:  # a constant under TorchScript: version 2 compiles no SDPA call
             # bf16 training on CPU: written out (SDPA's masked CPU backward in bf16 ran 5-7x

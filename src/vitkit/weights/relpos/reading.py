@@ -1,0 +1,61 @@
+"""What the weights registry (`weights/families.py`) asks of the relative-position ViT's
+weights: the key patterns that tell them in timm's layout, the reader that takes the reading
+options every source is given, a timm folder's `model_args`, and the sizes of timm's model of
+the weights (`vitkit convert`'s parity check).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from ...model.relpos import RelPosConfig
+from .timm import from_timm_relpos, is_relpos_state_dict
+
+# Reading options that are other families' (a Swin's image size, the ViT's folder size).
+_OTHERS = ("fit_img_size", "folder_img_size", "new_head")
+
+
+def timm_keys(keys: Sequence[str]) -> bool:
+    return is_relpos_state_dict(list(keys))
+
+
+def read_timm(state_dict: Mapping[str, Tensor], **options: Any) -> tuple[dict, RelPosConfig]:
+    """`from_timm_relpos`; `load_pretrained`'s img_size fits the weights later (`fill_relpos`)."""
+    for name in _OTHERS:
+        options.pop(name, None)
+    return from_timm_relpos(state_dict, **options)
+
+
+def folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The `RelPosConfig` options of a timm folder's `model_args` (timm's names): lists as
+    tuples, timm's '' pooling as 'none', timm's `block_fn` as `res_post_norm`."""
+    fields = RelPosConfig.__dataclass_fields__
+    options = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in model_args.items()
+        if key in fields
+    }
+    if options.get("global_pool") == "":
+        options["global_pool"] = "none"
+    if "ResPost" in str(model_args.get("block_fn", "")):
+        options["res_post_norm"] = True
+    return options
+
+
+def timm_sizes(config: RelPosConfig) -> dict[str, Any]:
+    """The sizes of timm's `VisionTransformerSAM` the weights show."""
+    names = (
+        "embed_dim",
+        "depth",
+        "num_heads",
+        "mlp_ratio",
+        "num_classes",
+        "in_chans",
+        "img_size",
+        "patch_size",
+        "rel_pos_dim",
+    )
+    return {name: getattr(config, name) for name in names}

@@ -1,0 +1,25 @@
+"""SAM ViT weights out as other libraries' folders: none is written yet, each refused in one
+line that says what to export instead. Hugging Face's `SamModel` holds the whole Segment
+Anything model (prompt encoder and mask decoder beside this image encoder, under other names),
+so no classification or backbone folder of transformers loads an image encoder alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+_INSTEAD = "export --format onnx, or keep vitkit's own checkpoint (vitkit.save)"
+
+
+def refuse_hf_folder(model: nn.Module, folder: str | os.PathLike) -> Path:
+    raise ValueError(
+        "Hugging Face's transformers has no model of a SAM image encoder alone (SamModel is the "
+        f"whole Segment Anything model); {_INSTEAD}"
+    )
+
+
+def refuse_timm_folder(model: nn.Module, folder: str | os.PathLike) -> Path:
+    raise ValueError(f"vitkit writes no timm folder of a SAM ViT; {_INSTEAD}")
