@@ -152,7 +152,7 @@ def test_train_eval_predict_on_the_digits_and_a_neck_only_model_refused(tmp_path
         assert "without a classifier head" in err and err.count("\n") == 1, err
     assert cli.main(["summary", "samvit_base_patch16", "--flow"]) == 2
     err = capsys.readouterr().err
-    assert "is a SAM ViT, which has no stage-by-stage flow" in err and err.count("\n") == 1
+    assert "is a SAM ViT, which has no stage walk" in err and err.count("\n") == 1
 
 
 @requires_timm

@@ -20,7 +20,7 @@ class TimmPretrainedCfg:
     """A model's timm `pretrained_cfg`: a family sets `TIMM_MEAN` / `TIMM_STD` (its timm
     default for 3-channel inputs; 0.5 per channel otherwise) and, where its classifier is not
     `head`, `timm_classifier`. The model needs `config` (`in_chans`, `img_size` as built, not as
-    padded to whole patches, and `dynamic_img_size`), `num_classes` and `data_config`; a cfg set
+    padded to whole patches, and `dynamic_img_size` where the family has it), `num_classes` and `data_config`; a cfg set
     by timm is kept as set."""
 
     # class attributes without annotations: TorchScript would read annotations as the
@@ -50,7 +50,7 @@ class TimmPretrainedCfg:
             data = {key: getattr(self.data_config, key) for key in data}
         return {
             **data,
-            "fixed_input_size": not self.config.dynamic_img_size,
+            "fixed_input_size": not getattr(self.config, "dynamic_img_size", False),
             "num_classes": self.num_classes,
             "pool_size": None,
             "first_conv": "patch_embed.proj",
