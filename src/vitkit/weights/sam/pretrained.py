@@ -15,13 +15,10 @@ from typing import Any
 
 from torch import Tensor
 
-from ...data.data_config import DataConfig
-from ...model import build_model
-from ...model.layers.patch_embed import to_2tuple
-from ...model.layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ...model.layers.pos_embed import resample_pos_embed
 from ...model.layers.window import resize_rel_pos
 from ...model.sam import SamConfig, SamViT
-from ..checkpoint import CheckpointError, load_into
+from ..fitting import fill_model, fit_patch_kernel, fresh_head
 from ..source import Fitting, SourceWeights
 
 log = logging.getLogger(__name__)
@@ -32,33 +29,8 @@ _HEAD_KEYS = ("head.fc.weight", "head.fc.bias")
 def fill_sam(
     weights: SourceWeights, model: SamViT | None, fitting: Fitting, overrides: Mapping[str, Any]
 ) -> SamViT:
-    """`model` (or a new one of the weights' config with `overrides` and the fitting's image
-    size, patch size and classes) holding the weights; eval mode, with the data config the
-    source states (else timm's SAM default) at the model's input size."""
-    if fitting.distilled:
-        raise CheckpointError("a SAM ViT has no distillation token; load it with distilled=None")
-    if fitting.pos_resample != "timm":
-        raise CheckpointError(
-            f"SAM ViT weights are resampled as timm's; pos_resample={fitting.pos_resample!r} is "
-            "for ViT weights: drop it"
-        )
-    source: SamConfig = weights.config
-    if model is None:
-        target = source.replace(**overrides)
-        for name in ("img_size", "patch_size", "num_classes"):
-            if getattr(fitting, name) is not None:
-                target = target.replace(**{name: getattr(fitting, name)})
-        model = build_model(target)
-    elif fitting.num_classes is not None and fitting.num_classes != model.num_classes:
-        model.reset_classifier(fitting.num_classes)
-    state_dict = fitted_state_dict(dict(weights.state_dict), source, model)
-    load_into(model, state_dict, source=f"{weights.format} SAM ViT checkpoint")
-    chans, (height, width) = model.config.in_chans, model.patch_embed.img_size
-    data_config = weights.data_config or _timm_default(model, weights.name)
-    model.data_config = data_config.replace(input_size=(chans, height, width))
-    if weights.class_names and len(weights.class_names) == model.num_classes:
-        model.meta = {**getattr(model, "meta", {}), "class_names": list(weights.class_names)}
-    return model.eval()
+    """`fill_model` (`weights/fitting.py`) with this family's fitting of the weights."""
+    return fill_model(weights, model, fitting, overrides, title="SAM ViT", fit=fitted_state_dict)
 
 
 def fitted_state_dict(
@@ -68,23 +40,8 @@ def fitted_state_dict(
     patch kernel PI-resized, the position map resampled and the global relative-position
     tables interpolated to its grid."""
     own = model.state_dict()
-    if model.num_classes != source.num_classes:
-        log.info(
-            "new %d-class head (the checkpoint has %d): fine-tune it",
-            model.num_classes,
-            source.num_classes,
-        )
-        for key in _HEAD_KEYS:
-            state_dict.pop(key, None)
-            if key in own:
-                state_dict[key] = own[key]
-    kernel = state_dict["patch_embed.proj.weight"]  # (D, C, p, p)
-    new_patch = tuple(own["patch_embed.proj.weight"].shape[-2:])
-    if tuple(kernel.shape[-2:]) != new_patch:
-        log.info(
-            "resampling the patch embedding from %s to %s", tuple(kernel.shape[-2:]), new_patch
-        )
-        state_dict["patch_embed.proj.weight"] = resample_patch_embed(kernel, new_patch)
+    fresh_head(state_dict, own, (model.num_classes, source.num_classes), _HEAD_KEYS)
+    fit_patch_kernel(state_dict, own)
     old_grid, new_grid = source.grid_size, model.patch_embed.grid_size
     if old_grid == new_grid:
         return state_dict
@@ -98,24 +55,3 @@ def fitted_state_dict(
         if key.endswith((".rel_pos_h", ".rel_pos_w")):
             state_dict[key] = resize_rel_pos(table, own[key].shape[0])
     return state_dict
-
-
-def _timm_default(model: SamViT, source: str) -> DataConfig:
-    """timm's SAM data config (ImageNet mean and std, bicubic, centre crop 0.9), said in one
-    log line."""
-    cfg = model.pretrained_cfg
-    log.info(
-        "%s states no data config; assuming timm's SAM ViT defaults: mean %s, std %s, "
-        "bicubic, centre crop 0.9",
-        source,
-        cfg["mean"],
-        cfg["std"],
-    )
-    height, width = to_2tuple(model.config.img_size, "img_size")
-    return DataConfig(
-        input_size=(model.config.in_chans, height, width),
-        mean=cfg["mean"],
-        std=cfg["std"],
-        interpolation=cfg["interpolation"],
-        crop_pct=cfg["crop_pct"],
-    )
