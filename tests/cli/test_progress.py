@@ -195,5 +195,7 @@ def test_predict_in_a_real_terminal_draws_the_bar_and_erases_it(folder_and_check
         out = proc.stdout.read().decode()
     os.close(main_end)
     assert proc.returncode == 0 and len(out.splitlines()) == 70 * 2  # 2 classes: 2 lines each
-    assert "\rpredict:   0%|" in shown and re.search(r"\rpredict: 100%\|█+\| 2/2 \[", shown), shown
+    # the bar's first frame; later frames come at most every 0.1 s (tqdm's mininterval), so
+    # a fast run may go from 0% to the erase without another
+    assert "\rpredict:   0%|" in shown and "| 0/2 [" in shown, shown
     assert re.search(r"\] *\r {99}\r$", shown), shown  # then the line is blanked
