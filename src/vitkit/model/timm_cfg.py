@@ -20,8 +20,8 @@ class TimmPretrainedCfg:
     """A model's timm `pretrained_cfg`: a family sets `TIMM_MEAN` / `TIMM_STD` (its timm
     default for 3-channel inputs; 0.5 per channel otherwise) and, where its classifier is not
     `head`, `timm_classifier`. The model needs `config` (`in_chans`, `img_size` as built, not as
-    padded to whole patches, and `dynamic_img_size` where the family has it), `num_classes` and `data_config`; a cfg set
-    by timm is kept as set."""
+    padded to whole patches, and `dynamic_img_size` where the family has it), `num_classes` and
+    `data_config`; a cfg set by timm is kept as set."""
 
     # class attributes without annotations: TorchScript would read annotations as the
     # module's attributes to compile
