@@ -48,6 +48,7 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import vitkit
+from vitkit.model import find_architecture  # noqa: E402
 from vitkit.summary import flop_counter  # noqa: E402
 
 try:
@@ -187,8 +188,10 @@ def count_flops(model: nn.Module, batch: int) -> tuple[int, int]:
 def build_pair(name: str, args: argparse.Namespace, img_size: int | None = None):
     """vitkit's model and, when timm is there, timm's with the same weights (fp32, eval)."""
     overrides = {"img_size": img_size} if img_size else {}
+    overrides["num_classes"] = 1000  # a head for the training step (a backbone name has none)
     ours = vitkit.create_model(name, **overrides).eval()
-    ours.set_fast_path(not args.no_fast_path)
+    if find_architecture(ours).fused_cpu:  # the families with a fused CPU path
+        ours.set_fast_path(not args.no_fast_path)
     models = {"vitkit": ours}
     if timm is not None and not args.no_timm:
         theirs = timm.create_model(name, pretrained=False, **overrides).eval()
