@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..data import SeededItems, StreamPart, as_stream, collate, is_stream
-from .signals import quiet_worker
+from .signals import QuietWorkersLoader
 
 
 def world() -> tuple[int, int]:
@@ -138,25 +138,23 @@ def make_loader(
             rank=rank,
             world_size=size,
         )
-        return DataLoader(
+        return QuietWorkersLoader(
             part,
             batch_size=batch_size,
             num_workers=num_workers,
             collate_fn=collate,
-            worker_init_fn=quiet_worker if num_workers else None,
             generator=torch.Generator().manual_seed(seed),
         )
     sampler = ShardSampler(
         len(dataset), shuffle=train, seed=seed, rank=rank, world_size=size, pad=train
     )
-    return DataLoader(
+    return QuietWorkersLoader(
         SeededItems(dataset, seed=seed) if train else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
         collate_fn=collate,
         drop_last=False,
-        worker_init_fn=quiet_worker if num_workers else None,  # the main process stops them
         # its own generator: creating an iterator then draws no number from the global one,
         # so a run resumed in mid-epoch sees the same random stream
         generator=torch.Generator().manual_seed(seed),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -63,7 +63,7 @@ def train_one_epoch(
     pending = 0
     start = time.perf_counter()
     seen = 0
-    for images, labels in _until_stopped(loader, state.stop):
+    for images, labels in loader:
         if len(labels) == 0:  # every file of the batch was unreadable
             sums.batches += 1
             continue
@@ -83,24 +83,6 @@ def train_one_epoch(
     if pending:  # a last, partial accumulation
         _optimizer_step(state)
     return sums
-
-
-def _until_stopped(loader: Iterable, stop: Any) -> Iterator[Any]:
-    """`loader`'s batches. A SIGTERM to the process group can reach a loader worker forked for
-    this epoch after torch set its own handler and before `quiet_worker` ran, and end it; once
-    the same signal has stopped the run, that worker's death ends the epoch as the stop does
-    (the state is then saved) instead of failing the run."""
-    batches = iter(loader)
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except RuntimeError as err:
-            if stop and str(err).startswith("DataLoader worker"):
-                return
-            raise
-        yield batch
 
 
 def _backward(state: RunState, images: Tensor, labels: Tensor, *, sync: bool) -> None:
