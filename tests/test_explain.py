@@ -19,6 +19,7 @@ from vitkit.explain import (
     overlay_figure,
     overlay_pixels,
 )
+from vitkit.inference import predict
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -452,3 +453,20 @@ def test_a_centre_crop_of_a_wide_image_is_its_middle(tmp_path):
     assert squash.caption == "maps over the model's 16x16 view: the 72x24 image squashed to 16x16"
     assert (squash.image.amax(dim=(1, 2)) > 0.5).all()  # red, green and blue
     assert squash.original.shape == (3, 24, 72)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_explained_probabilities_are_the_ones_predict_gives(tmp_path, multi_label):
+    """A multi-label model's caption and probabilities are each class's sigmoid, as
+    `vitkit predict` prints them; a single-label model's a softmax."""
+    path = _three_to_one(tmp_path / "wide.png")
+    torch.manual_seed(0)
+    model = create_model("vit_digits", img_size=16, patch_size=4, in_chans=3, embed_dim=16,
+                         depth=1, num_heads=2).eval()  # fmt: skip
+    model.meta = {"multi_label": multi_label}
+    config = DataConfig(input_size=(3, 16, 16), mean=0.5, std=0.5, interpolation="bilinear")
+    result = explain_image(model, path, config)
+    expected, _ = predict(model, eval_transform(config)(Image.open(path).convert("RGB"))[None],
+                          topk=10, multi_label=multi_label)  # fmt: skip
+    torch.testing.assert_close(result.probabilities.sort(descending=True).values, expected[0])
+    assert torch.isclose(result.probabilities.sum(), torch.tensor(1.0)) != multi_label

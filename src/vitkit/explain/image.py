@@ -33,7 +33,8 @@ class Explanation:
         original: (C, H, W) in [0, 1]: the decoded file before resizing.
         region: (top, left, bottom, right) of the view in the original's pixel coordinates.
         caption: how the view was made from the file, for a picture or a log line.
-        probabilities: (K,) softmax of the logits.
+        probabilities: (K,) the class probabilities: a softmax of the logits, or each class's
+            sigmoid for a multi-label model (`meta['multi_label']`), as `vitkit predict` gives.
         predicted: the top class; `target` the explained one.
         maps: `attention_maps` output for this image (indexed by it).
     """
@@ -85,7 +86,9 @@ def explain_image(
     rollout = {"head_fusion": head_fusion, "discard_ratio": discard_ratio}
     maps = _maps(model, method, x, target=target, per_head=per_head, **rollout)
     one = {key: value[0].cpu() for key, value in maps.items()}
-    probabilities = torch.softmax(one["logits"].float(), dim=-1)
+    logits = one["logits"].float()
+    multi_label = getattr(model, "meta", {}).get("multi_label", False)
+    probabilities = torch.sigmoid(logits) if multi_label else torch.softmax(logits, dim=-1)
     (height, width), (h, w) = decoded.size[::-1], data_config.img_size
     explanation = Explanation(
         image=view,
