@@ -154,3 +154,30 @@ def test_refusals_are_one_json_line(url, path, body, status, message):
     answer = httpx.post(f"{url}{path}", json=body, timeout=30)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "weights, name",
+    [
+        ("runs/photos/model.safetensors", "photos"),
+        ("exports/tiny.onnx", "tiny"),
+        ("vit3.pth", "vit3"),
+        (
+            "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
+            "vit_small_patch16_224.augreg_in21k_ft_in1k",
+        ),
+        ("hf-hub:facebook/dinov3-vits16-pretrain-lvd1689m", "dinov3-vits16-pretrain-lvd1689m"),
+        ("local-dir:/data/my model", "my_model"),
+    ],
+)
+def test_the_models_name_in_urls_keeps_a_hub_ids_tag(weights, name):
+    """/v2/models/{name}: a file's name without its suffix, a run's folder name, a Hub id's
+    name with its tag (not cut at its dot as a suffix)."""
+    from types import SimpleNamespace
+
+    from vitkit.serve.service import Service
+
+    fields = dict(
+        class_names=[], data_config=None, precision="fp32", platform="pytorch_torchscript"
+    )
+    assert Service(SimpleNamespace(name=weights, **fields)).short_name == name

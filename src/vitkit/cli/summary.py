@@ -11,13 +11,12 @@ from torch import nn
 
 from ..model import SimpleFeaturePyramid, build_model, find_architecture, registry
 from ..weights import load_any
+from ..weights.hub_cache import WEIGHTS_SUFFIXES
 from . import options
 from .commands import add_command
 from .errors import UserError
 from .options import model_options_given
 from .status import ExitCode
-
-WEIGHTS_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ from ..explain import MAPS as EXPLANATION_MAPS
 from ..explain import Explanation, class_index, map_title
 from ..explain import overlay_png as draw_overlay_png
 from ..inference import Predictor
+from ..weights.hub_cache import WEIGHTS_SUFFIXES
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,12 @@ class Service:
     def short_name(self) -> str:
         """The model's name in URLs (the Open Inference Protocol's /v2/models/{name}): its
         weights' file or folder name without the suffix ('model' for a run's weights: the
-        run folder's name)."""
+        run folder's name; a Hub id's name with its tag: 'vit_small_patch16_224.augreg_in1k')."""
         path = PurePath(self.name)
         if path.name == "model.safetensors" and path.parent.name:
             path = path.parent
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem if path.suffix else path.name) or "model"
+        name = path.stem if path.suffix.lower() in (*WEIGHTS_SUFFIXES, ".onnx") else path.name
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
 
     def example_image(self) -> Tensor:
         """A (C, H, W) image of the model's input size (zeros), to warm the model up with."""

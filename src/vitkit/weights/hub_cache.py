@@ -21,8 +21,10 @@ HUB_PREFIX, LOCAL_PREFIX = "hf-hub:", "local-dir:"
 
 # A Hub repo id (ORG/NAME, letters, digits, '-', '_', '.'), with an optional @revision.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_](@[\w./-]+)?$")
-# What names a file, not a repo: a weights suffix.
-_FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".onnx", ".json")
+# The suffixes of the weights files vitkit reads (a Hub id's '.tag' is none of them).
+WEIGHTS_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+# What names a file, not a repo: a weights suffix, an exported model or a config.
+_FILE_SUFFIXES = (*WEIGHTS_SUFFIXES, ".onnx", ".json")
 
 
 def resolve_weights(source: str | os.PathLike) -> Path:
