@@ -1,11 +1,13 @@
 """Data folders as users make them: `--strict` refuses an unreadable image instead of skipping
-it, and symbolic links (a loop, a dangling link, a link to an image) neither hang nor break the
-scan."""
+it, symbolic links (a loop, a dangling link, a link to an image) neither hang nor break the
+scan, the listing keeps `rglob`'s order, and a folder past the screening limit is listed only,
+its unreadable images skipped and counted as an epoch meets them."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -97,3 +99,23 @@ def test_a_folder_of_up_to_screen_limit_files_is_screened(tmp_path, monkeypatch)
     assert found == {str(root / "dog" / "broken.png"): "cannot identify image file"}
     monkeypatch.setattr(folders, "SCREEN_LIMIT", 4)
     assert folders.screen(samples, strict=False, root=root) == {}
+
+
+def test_a_folder_is_listed_as_sorted_rglob_lists_it(tmp_path):
+    """`files_under` (os.scandir) gives the files, and the links to files, that `rglob` does in
+    the same order, so a seeded split picks the same images as before it."""
+    root = tmp_path / "cat"
+    names = ["a.png", "a/b.png", "a-b.png", "A.png", "a/.h.png", ".hid/x.png", "z/y/x.jpg",
+             "b c.png", "a.b/c.png", "é.png", "a0.png", "a/z/b.png", "a/a.png",
+             "notes.txt"]  # fmt: skip
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    (root / "loop").symlink_to(root)
+    (root / "a" / "up").symlink_to(root / "a.b")  # a link to a folder: not followed
+    (root / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "linked.png").symlink_to(root / "a.png")
+    os.mkfifo(root / "pipe.png")
+    listed = [str(path) for path in sorted(root.rglob("*")) if path.is_file()]
+    assert folders.files_under(root) == listed
+    assert len(listed) == len(names) + 1  # and the link to a.png

@@ -100,13 +100,11 @@ def class_folders(
     names = sorted(d.name for d in _entries(root) if d.is_dir() and not d.name.startswith("."))
     samples = []
     for label, name in enumerate(names):
-        for file in sorted((root / name).rglob("*")):
-            if not file.is_file():
-                continue
-            if file.suffix.lower() in IMAGE_EXTENSIONS:
-                samples.append((str(file), label))
-            elif others is not None and not _hidden(file.relative_to(root)):
-                others.append(file)
+        for file in files_under(root / name):
+            if os.path.splitext(file)[1].lower() in IMAGE_EXTENSIONS:
+                samples.append((file, label))
+            elif others is not None and not _hidden(Path(file).relative_to(root)):
+                others.append(Path(file))
     if classes is None:
         _check_classes(root, names, samples)
         return names, samples
@@ -120,6 +118,36 @@ def class_folders(
         )
     index = [list(classes).index(name) for name in names]
     return list(classes), [(path, index[label]) for path, label in samples]
+
+
+def files_under(folder: Path) -> list[str]:
+    """The files under `folder`, symbolic links to files too but none into folders, in the
+    order of `sorted(folder.rglob("*"))`. Read with `os.scandir`, whose entries say what they
+    are without a `stat` a file, and sorted as strings: several times faster than `rglob`
+    and `Path` objects, and on a large folder listing is all the start-up it needs."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    pending = [((), str(folder))]
+    while pending:
+        parts, path = pending.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError:  # unreadable or gone: skipped, as `rglob` skips it
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(((*parts, entry.name), entry.path))
+            elif _is_file(entry):
+                found.append(((*parts, entry.name), entry.path))
+    found.sort()  # by path components, as `Path` objects compare
+    return [path for _, path in found]
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """A file, or a link to one; False where it cannot be told (`Path.is_file`'s answer)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def _check_classes(root: Path, classes: list[str], samples: Samples) -> None:
