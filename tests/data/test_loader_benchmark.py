@@ -97,3 +97,4 @@ def test_the_start_up_benchmark_times_each_part(tmp_path, capsys, monkeypatch, l
     assert report["env"]["cpu"] in printed.splitlines()[0]
     assert "a folder of 40 files (10 class folders, hard links to 10 JPEGs of 64x48" in printed
     assert ("headers read" if screened else "listed only") in printed
+    assert "start-up: building + first batch" in printed
