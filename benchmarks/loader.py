@@ -5,6 +5,7 @@
     python benchmarks/loader.py --jpegs 200             # large photos, ViT-S/16 and ViT-B/16
     python benchmarks/loader.py --jpegs 8 --jpeg-size 400x300 --rounds 1   # a smoke run
     python benchmarks/loader.py --formats 2000 --jpeg-size 500x375  # folder, shards, Parquet
+    python benchmarks/loader.py --start-up 1000000 --jpeg-size 500x375  # a folder of 1M files
 
 With `--data`: the loader is timed alone (the training loader with the preset's augmentation,
 batches collated, nothing else), then the model alone (forward, backward and AdamW step of the
@@ -28,6 +29,16 @@ With `--formats N`: the same N photo-like JPEGs (two classes) as an image folder
 when `datasets` is installed); a training epoch of each is read through the training loader
 (decode, RandomResizedCrop and flip at `--img-size`, batches of `--train-batch`) with 0, 1
 and 2 loader workers, alternating round by round; images/s, medians over the rounds.
+
+With `--start-up N`: a folder of N files in 10 class folders, hard links to a few JPEGs (at
+least 10, and one per 50,000 files: ext4 allows 65,000 links to a file), and the time `vitkit
+train --data FOLDER` takes before its first step, in three parts measured one after the other:
+listing the folder (`class_folders`), building the dataset (`load_data`: the listing again,
+the header screening up to `folders.SCREEN_LIMIT` files, the split) and the first training
+batch (`--train-batch` images decoded and augmented at `--img-size` in the training process,
+`--workers 0`); the start-up is the last two (building lists the folder itself). The folder is
+made in a temporary folder (`TMPDIR` picks the file system) and was just made, so its directory
+entries are in the page cache: a cold cache adds the disk's time to read them.
 """
 
 from __future__ import annotations
@@ -37,11 +48,12 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     jpegs.add_argument(
         "--formats", type=int, default=0, help="time a folder, shards and Parquet of N JPEGs"
     )
+    jpegs.add_argument(
+        "--start-up",
+        type=int,
+        default=0,
+        help="time listing, building and the first batch of a folder of N linked files",
+    )
     return p.parse_args(argv)
 
 
@@ -95,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.start_up:
+        return start_up_main(args)
     if args.formats:
         return formats_main(args)
     if args.jpegs:
@@ -398,7 +418,9 @@ def formats_main(args: argparse.Namespace) -> int:
                 start = time.perf_counter()
                 images = step()
                 rates[key].append(images / (time.perf_counter() - start))
+    env = environment(torch.device("cpu"), argparse.Namespace(threads=None, no_timm=True))
     report = {
+        "env": env,
         "images": args.formats,
         "jpeg_size": args.jpeg_size,
         "img_size": args.img_size,
@@ -408,6 +430,7 @@ def formats_main(args: argparse.Namespace) -> int:
             f"{name}, {w} workers": statistics.median(r) for (name, w), r in rates.items()
         },
     }
+    print(f"{env['date']} · {env['cpu']} · {env['cpu_count']} cores · torch {env['torch']}")
     print(
         f"{args.formats} JPEGs of {args.jpeg_size}, training epoch at {args.img_size}px, "
         f"batch {args.train_batch}: images/s with 0 / 1 / 2 loader workers"
@@ -418,6 +441,90 @@ def formats_main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+# -- start-up: a folder of N files (hard links to a few JPEGs) to its first training batch ---
+
+CLASSES = 10  # class folders of the start-up folder
+LINKS_PER_JPEG = 50_000  # under ext4's 65,000 hard links to one file
+
+
+def link_folder(root: Path, count: int, jpegs: Sequence[Path]) -> None:
+    """`count` files in CLASSES class folders of `root`, hard links to `jpegs` in turn."""
+    for c in range(CLASSES):
+        (root / f"class{c}").mkdir(parents=True)
+    for i in range(count):
+        os.link(jpegs[i % len(jpegs)], root / f"class{i % CLASSES}" / f"{i:07d}.jpg")
+
+
+def start_up_times(folder: Path, img_size: int, batch: int) -> dict[str, float]:
+    """Seconds to list `folder`, to build its training data, and to load the first batch."""
+    from vitkit.data import load_data, transformed
+    from vitkit.data.folders import class_folders
+
+    start = time.perf_counter()
+    class_folders(folder)
+    listed = time.perf_counter()
+    splits = load_data(str(folder))  # the default split, as `vitkit train --data FOLDER`
+    built = time.perf_counter()
+    size = (img_size, img_size)
+    augment = build_transform(True, img_size=size, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    loader = make_loader(transformed(splits.train, augment), batch, train=True)
+    next(iter(loader))
+    first = time.perf_counter()
+    return {"listing": listed - start, "dataset": built - listed, "first_batch": first - built}
+
+
+def start_up_main(args: argparse.Namespace) -> int:
+    from vitkit.data import folders
+
+    width, height = (int(v) for v in args.jpeg_size.split("x"))
+    count = args.start_up
+    jpegs = max(CLASSES, math.ceil(count / LINKS_PER_JPEG))
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = [Path(path) for path, _ in write_jpegs(Path(tmp), jpegs, width, height)]
+        start = time.perf_counter()
+        link_folder(Path(tmp) / "folder", count, sources)
+        made = time.perf_counter() - start
+        seconds = start_up_times(Path(tmp) / "folder", args.img_size, args.train_batch)
+    env = environment(torch.device("cpu"), argparse.Namespace(threads=None, no_timm=True))
+    report = {
+        "env": env,
+        "files": count,
+        "jpegs": {"count": jpegs, "width": width, "height": height},
+        "made_s": made,
+        "screened": count <= folders.SCREEN_LIMIT,
+        "screen_limit": folders.SCREEN_LIMIT,
+        "img_size": args.img_size,
+        "batch": args.train_batch,
+        "seconds": seconds,
+    }
+    print(render_start_up(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def render_start_up(report: dict) -> str:
+    env, jpegs, seconds = report["env"], report["jpegs"], report["seconds"]
+    screened = "headers read" if report["screened"] else "listed only"
+    rows = {
+        "listing (class_folders)": seconds["listing"],
+        "building the dataset (load_data)": seconds["dataset"],
+        f"first training batch ({report['batch']} at {report['img_size']}px)": seconds[
+            "first_batch"
+        ],
+        "start-up: building + first batch": seconds["dataset"] + seconds["first_batch"],
+    }
+    return "\n".join(
+        [
+            f"{env['date']} · {env['cpu']} · {env['cpu_count']} cores · torch {env['torch']}",
+            f"a folder of {report['files']:,} files ({CLASSES} class folders, hard links to "
+            f"{jpegs['count']} JPEGs of {jpegs['width']}x{jpegs['height']}, made in "
+            f"{report['made_s']:.2f} s; {screened}, screening limit {report['screen_limit']:,})",
+            *(f"  {name:40s}{value:8.2f} s" for name, value in rows.items()),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -100,6 +100,18 @@ def run_benchmark(script: str, *args: str, timeout: int = 300) -> subprocess.Com
     return proc
 
 
+def torchrun(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc_per_node=2 ARGS` on this checkout's
+    sources, one torch thread a process (gloo on CPU), output captured."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", *args]  # fmt: skip
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def optional_import(name: str) -> ModuleType | Any:
     """`importlib.import_module(name)`, or a stand-in where the package is not installed (so
     that one missing package skips the tests that need it, not the whole file)."""

@@ -5,9 +5,6 @@ their own shards."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,11 +13,11 @@ import pytest
 from PIL import Image
 from test_streams import killed_then_resumed
 
+from _helpers import torchrun
 from vitkit.cli import main
 from vitkit.data.shards import write_shards
 from vitkit.train import ClassificationTask, resolve_config, run_job
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = ("--model", "vit_digits", "--model-opt", "embed_dim=16", "--model-opt", "depth=1",
         "--model-opt", "num_heads=2", "--no-progress")  # fmt: skip
 
@@ -96,11 +93,7 @@ def test_each_torchrun_rank_reads_its_own_shards(tmp_path):
     script = tmp_path / "shards_ddp.py"
     script.write_text(TORCHRUN)
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(script), pattern, str(out)]  # fmt: skip
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = torchrun(str(script), pattern, str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-1500:]
     seen = [json.loads((out / f"seen{rank}.json").read_text()) for rank in range(2)]
     shard = [{where.split(":")[0] for where in keys} for keys in seen]

@@ -5,10 +5,7 @@ the middle of an epoch, and gives each torchrun rank its own samples."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from _helpers import killing_driver, run_driver
+from _helpers import killing_driver, run_driver, torchrun
 from vitkit.data import (
     SOURCES,
     Splits,
@@ -30,7 +27,6 @@ from vitkit.data import (
 from vitkit.train import ClassificationTask, MaeTask, PretrainConfig, resolve_config, run_job
 from vitkit.train.recipes import default_choice
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 HERE = Path(__file__).resolve().parent
 TRAIN, VAL, TEST = 0, 10_000, 20_000  # where each split's sample ids start
 
@@ -249,11 +245,7 @@ def test_each_torchrun_rank_trains_on_its_own_samples(tmp_path):
     script = tmp_path / "streams_ddp.py"
     script.write_text(TORCHRUN)
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(script), str(out)]  # fmt: skip
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = torchrun(str(script), str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[:3000] + "\n...\n" + proc.stderr[-1500:]
     seen = [json.loads((out / f"seen{rank}.json").read_text()) for rank in range(2)]
     assert len(seen[0]) == len(seen[1]) == 2 * 160  # equal steps: 160 samples an epoch each

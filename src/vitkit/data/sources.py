@@ -552,7 +552,8 @@ def evaluation_set(
             others: list[Path] = []
             names, samples = class_folders(folder, names, others=others)
             report_ignored(others, folder)
-            unreadable = screen(samples, strict=not skip_corrupt)  # named with the scores
+            # named with the scores
+            unreadable = screen(samples, strict=not skip_corrupt, root=folder)
             shown = f"{folder}/" if part != "all" else f"all of {folder}/"
             described = f"{shown} ({image_count(len(samples))})"
             scored = ImageFiles(samples, **files, unreadable=unreadable)
