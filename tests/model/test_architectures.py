@@ -93,7 +93,7 @@ def test_each_family_states_how_it_is_explained_and_read_as_features():
         "eva": ("attention", "block", False),
         "beit": ("attention", "block", False),
         "sam": (None, "block", False),
-        "relpos": (None, "block", False),
+        "relpos": ("attention", "block", False),
     }
     assert get_architecture("vit").masked_autoencoder is not None
     assert get_architecture("swin").masked_autoencoder is None

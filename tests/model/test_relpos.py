@@ -11,6 +11,7 @@ import torch
 
 from _helpers import optional_import, randomize, requires_timm
 from vitkit import create_model, list_models
+from vitkit.explain.attention import attention_maps, readout_of
 from vitkit.model import architecture_of, get_config
 from vitkit.model.layers.rel_pos_mlp import RelPosMlp
 from vitkit.model.relpos import RelPosConfig
@@ -87,3 +88,22 @@ def test_bad_options_are_refused_in_one_line():
     model = create_model("vit_relpos_small_patch16_224", **SMALL)
     with pytest.raises(ValueError, match="input size 48x48 differs from the model's img_size"):
         model(torch.randn(1, 3, 48, 48))
+
+
+@pytest.mark.parametrize("name, options", list(KINDS.items()), ids=list(KINDS))
+def test_attention_weights_are_the_ones_the_forward_pass_uses(name, options):
+    """The explanation reads each block's weights (the softmax of the biased scores): the
+    explicit path that returns them gives the fused path's logits, and `vitkit explain`'s
+    maps read the class token's row where the head pools it, the patch rows' mean else."""
+    torch.manual_seed(0)
+    model = randomize(create_model(name, **SMALL, **options)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        logits, attentions = model(x, return_attention=True)
+        torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
+    tokens = 16 + model.num_prefix_tokens
+    assert [a.shape for a in attentions] == [(2, 3, tokens, tokens)] * 2
+    torch.testing.assert_close(attentions[1].sum(-1), torch.ones(2, 3, tokens))
+    maps = attention_maps(model, x)
+    assert maps["relevance"].shape == maps["rollout"].shape == (2, 4, 4)
+    assert readout_of(model) == ("class" if model.global_pool == "token" else "mean")

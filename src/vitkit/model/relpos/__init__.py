@@ -22,8 +22,8 @@ RELPOS = Architecture(
     presets=relpos_presets(),
     backbone=ViTBackbone,  # RelPosViT's forward_intermediates takes the ViT's arguments
     feature_unit="block",
-    # the blocks' forward takes the shared bias: no weights-returning path for rollout yet
-    explanation=None,
+    # the weights returned are the softmax of the biased scores, the ones v is multiplied by
+    explanation="attention",
     fused_cpu=False,  # the CPU fast path's blocks add no relative position bias
     fixed_export_size="a relative-position ViT exports at its fixed image size (the bias is "
     "built for its patch grid)",

@@ -50,9 +50,13 @@ class BiasedAttention(Attention):
         super().__init__(dim, **options)
         self.rel_pos: RelPosMlp | None = None  # a block's own; set by the model
 
+    def bias(self, shared: Tensor | None) -> Tensor | None:
+        """The bias added to the scores, (1, heads, N, N): the block's own, else `shared`."""
+        return self.rel_pos.get_bias() if self.rel_pos is not None else shared
+
     def forward(self, x: Tensor, shared: Tensor | None = None) -> Tensor:  # type: ignore[override]
         q, k, v = self._qkv(x)  # each (B, heads, N, head_dim)
-        bias = self.rel_pos.get_bias() if self.rel_pos is not None else shared
+        bias = self.bias(shared)
         if self.fused_attn and not (bias is not None and exporting()):
             dropout_p = self.attn_drop.p if self.training else 0.0
             x = F.scaled_dot_product_attention(
@@ -65,6 +69,19 @@ class BiasedAttention(Attention):
             x = self.attn_drop(scores.softmax(dim=-1)) @ v  # (B, heads, N, head_dim)
         return self._out(x)
 
+    def forward_with_weights(  # type: ignore[override]
+        self, x: Tensor, shared: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The explicit path, also returning the weights v is multiplied by (B, heads, N, N):
+        the softmax of the biased scores, so attention maps read them as a ViT's."""
+        q, k, v = self._qkv(x)
+        scores = (q * self.scale) @ k.transpose(-2, -1)
+        bias = self.bias(shared)
+        if bias is not None:
+            scores = scores + bias
+        weights = scores.float().softmax(dim=-1).to(q.dtype)
+        return self._out(self.attn_drop(weights) @ v), weights
+
 
 class RelPosBlock(Block):
     """The pre-norm block of timm's `RelPosBlock`: attention with the relative bias."""
@@ -72,6 +89,13 @@ class RelPosBlock(Block):
     def forward(self, x: Tensor, shared: Tensor | None = None) -> Tensor:  # type: ignore[override]
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), shared)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+    def forward_with_weights(  # type: ignore[override]
+        self, x: Tensor, shared: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        out, weights = self.attn.forward_with_weights(self.norm1(x), shared)
+        x = x + self.drop_path1(self.ls1(out))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), weights
 
 
 class ResPostRelPosBlock(ResPostBlock):
@@ -81,6 +105,13 @@ class ResPostRelPosBlock(ResPostBlock):
     def forward(self, x: Tensor, shared: Tensor | None = None) -> Tensor:  # type: ignore[override]
         x = x + self.drop_path1(self.norm1(self.attn(x, shared)))
         return x + self.drop_path2(self.norm2(self.mlp(x)))
+
+    def forward_with_weights(  # type: ignore[override]
+        self, x: Tensor, shared: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        out, weights = self.attn.forward_with_weights(x, shared)
+        x = x + self.drop_path1(self.norm1(out))
+        return x + self.drop_path2(self.norm2(self.mlp(x))), weights
 
 
 class RelPosViT(TimmPretrainedCfg, nn.Module):
@@ -204,10 +235,23 @@ class RelPosViT(TimmPretrainedCfg, nn.Module):
                 kept.append(x)
         return x, kept
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """All tokens after the final norm, (B, P + N, D)."""
+    def forward_features(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """All tokens after the final norm, (B, P + N, D); with `return_attention`, also each
+        block's attention weights (B, heads, P + N, P + N)."""
+        if return_attention:
+            return self._features_and_attention(self.embed(x))
         x, _ = self._run(self.embed(x), list(self.blocks), set())
         return self.norm(x)
+
+    def _features_and_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        shared = self.shared_rel_pos.get_bias() if self.shared_rel_pos is not None else None
+        attentions = []
+        for block in self.blocks:
+            x, weights = block.forward_with_weights(x, shared)
+            attentions.append(weights)
+        return self.norm(x), attentions
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         if self.global_pool != "none":
@@ -215,7 +259,13 @@ class RelPosViT(TimmPretrainedCfg, nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Logits (B, num_classes); with `return_attention`, also every block's weights."""
+        if return_attention:
+            features, attentions = self.forward_features(x, return_attention=True)
+            return self.forward_head(features), attentions
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
