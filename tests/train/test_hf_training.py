@@ -15,7 +15,7 @@ from vitkit.cli import main
 from vitkit.train import ClassificationTask, resolve_config, run_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from test_hf_datasets import table  # noqa: E402
+from test_hf_datasets import png, table  # noqa: E402
 
 pytestmark = pytest.mark.requires("datasets", extra="datasets")
 TINY = ("--model", "vit_digits", "--model-opt", "embed_dim=16", "--model-opt", "depth=1",
@@ -35,6 +35,22 @@ def test_a_saved_dataset_trains_and_is_evaluated(tmp_path, capsys):
     assert code == 0
     row = json.loads(capsys.readouterr().out)
     assert (row["count"], row["part"]) == (8, "test split")
+
+
+def test_the_columns_a_run_read_are_the_ones_eval_reads(tmp_path, capsys):
+    """A table whose columns must be named (`file`, `kind`) trains with --image-column and
+    --label-column; `vitkit eval` of the run folder reads the same columns unasked."""
+    for i in range(20):
+        (tmp_path / f"{i}.png").write_bytes(png(120 * (i % 2), i))
+    lines = ["file,kind"] + [f"{i}.png,{('dark', 'light')[i % 2]}" for i in range(20)]
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    data, run = f"hfds:csv:{tmp_path / 'list.csv'}", tmp_path / "run"
+    assert main(["train", "--data", data, "--image-column", "file", "--label-column", "kind",
+                 "--epochs", "1", "--batch-size", "8", "--out", str(run), *TINY]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["count"], row["part"]) == (4, "test split")
 
 
 @pytest.mark.slow  # three runs, about 30 s on 2 busy cores

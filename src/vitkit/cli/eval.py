@@ -137,7 +137,12 @@ def _evaluation_set(
     meta = RunMeta.read(model.meta, args.checkpoint)
     split = meta.split()
     in_chans = model.data_config.input_size[0]
-    split = {**split, "image_column": args.image_column, "label_column": args.label_column}
+    columns = meta.columns(spec)
+    split = {
+        **split,
+        "image_column": args.image_column or columns["image_column"],
+        "label_column": args.label_column or columns["label_column"],
+    }
     if args.split is None:
         scored = data_lib.evaluation_set(
             spec,

@@ -96,6 +96,8 @@ class RunMeta(Options):
         None, "the training data's per-channel std (files from before data_config)"
     )
     data: str | None = option(None, "the training data, as `load_data` takes it")
+    image_column: str | None = option(None, "the training data's image column (a table's)")
+    label_column: str | None = option(None, "the training data's label column (a table's)")
     model_name: str | None = option(None, "the registered model (or timm name) it is")
     split_seed: int = option(0, "the seed of the training run's split", range=NON_NEGATIVE)
     val_fraction: float = option(
@@ -131,6 +133,15 @@ class RunMeta(Options):
             "val_fraction": self.val_fraction,
             "test_fraction": self.test_fraction,
             "seed": self.split_seed,
+        }
+
+    def columns(self, data: str) -> dict[str, str | None]:
+        """The image and label columns the run read, for `data` when it is the training data
+        (other data finds its own)."""
+        same = data == self.data
+        return {
+            "image_column": self.image_column if same else None,
+            "label_column": self.label_column if same else None,
         }
 
 

@@ -280,6 +280,8 @@ class ClassificationTask(Task):
             "val_fraction": config.val_fraction,
             "test_fraction": config.test_fraction,
         }
+        columns = {"image_column": config.image_column, "label_column": config.label_column}
+        meta.update({key: name for key, name in columns.items() if name is not None})
         multi_label = config.multi_label or bool(splits.extra.get("multi_label"))
         if multi_label:
             meta.update(multi_label=True, threshold=config.threshold)
