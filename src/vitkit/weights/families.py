@@ -212,7 +212,7 @@ EVA = WeightsFamily(
     fill=eva_pretrained.fill_eva,
     folder_options=eva_reading.folder_options,
     timm_sizes=eva_reading.timm_sizes,
-    folders={"hf": eva_folders.refuse_hf_folder, "timm": eva_folders.refuse_timm_folder},
+    folders={"hf": eva_folders.save_hf_dinov3_folder, "timm": eva_folders.refuse_timm_folder},
     read_by_name=("timm",),
 )
 
