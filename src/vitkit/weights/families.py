@@ -223,7 +223,7 @@ BEIT = WeightsFamily(
     fill=beit_pretrained.fill_beit,
     folder_options=beit_reading.folder_options,
     timm_sizes=beit_reading.timm_sizes,
-    folders={"hf": beit_folders.refuse_hf_folder, "timm": beit_folders.save_timm_beit_folder},
+    folders={"hf": beit_folders.save_hf_beit_folder, "timm": beit_folders.save_timm_beit_folder},
 )
 
 SAM = WeightsFamily(
