@@ -269,7 +269,8 @@ def to_hf_beit(state_dict: Mapping[str, Tensor], head: bool) -> dict[str, Tensor
             out["classifier." + key[len("head.") :]] = value
         elif block and block[2] == "attn.qkv.weight":
             self_attn = f"{prefix}encoder.layer.{block[1]}.attention.attention."
-            for name, part in zip(("query", "key", "value"), value.chunk(3), strict=True):
+            parts = value.chunk(3)  # (3 D, D) -> query, key, value (D, D)
+            for name, part in zip(("query", "key", "value"), parts, strict=True):
                 out[f"{self_attn}{name}.weight"] = part
         elif block:
             out[f"{prefix}encoder.layer.{block[1]}.{_hf_name(_HF_BLOCK, block[2])}"] = value

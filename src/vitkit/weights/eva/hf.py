@@ -212,6 +212,7 @@ def hf_dinov3_problems(config: EvaConfig) -> list[str]:
 
 
 def _training_options() -> list[str]:
+    """The EvaConfig options of training only (dropouts, stochastic depth, augmentations)."""
     return [
         name
         for name, field in option_fields(EvaConfig).items()
@@ -265,10 +266,10 @@ def to_hf_dinov3(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """A timm DINOv3 EVA's state dict under the Hub file names `hf_dinov3_layout` reads (`qkv`
     split into `q_proj` / `k_proj` / `v_proj`), with the mask token and an empty register
     token row DINOv3ViTModel holds."""
-    dim = state_dict["cls_token"].shape[-1]
+    cls_token = state_dict["cls_token"].detach().cpu()  # (1, 1, D)
     out = {
-        "embeddings.mask_token": state_dict["cls_token"].new_zeros(1, 1, dim),
-        "embeddings.register_tokens": state_dict["cls_token"].new_zeros(1, 0, dim),
+        "embeddings.mask_token": torch.zeros_like(cls_token),
+        "embeddings.register_tokens": cls_token[:, :0],  # (1, 0, D)
     }
     swaps = [(new, old) for old, new in _BLOCK_SWAPS]
     swaps += [("mlp.fc1_x.", "mlp.up_proj."), ("mlp.fc1.", "mlp.up_proj.")]
@@ -278,7 +279,8 @@ def to_hf_dinov3(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
             key = "layer." + key[len("blocks.") :]
             if key.endswith(".attn.qkv.weight"):
                 layer = key[: -len("attn.qkv.weight")]
-                for name, part in zip("qkv", value.chunk(3), strict=True):
+                parts = value.chunk(3)  # (3 D, D) -> q, k, v (D, D)
+                for name, part in zip("qkv", parts, strict=True):
                     out[f"{layer}attention.{name}_proj.weight"] = part
                 continue
             key = key.replace(".attn.q_bias", ".attention.q_proj.bias")
