@@ -121,7 +121,7 @@ WRITTEN = {
     "shared table, positions, class token, no LayerScale": dict(
         use_rel_pos_bias=False, use_shared_rel_pos_bias=True, use_abs_pos_emb=True,
         global_pool="token", init_values=None, norm_eps=1e-12),
-    "no head": dict(num_classes=0),
+    "both tables, no head": dict(num_classes=0, use_shared_rel_pos_bias=True),
 }  # fmt: skip
 
 
