@@ -251,8 +251,9 @@ def test_fine_tune_a_timm_eva02_then_eval_predict_explain_export_and_infer(tmp_p
     torch.testing.assert_close(probs, expected.sort(-1, descending=True).values)
     assert list(predictor.class_names) == ["cat", "dog"]
     refusals = {
-        "hf": "Hugging Face folders are written for the ViT and the Swin; of timm's eva.py, "
-        "transformers has only DINOv3 (DINOv3ViTModel, which vitkit reads); export --format onnx",
+        "hf": "transformers has no DINOv3 classifier (DINOv3ViTModel is the backbone), this "
+        "model has a 2-class head; drop it first (model.reset_classifier(0, global_pool='token'))"
+        "; export --format onnx",
         "timm": "a timm folder's config.json cannot carry an EVA's norm epsilon",
     }
     for format, message in refusals.items():

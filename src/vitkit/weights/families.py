@@ -212,7 +212,7 @@ EVA = WeightsFamily(
     fill=eva_pretrained.fill_eva,
     folder_options=eva_reading.folder_options,
     timm_sizes=eva_reading.timm_sizes,
-    folders={"hf": eva_folders.refuse_hf_folder, "timm": eva_folders.refuse_timm_folder},
+    folders={"hf": eva_folders.save_hf_dinov3_folder, "timm": eva_folders.refuse_timm_folder},
     read_by_name=("timm",),
 )
 
@@ -223,7 +223,7 @@ BEIT = WeightsFamily(
     fill=beit_pretrained.fill_beit,
     folder_options=beit_reading.folder_options,
     timm_sizes=beit_reading.timm_sizes,
-    folders={"hf": beit_folders.refuse_hf_folder, "timm": beit_folders.save_timm_beit_folder},
+    folders={"hf": beit_folders.save_hf_beit_folder, "timm": beit_folders.save_timm_beit_folder},
 )
 
 SAM = WeightsFamily(

@@ -1,7 +1,7 @@
 """What every family's converters and folder exporters share of the Hugging Face and timm
 Hub files: a `config.json` read as a dict, transformers' activation names, the one-line error
 for keys no rule maps, and the files of an exported folder (`preprocessor_config.json`, the
-class names, JSON written atomically).
+class names, JSON written atomically, a whole Hugging Face folder, the model's data config).
 
 Nothing here knows a model family; the families' rooms (`vit/`, `swin/`) build on it.
 """
@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from safetensors.torch import save as serialize_safetensors
+from torch import Tensor, nn
 
 from ..data.data_config import DataConfig
 from ..files import atomic_write
@@ -89,3 +90,48 @@ def write_json(path: Path, values: dict[str, Any]) -> None:
     """`values` as an indented JSON file, written atomically."""
     text = json.dumps(values, indent=2) + "\n"
     atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+def model_data_config(model: nn.Module) -> DataConfig:
+    """The data config the model was given, else the one of its timm `pretrained_cfg`."""
+    found = getattr(model, "data_config", None)
+    if found is not None:
+        return found
+    cfg = model.pretrained_cfg
+    return DataConfig(
+        input_size=cfg["input_size"],
+        interpolation=cfg["interpolation"],
+        crop_pct=cfg["crop_pct"],
+        mean=cfg["mean"],
+        std=cfg["std"],
+    )
+
+
+def write_hf_folder(
+    folder: Path,
+    model: nn.Module,
+    config: dict[str, Any],
+    tensors: Mapping[str, Tensor],
+    data_config: DataConfig,
+) -> Path:
+    """`config.json` (`config` with the model's class names), `model.safetensors` and the
+    `preprocessor_config.json` of `data_config`: a folder transformers loads.
+
+    Args:
+        folder: where to write (created).
+        model: the model written, for its class names.
+        config: the Hugging Face config fields.
+        tensors: the weights under transformers' names.
+        data_config: how its inputs are prepared.
+    """
+    names = class_names(model)
+    config = {
+        **config,
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }
+    write_json(folder / "config.json", config)
+    data = serialize_safetensors(dict(tensors), metadata={"format": "pt"})
+    atomic_write(folder / "model.safetensors", lambda f: f.write(data))
+    write_json(folder / "preprocessor_config.json", hf_processor(data_config))
+    return folder

@@ -1,9 +1,14 @@
-"""BEiT weights out as other libraries' folders: a timm Hub-style folder (`config.json` with
-the architecture, `model_args` and `pretrained_cfg`, and `model.safetensors`) that
-`timm.create_model("local-dir:" + folder, pretrained=True)` loads as the same model, its keys
-being timm's. timm's `Beit` takes every option as a JSON argument but the norm epsilon (its
-LayerNorm's 1e-6): another is refused in one line. A Hugging Face folder is not written (see
-`refuse_hf_folder`).
+"""BEiT weights out as other libraries' folders: a Hugging Face folder
+(`BeitForImageClassification`, or `BeitModel` without a head) and a timm Hub-style folder, each
+loaded by that library as the same model.
+
+The Hugging Face folder has the Hub file names `hf.py` reads and the data config as
+`preprocessor_config.json` (as the ViT's, `weights/vit/folders.py`); what Hugging Face's Beit
+cannot express is refused in one line (`hf.hf_beit_problems`). The timm folder (`config.json`
+with the architecture, `model_args` and `pretrained_cfg`, and `model.safetensors`) is what
+`timm.create_model("local-dir:" + folder, pretrained=True)` loads, its keys being timm's. timm's
+`Beit` takes every option as a JSON argument but the norm epsilon (its LayerNorm's 1e-6):
+another is refused in one line.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from typing import Any
 
 from safetensors.torch import save as serialize_safetensors
 
-from ...data.data_config import DataConfig
 from ...files import atomic_write
 from ...model.beit import Beit, BeitConfig
-from ..hub import class_names, write_json
+from ..hub import class_names, model_data_config, write_hf_folder, write_json
+from .hf import to_hf_beit, to_hf_beit_config
 
 TIMM_EPS = 1e-6  # timm's LayerNorm, which `beit.py` builds every norm with
 _ARGS = (
@@ -25,7 +30,6 @@ _ARGS = (
     "mlp_ratio", "qkv_bias", "swiglu_mlp", "scale_mlp", "init_values", "use_abs_pos_emb",
     "use_rel_pos_bias", "use_shared_rel_pos_bias", "head_init_scale", "use_fc_norm",
 )  # fmt: skip
-_INSTEAD = "export --format onnx or --format timm, or keep vitkit's own checkpoint (vitkit.save)"
 
 
 def timm_beit_args(config: BeitConfig) -> tuple[str, dict[str, Any]]:
@@ -44,21 +48,6 @@ def timm_beit_args(config: BeitConfig) -> tuple[str, dict[str, Any]]:
     return "beit_base_patch16_224", args
 
 
-def beit_data_config(model: Beit) -> DataConfig:
-    """The model's data config, or timm's BEiT default (mean and std 0.5, bicubic, 0.9)."""
-    found = getattr(model, "data_config", None)
-    if found is not None:
-        return found
-    cfg = model.pretrained_cfg
-    return DataConfig(
-        input_size=cfg["input_size"],
-        interpolation=cfg["interpolation"],
-        crop_pct=cfg["crop_pct"],
-        mean=cfg["mean"],
-        std=cfg["std"],
-    )
-
-
 def save_timm_beit_folder(model: Beit, folder: str | os.PathLike) -> Path:
     """`config.json` (architecture, model_args, pretrained_cfg) and `model.safetensors` that
     `timm.create_model("local-dir:" + folder, pretrained=True)` loads as the same model."""
@@ -66,7 +55,7 @@ def save_timm_beit_folder(model: Beit, folder: str | os.PathLike) -> Path:
     architecture, model_args = timm_beit_args(model.config)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     pretrained_cfg = {
-        **beit_data_config(model).to_dict(),
+        **model_data_config(model).to_dict(),
         "num_classes": model.config.num_classes,
         "first_conv": "patch_embed.proj",
         "classifier": "head",
@@ -87,5 +76,25 @@ def save_timm_beit_folder(model: Beit, folder: str | os.PathLike) -> Path:
     return folder
 
 
-def refuse_hf_folder(model: Beit, folder: str | os.PathLike) -> Path:
-    raise ValueError(f"vitkit reads Hugging Face BEiT folders but does not write them; {_INSTEAD}")
+def save_hf_beit_folder(model: Beit, folder: str | os.PathLike) -> Path:
+    """`config.json`, `model.safetensors` and `preprocessor_config.json` that transformers
+    loads as the same model (`BeitForImageClassification`, or `BeitModel` without a head);
+    refused before anything is written where Hugging Face's Beit cannot express the model."""
+    state_dict = model.state_dict()
+    head = model.config.num_classes > 0
+    try:
+        config = to_hf_beit_config(model.config, state_dict["blocks.0.mlp.fc1.weight"].shape[0])
+    except ValueError as err:
+        raise ValueError(f"{err}; {_elsewhere(model.config)}") from None
+    config["architectures"] = ["BeitForImageClassification" if head else "BeitModel"]
+    tensors = to_hf_beit(state_dict, head)
+    return write_hf_folder(Path(folder), model, config, tensors, model_data_config(model))
+
+
+def _elsewhere(config: BeitConfig) -> str:
+    """Where a model Hugging Face's Beit cannot hold can go instead."""
+    try:
+        timm_beit_args(config)
+    except ValueError:
+        return "export --format onnx, or keep vitkit's own checkpoint (vitkit.save)"
+    return "export --format timm instead (or keep vitkit's own checkpoint)"

@@ -12,6 +12,9 @@ are read: the Hub file layout (`encoder.layer.N.attention.attention.query`,
 show: the image size of an oblong grid, `layer_norm_eps` (without it, transformers' default
 1e-12) and `hidden_act` (GELU only: timm's `Beit` has no other), and the pooling
 (`use_mean_pooling`). The mask token of a pre-training checkpoint is dropped.
+
+The inverse (`to_hf_beit`, `to_hf_beit_config`) writes a timm BEiT under the Hub file names;
+what Hugging Face's Beit cannot express is named by `hf_beit_problems`.
 """
 
 from __future__ import annotations
@@ -177,3 +180,108 @@ def from_hf_beit(
     fields = BeitConfig.__dataclass_fields__
     options.update({k: v for k, v in overrides.items() if k in fields and v is not None})
     return sd, beit_config(sd, arch, options)
+
+
+def hf_beit_problems(config: BeitConfig) -> list[str]:
+    """What of `config` Hugging Face's Beit cannot express, each naming the difference."""
+    problems = []
+    if config.global_pool == "avg" and not config.fc_norm:
+        problems.append("global_pool='avg' without fc_norm (HF's mean pooling norms the mean)")
+    if config.global_pool == "token" and config.fc_norm:
+        problems.append("global_pool='token' with fc_norm (HF norms the tokens, then pools)")
+    if config.global_pool == "none":
+        problems.append("global_pool='none' (HF pools the mean or the class token)")
+    if not config.qkv_bias:
+        problems.append("qkv_bias=False (HF's query and value always have a bias)")
+    if config.swiglu_mlp or config.scale_mlp:
+        problems.append("a SwiGLU or scaled MLP (HF's is Linear-GELU-Linear)")
+    rows, cols = config.grid_size
+    if rows != cols:
+        problems.append(
+            f"an oblong patch grid {rows}x{cols} (HF resamples its position tables as square)"
+        )
+    return problems
+
+
+def to_hf_beit_config(config: BeitConfig, intermediate_size: int) -> dict[str, Any]:
+    """The Hugging Face `BeitConfig` fields (`config.json`) of the same model; a ValueError
+    names what Hugging Face's Beit cannot express."""
+    problems = hf_beit_problems(config)
+    if problems:
+        raise ValueError(f"Hugging Face's Beit cannot express {', '.join(problems)}")
+    return {
+        "model_type": "beit",
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": intermediate_size,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.proj_drop_rate,
+        "attention_probs_dropout_prob": config.attn_drop_rate,
+        "drop_path_rate": config.drop_path_rate,
+        "layer_norm_eps": config.norm_eps,
+        "image_size": config.grid_size[0] * config.patch_size,
+        "patch_size": config.patch_size,
+        "num_channels": config.in_chans,
+        "use_mask_token": False,
+        "use_absolute_position_embeddings": config.use_abs_pos_emb,
+        "use_relative_position_bias": config.use_rel_pos_bias,
+        "use_shared_relative_position_bias": config.use_shared_rel_pos_bias,
+        "layer_scale_init_value": config.init_values or 0.0,
+        "use_mean_pooling": config.global_pool == "avg",
+        "num_labels": config.num_classes,
+    }
+
+
+# timm's modules -> the Hub file's: top level, then under `blocks.N.` -> `encoder.layer.N.`.
+_HF_TOP = {
+    "cls_token": "embeddings.cls_token",
+    "pos_embed": "embeddings.position_embeddings",
+    "patch_embed.proj": "embeddings.patch_embeddings.projection",
+    "rel_pos_bias": "encoder.relative_position_bias",
+    "norm": "layernorm",
+    "fc_norm": "pooler.layernorm",
+}
+_HF_BLOCK = {
+    "norm1": "layernorm_before",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "intermediate.dense",
+    "mlp.fc2": "output.dense",
+    "attn.proj": "attention.output.dense",
+    "attn": "attention.attention.relative_position_bias",  # its table
+    "gamma_1": "lambda_1",
+    "gamma_2": "lambda_2",
+    "attn.q_bias": "attention.attention.query.bias",
+    "attn.v_bias": "attention.attention.value.bias",
+}
+
+
+def to_hf_beit(state_dict: Mapping[str, Tensor], head: bool) -> dict[str, Tensor]:
+    """A timm BEiT state dict under the Hub file names `hf_to_timm_beit` reads: `qkv` split
+    into query / key / value; `beit.`-prefixed with a head (`BeitForImageClassification`),
+    unprefixed without (`BeitModel`)."""
+    prefix = "beit." if head else ""
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        value = value.detach().contiguous().cpu()
+        block = re.fullmatch(r"blocks\.(\d+)\.(.+)", key)
+        if key.startswith("head."):
+            out["classifier." + key[len("head.") :]] = value
+        elif block and block[2] == "attn.qkv.weight":
+            self_attn = f"{prefix}encoder.layer.{block[1]}.attention.attention."
+            parts = value.chunk(3)  # (3 D, D) -> query, key, value (D, D)
+            for name, part in zip(("query", "key", "value"), parts, strict=True):
+                out[f"{self_attn}{name}.weight"] = part
+        elif block:
+            out[f"{prefix}encoder.layer.{block[1]}.{_hf_name(_HF_BLOCK, block[2])}"] = value
+        else:
+            out[prefix + _hf_name(_HF_TOP, key)] = value
+    return out
+
+
+def _hf_name(names: Mapping[str, str], key: str) -> str:
+    """`key` with its longest module path that `names` maps renamed (a parameter maps whole)."""
+    if key in names:
+        return names[key]
+    module, leaf = key.rsplit(".", 1)
+    return f"{_hf_name(names, module)}.{leaf}"

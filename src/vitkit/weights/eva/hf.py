@@ -4,6 +4,9 @@
 transformers': the keys moved to timm's (q / k / v packed into one `qkv`, the query and value
 biases as EVA's `q_bias` / `v_bias`), the config from the folder's `config.json`.
 
+The inverse (`to_hf_dinov3`, `to_hf_dinov3_config`) writes a timm DINOv3 backbone under the Hub
+file names; what DINOv3ViTModel cannot express is named by `hf_dinov3_problems`.
+
 What timm's EVA cannot be is refused in one line: a key bias (EVA's is zero), attention or MLP
 projections without biases, an activation other than GELU (SiLU for the gated MLP). The rotary
 coordinates' shift / jitter / rescale are training-time augmentations in transformers (off in
@@ -18,7 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...model import get_config
 from ...model.eva import EvaConfig
+from ...options import option_fields
 from ..checkpoint import CheckpointError, MissingOptionError
 from ..hub import hf_config_dict
 from .timm import eva_config
@@ -45,6 +50,15 @@ _BLOCK_SWAPS = (
     ("mlp.gate_proj.", "mlp.fc1_g."),
     ("mlp.down_proj.", "mlp.fc2."),
 )
+
+
+# timm's top-level keys -> the Hub file's (the blocks' are `_BLOCK_SWAPS` reversed)
+_HF_TOP = {
+    "cls_token": "embeddings.cls_token",
+    "reg_token": "embeddings.register_tokens",
+    "patch_embed.proj.weight": "embeddings.patch_embeddings.weight",
+    "patch_embed.proj.bias": "embeddings.patch_embeddings.bias",
+}
 
 
 def _file_key(key: str) -> str:
@@ -162,5 +176,117 @@ def from_hf_dinov3(
         "global_pool": "token",  # transformers' pooler_output: the normed class token
         **{k: v for k, v in overrides.items() if k in EvaConfig.__dataclass_fields__},
     }
-    arch = "vit_small_patch16_dinov3_qkvb" if options["qkv_bias"] else "vit_small_patch16_dinov3"
-    return sd, eva_config(sd, arch, options)
+    return sd, eva_config(sd, _dinov3_arch(options["qkv_bias"]), options)
+
+
+def _dinov3_arch(qkv_bias: bool) -> str:
+    """The timm DINOv3 whose fixed options a Hugging Face DINOv3 has (sizes aside)."""
+    return "vit_small_patch16_dinov3_qkvb" if qkv_bias else "vit_small_patch16_dinov3"
+
+
+# What a DINOv3ViTConfig states of an EvaConfig: sizes, the options `from_hf_dinov3` reads, and
+# training-time ones that do not change what the model computes (a stochastic depth, dropouts,
+# the rotary coordinates' augmentations, which size of input it accepts).
+_HF_STATES = (
+    "img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
+    "mlp_ratio", "num_reg_tokens", "qkv_bias", "swiglu_mlp", "swiglu_align_to", "norm_eps",
+    "rope_temperature", "init_values", "dynamic_img_size",
+)  # fmt: skip
+
+
+def hf_dinov3_problems(config: EvaConfig) -> list[str]:
+    """What of `config` Hugging Face's DINOv3ViTModel cannot express, each as
+    `name=value (DINOv3ViTModel: value)`: the fields where it differs from timm's DINOv3 of its
+    sizes, pooling the class token as transformers' `pooler_output` does."""
+    stated = {name: getattr(config, name) for name in _HF_STATES}
+    stated.update({n: getattr(config, n) for n in _training_options()})
+    faithful = get_config(_dinov3_arch(config.qkv_bias)).replace(**stated, global_pool="token")
+    problems = [
+        f"{name}={getattr(config, name)!r} (DINOv3ViTModel: {getattr(faithful, name)!r})"
+        for name in EvaConfig.__dataclass_fields__
+        if getattr(config, name) != getattr(faithful, name)
+    ]
+    if config.init_values is None:
+        problems.insert(0, "init_values=None (DINOv3ViTModel always has LayerScale)")
+    return problems
+
+
+def _training_options() -> list[str]:
+    """The EvaConfig options of training only (dropouts, stochastic depth, augmentations)."""
+    return [
+        name
+        for name, field in option_fields(EvaConfig).items()
+        if field.metadata.get("group") == "regularisation"
+    ]
+
+
+def to_hf_dinov3_config(config: EvaConfig, intermediate_size: int) -> dict[str, Any]:
+    """The `DINOv3ViTConfig` fields (`config.json`) of the same model; a ValueError names what
+    DINOv3ViTModel cannot express."""
+    if config.num_classes:
+        raise ValueError(
+            f"transformers has no DINOv3 classifier (DINOv3ViTModel is the backbone), this model "
+            f"has a {config.num_classes}-class head; drop it first "
+            "(model.reset_classifier(0, global_pool='token'))"
+        )
+    problems = hf_dinov3_problems(config)
+    if problems:
+        raise ValueError(f"Hugging Face's DINOv3ViTModel cannot express {', '.join(problems)}")
+    size = config.img_size if isinstance(config.img_size, int) else list(config.img_size)
+    return {
+        "model_type": "dinov3_vit",
+        "architectures": ["DINOv3ViTModel"],
+        "hidden_size": config.embed_dim,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "hidden_act": "silu" if config.swiglu_mlp else "gelu",
+        "attention_dropout": config.attn_drop_rate,
+        "layer_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_temperature,
+        "image_size": size,
+        "patch_size": config.patch_size,
+        "num_channels": config.in_chans,
+        "query_bias": config.qkv_bias,
+        "key_bias": False,
+        "value_bias": config.qkv_bias,
+        "proj_bias": True,
+        "mlp_bias": True,
+        "layerscale_value": config.init_values,
+        "drop_path_rate": config.drop_path_rate,
+        "use_gated_mlp": config.swiglu_mlp,
+        "num_register_tokens": config.num_reg_tokens,
+        "pos_embed_shift": config.rope_shift_coords,
+        "pos_embed_jitter": config.rope_jitter_coords,
+        "pos_embed_rescale": config.rope_rescale_coords,
+    }
+
+
+def to_hf_dinov3(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A timm DINOv3 EVA's state dict under the Hub file names `hf_dinov3_layout` reads (`qkv`
+    split into `q_proj` / `k_proj` / `v_proj`), with the mask token and an empty register
+    token row DINOv3ViTModel holds."""
+    cls_token = state_dict["cls_token"].detach().cpu()  # (1, 1, D)
+    out = {
+        "embeddings.mask_token": torch.zeros_like(cls_token),
+        "embeddings.register_tokens": cls_token[:, :0],  # (1, 0, D)
+    }
+    swaps = [(new, old) for old, new in _BLOCK_SWAPS]
+    swaps += [("mlp.fc1_x.", "mlp.up_proj."), ("mlp.fc1.", "mlp.up_proj.")]
+    for key, value in state_dict.items():
+        value = value.detach().contiguous().cpu()
+        if key.startswith("blocks."):
+            key = "layer." + key[len("blocks.") :]
+            if key.endswith(".attn.qkv.weight"):
+                layer = key[: -len("attn.qkv.weight")]
+                parts = value.chunk(3)  # (3 D, D) -> q, k, v (D, D)
+                for name, part in zip("qkv", parts, strict=True):
+                    out[f"{layer}attention.{name}_proj.weight"] = part
+                continue
+            key = key.replace(".attn.q_bias", ".attention.q_proj.bias")
+            key = key.replace(".attn.v_bias", ".attention.v_proj.bias")
+            for old, new in swaps:
+                key = key.replace(old, new)
+        key = _HF_TOP.get(key, key)
+        out[key] = value
+    return out

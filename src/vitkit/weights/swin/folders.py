@@ -27,7 +27,7 @@ from ...files import atomic_write
 from ...model import SwinConfig, SwinTransformer
 from ...model.layers.patch_embed import to_2tuple
 from ...model.swin.cr_config import SwinCrConfig
-from ..hub import HF_ACTIVATIONS, class_names, hf_processor, write_json
+from ..hub import HF_ACTIVATIONS, class_names, write_hf_folder, write_json
 from .hf import check_same_windows
 
 # timm block module -> the HF Hub file name under `encoder.layers.N.blocks.M.`
@@ -140,20 +140,10 @@ def save_hf_swin_folder(model: SwinTransformer, folder: str | os.PathLike) -> Pa
     loads as the same model (`AutoModelForImageClassification.from_pretrained`)."""
     folder = Path(folder)
     config = to_hf_swin_config(model.config)  # refuses before anything is written
-    tensors = to_hf_swin(model)
-    names = class_names(model)
     head = model.config.num_classes > 0
     stem = "Swin" if model.config.version == 1 else "Swinv2"
-    config.update(
-        architectures=[f"{stem}ForImageClassification" if head else f"{stem}Model"],
-        id2label={str(i): name for i, name in enumerate(names)},
-        label2id={name: i for i, name in enumerate(names)},
-    )
-    write_json(folder / "config.json", config)
-    data = serialize_safetensors(tensors, metadata={"format": "pt"})
-    atomic_write(folder / "model.safetensors", lambda f: f.write(data))
-    write_json(folder / "preprocessor_config.json", hf_processor(swin_data_config(model)))
-    return folder
+    config["architectures"] = [f"{stem}ForImageClassification" if head else f"{stem}Model"]
+    return write_hf_folder(folder, model, config, to_hf_swin(model), swin_data_config(model))
 
 
 def timm_swin_args(config: SwinConfig) -> tuple[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ from ...data.data_config import DataConfig
 from ...files import atomic_write
 from ...model import VisionTransformer, ViTConfig
 from ...model.layers.patch_embed import to_2tuple
-from ..hub import class_names, hf_processor, write_json
+from ..hub import class_names, write_hf_folder, write_json
 from .hf import to_hf, to_hf_config
 from .timm import ARCH_FIELDS, timm_kwargs, to_timm
 
@@ -64,23 +64,15 @@ def save_hf_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
     folder = Path(folder)
     try:  # everything that can refuse the model comes before the first write
         config = to_hf_config(model.config)
-        processor = hf_processor(_data_config(model))
+        data_config = _data_config(model)
         tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf(model).items()}
     except ValueError as err:
         raise ValueError(f"{err}; {_elsewhere(model, 'hf')}") from None
-    names = class_names(model)
     head = model.config.num_classes > 0
     config.update(
-        model_type="vit",
-        architectures=["ViTForImageClassification" if head else "ViTModel"],
-        id2label={str(i): name for i, name in enumerate(names)},
-        label2id={name: i for i, name in enumerate(names)},
+        model_type="vit", architectures=["ViTForImageClassification" if head else "ViTModel"]
     )
-    write_json(folder / "config.json", config)
-    data = serialize_safetensors(tensors, metadata={"format": "pt"})
-    atomic_write(folder / "model.safetensors", lambda f: f.write(data))
-    write_json(folder / "preprocessor_config.json", processor)
-    return folder
+    return write_hf_folder(folder, model, config, tensors, data_config)
 
 
 def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Path:
