@@ -26,6 +26,7 @@ from .data.data_config import DataConfig
 from .explain import MAPS, Explanation, explain_image, explanation_method
 from .model.precision import model_device, set_precision
 from .weights import WeightsInfo, inspect, load_any
+from .weights.hub_cache import source_name as source_name  # for serve, which reads no weights
 
 log = logging.getLogger(__name__)
 

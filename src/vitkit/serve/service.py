@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
-import re
 from collections.abc import Sequence
-from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -19,8 +17,7 @@ from torch import Tensor
 from ..explain import MAPS as EXPLANATION_MAPS
 from ..explain import Explanation, class_index, map_title
 from ..explain import overlay_png as draw_overlay_png
-from ..inference import Predictor
-from ..weights.hub_cache import WEIGHTS_SUFFIXES
+from ..inference import Predictor, source_name
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +48,8 @@ class Service:
 
     @property
     def short_name(self) -> str:
-        """The model's name in URLs (the Open Inference Protocol's /v2/models/{name}): its
-        weights' file or folder name without the suffix ('model' for a run's weights: the
-        run folder's name; a Hub id's name with its tag: 'vit_small_patch16_224.augreg_in1k')."""
-        path = PurePath(self.name)
-        if path.name == "model.safetensors" and path.parent.name:
-            path = path.parent
-        name = path.stem if path.suffix.lower() in (*WEIGHTS_SUFFIXES, ".onnx") else path.name
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
+        """The model's name in URLs (the Open Inference Protocol's /v2/models/{name})."""
+        return source_name(self.name)
 
     def example_image(self) -> Tensor:
         """A (C, H, W) image of the model's input size (zeros), to warm the model up with."""

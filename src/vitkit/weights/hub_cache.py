@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from .checkpoint import CheckpointError
 
@@ -91,3 +91,14 @@ def _hf_home() -> Path:
         return Path(os.path.expandvars(home)).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "huggingface"
+
+
+def source_name(source: str | os.PathLike) -> str:
+    """A short name for weights, safe in a URL: a file's name without its suffix, a run's
+    folder name for its `model.safetensors`, a Hub id's name with its tag
+    ('vit_small_patch16_224.augreg_in1k'); 'model' when nothing is left."""
+    path = PurePath(os.fspath(source))
+    if path.name == "model.safetensors" and path.parent.name:
+        path = path.parent
+    name = path.stem if path.suffix.lower() in (*WEIGHTS_SUFFIXES, ".onnx") else path.name
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
