@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import list_models
+from ..model import check_implemented, list_models
 from .checkpoint import (
     CONFIG_KEY,
     CheckpointError,
@@ -48,7 +48,7 @@ from .checkpoint import (
 )
 from .cnn import TIMM_KEY, parse_spec
 from .detect import CONVERTERS, FORMATS, detect_format
-from .families import family_named, weights_family
+from .families import family_named, refuse_unbuilt, weights_family
 from .hub_cache import resolve_weights
 from .preprocessing import (
     LIBRARIES,
@@ -169,6 +169,9 @@ def inspect(
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     folder, hub = _folder(path)
+    for name in (arch, hub.get("architecture")):
+        if isinstance(name, str):
+            check_implemented(name)  # a timm name vitkit refuses, with the reason
     file = weights_file(path)
     if file.suffix == ".onnx":
         return _onnx_info(path, file)
@@ -219,6 +222,7 @@ def _folder(path: Path) -> tuple[str | None, dict[str, Any]]:
 def _format_of(shapes: Mapping[str, tuple], hub: Mapping[str, Any], path: Path) -> str:
     """The library of a state dict, from its keys; a timm folder whose architecture is no ViT
     holds a timm CNN."""
+    refuse_unbuilt(list(shapes))  # not a CNN, whatever its folder says
     try:
         return detect_format(shapes)
     except CheckpointError:
