@@ -147,8 +147,22 @@ def test_hybrids_over_other_cnns_are_refused_in_one_line(name, reason):
     assert "\n" not in str(err.value)
 
 
+def test_a_timm_folder_of_a_refused_name_is_refused_by_its_architecture(tmp_path):
+    """Before its weights are read (their keys alone looked like a plain ViT with extra
+    layers)."""
+    (tmp_path / "config.json").write_text('{"architecture": "vit_small_resnet26d_224"}')
+    torch.save({"patch_embed.backbone.conv1.0.weight": torch.zeros(1)}, tmp_path / "w.pth")
+    with pytest.raises(ValueError) as err:
+        vitkit.load_pretrained(tmp_path)
+    assert str(err.value) == (
+        "timm's vit_small_resnet26d_224 uses a ResNet-D backbone (timm's resnet.py: BatchNorm, a "
+        "deep stem, average-pool shortcuts), not the paper's ResNetV2 (vitkit's hybrids: "
+        "vit_*_r50_*, vit_*_r26_*), which vitkit does not implement"
+    )
+
+
 def test_hybrid_options_are_checked():
-    with pytest.raises(ValueError, match=r"^hybrid_layers needs hybrid='resnetv2'$"):
+    with pytest.raises(ValueError, match=r"^hybrid_layers needs hybrid='resnetv2' or 'mbconv'$"):
         vitkit.ViTConfig(hybrid_layers=(3, 4, 9))
     with pytest.raises(ValueError, match=r"^hybrid and conv_stem are two stems"):
         vitkit.ViTConfig(hybrid="resnetv2", conv_stem=(16,), patch_size=1)

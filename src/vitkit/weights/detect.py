@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from .checkpoint import CheckpointError
-from .families import reader, recognised, refuse_unbuilt
+from .families import reader, recognised
 
 FORMATS = ("vitkit", "timm", "hf", "torchvision", "jax")
 # The order formats are told in: the most particular key names first.
@@ -31,7 +31,6 @@ CONVERTERS: dict[str, Callable[..., tuple[dict[str, Tensor], Any]]] = {
 def detect_format(state_dict: Mapping[str, Any]) -> str:
     """'timm' (also vitkit's own keys), 'hf', 'torchvision' or 'jax', from the key names."""
     keys = list(state_dict)
-    refuse_unbuilt(keys)
     for format in _DETECTION_ORDER:
         if recognised(format, keys):
             return format

@@ -25,7 +25,7 @@ from ..model import architecture_of, get_config, list_models
 from .beit import folders as beit_folders
 from .beit import pretrained as beit_pretrained
 from .beit import reading as beit_reading
-from .checkpoint import CheckpointError, saved_shapes_problem
+from .checkpoint import saved_shapes_problem
 from .eva import folders as eva_folders
 from .eva import pretrained as eva_pretrained
 from .eva import reading as eva_reading
@@ -86,10 +86,6 @@ def _nothing_assumed(config: Any, stated: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
-def _all_built(keys: Sequence[str]) -> str | None:
-    return None
-
-
 @dataclass(frozen=True)
 class WeightsFamily:
     """One model family's weights, as the generic weights code asks them.
@@ -131,9 +127,6 @@ class WeightsFamily:
         read_by_name: the formats in which a name of this family (`arch=`, a timm folder's
             architecture) reads keys no family claims (its weights can look like a plain
             ViT's: an EVA's without LayerScale nor EVA's attention biases).
-        unbuilt: keys -> the one-line refusal of weights of a model of the family's kind
-            that vitkit does not build (timm's ViTamin), else None: asked before any family
-            claims the keys, which such weights resemble.
     """
 
     architectures: tuple[str, ...]
@@ -158,7 +151,6 @@ class WeightsFamily:
     folders: Mapping[str, Callable[[nn.Module, Any], Path]] = field(default_factory=dict)
     read_by_name: tuple[str, ...] = ()
     input_conv: Callable[[Any], str] = _patch_projection
-    unbuilt: Callable[[Sequence[str]], str | None] = _all_built
 
 
 VIT = WeightsFamily(
@@ -191,7 +183,6 @@ VIT = WeightsFamily(
     timm_reference="timm's VisionTransformer",
     folders={"hf": vit_folders.save_hf_folder, "timm": vit_folders.save_timm_folder},
     input_conv=vit_layout.input_conv,
-    unbuilt=vit_reading.unbuilt_timm_model,
 )
 
 SWIN = WeightsFamily(
@@ -288,14 +279,6 @@ def recognised(format: str, keys: Sequence[str]) -> bool:
     return any(f.recognises.get(format, _never)(keys) for f in _FAMILIES)
 
 
-def refuse_unbuilt(keys: Sequence[str]) -> None:
-    """A `CheckpointError` for weights of a model vitkit does not build (`unbuilt`)."""
-    for family in _FAMILIES:
-        reason = family.unbuilt(keys)
-        if reason is not None:
-            raise CheckpointError(reason)
-
-
 def _never(keys: Sequence[str]) -> bool:
     return False
 
@@ -322,7 +305,6 @@ def reader(format: str) -> Reader:
     layout = "timm" if format == "vitkit" else format
 
     def read(state_dict: Mapping[str, Any], **options: Any) -> tuple[dict[str, Tensor], Any]:
-        refuse_unbuilt(list(state_dict))
         family = reading_family(layout, list(state_dict), options.get("arch"))
         return family.readers[layout](state_dict, **options)
 

@@ -48,7 +48,7 @@ from .checkpoint import (
 )
 from .cnn import TIMM_KEY, parse_spec
 from .detect import CONVERTERS, FORMATS, detect_format
-from .families import family_named, refuse_unbuilt, weights_family
+from .families import family_named, weights_family
 from .hub_cache import resolve_weights
 from .preprocessing import (
     LIBRARIES,
@@ -222,7 +222,6 @@ def _folder(path: Path) -> tuple[str | None, dict[str, Any]]:
 def _format_of(shapes: Mapping[str, tuple], hub: Mapping[str, Any], path: Path) -> str:
     """The library of a state dict, from its keys; a timm folder whose architecture is no ViT
     holds a timm CNN."""
-    refuse_unbuilt(list(shapes))  # not a CNN, whatever its folder says
     try:
         return detect_format(shapes)
     except CheckpointError:

@@ -16,6 +16,7 @@ from .config import ViTConfig
 from .family import Family
 from .presets_blocks import BLOCK_FAMILIES
 from .presets_hybrid import HYBRID_FAMILIES
+from .presets_vitamin import VITAMIN_FAMILIES
 
 # The paper's names whose timm model has no head (timm's ':0' in the first row below) keep the
 # paper's 1000-class ImageNet head, as the paper's Table 1 models have.
@@ -303,7 +304,7 @@ FAMILIES: tuple[Family, ...] = (
 
 _FAMILY_CONFIGS: dict[str, ViTConfig] = {
     name: config
-    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
+    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES + VITAMIN_FAMILIES
     for name, config in family.configs().items()
 }
 
@@ -311,17 +312,6 @@ _FAMILY_CONFIGS: dict[str, ViTConfig] = {
 _RESNET_D = (
     "a ResNet-D backbone (timm's resnet.py: BatchNorm, a deep stem, average-pool shortcuts), "
     "not the paper's ResNetV2 (vitkit's hybrids: vit_*_r50_*, vit_*_r26_*)"
-)
-# timm's vitamin.py: every name is the same design at other sizes.
-VITAMIN_NAMES = (
-    "vitamin_small_224",
-    "vitamin_base_224",
-    *(f"vitamin_large{v}_{size}" for v in ("", "2") for size in (224, 256, 336, 384)),
-    *(f"vitamin_xlarge_{size}" for size in (256, 336, 384)),
-)
-VITAMIN_REASON = (
-    "ViTamin's MbConv stem (timm's vitamin.py: MbConvLNBlock stages with LayerNorm2d, then a "
-    "strided 3x3 convolution) and GeGLU MLPs with an inner LayerNorm"
 )
 UNSUPPORTED_NAMES = {
     **{
@@ -335,7 +325,6 @@ UNSUPPORTED_NAMES = {
     },
     "vit_base_mci_224": "MobileCLIP's stem (4x4 / 2x2 convolutions with BatchNorm and GELU, no "
     "patch projection), untrained in timm",
-    **dict.fromkeys(VITAMIN_NAMES, VITAMIN_REASON),
 }
 
 

@@ -12,11 +12,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from ...model import ViTConfig
-from ...model.vit.presets import VITAMIN_REASON
 from ...model.vit.torch_encoder import torch_to_native_state_dict
 from .folders import timm_folder_options
 from .hf_families import from_hf_any
 from .jax import from_jax
+from .layout import MBCONV_PROJ
 from .timm import arch_options, from_timm
 from .torchvision import TORCHVISION_BUILDERS, from_torchvision
 
@@ -30,18 +30,8 @@ _OTHERS = ("fit_img_size", "folder_img_size")
 
 
 def timm_keys(keys: Sequence[str]) -> bool:
-    return any(k.removeprefix("module.") == "patch_embed.proj.weight" for k in keys)
-
-
-def unbuilt_timm_model(keys: Sequence[str]) -> str | None:
-    """Why vitkit cannot build the timm model whose keys these are, else None: a ViTamin's
-    stages are of MbConvLNBlock (`conv2_kxk`), a ResNetV2 hybrid's of `blocks`."""
-    if any(k.startswith("patch_embed.backbone.stages.") and ".conv2_kxk." in k for k in keys):
-        return (
-            "the weights are timm's ViTamin (vitamin_*: keys patch_embed.backbone.stages.*."
-            f"conv2_kxk.*), which uses {VITAMIN_REASON}, which vitkit does not implement"
-        )
-    return None
+    """The patch projection, or the convolution of ViTamin's stem that stands for it."""
+    return any(k.removeprefix("module.") in ("patch_embed.proj.weight", MBCONV_PROJ) for k in keys)
 
 
 def hf_keys(keys: Sequence[str]) -> bool:
