@@ -111,9 +111,9 @@ class MbConvStages(nn.Module):
         self.stem = MbConvStem(in_chans, widths[0])
         stages, chans = [], widths[0]
         for depth, width in zip(layers, widths):
-            blocks = [MbConvLNBlock(chans if i == 0 else width, width, 2 if i == 0 else 1)
-                      for i in range(depth)]  # fmt: skip
-            stages.append(nn.Sequential(*blocks))
+            first = MbConvLNBlock(chans, width, stride=2)  # halves the map
+            rest = [MbConvLNBlock(width, width, stride=1) for _ in range(depth - 1)]
+            stages.append(nn.Sequential(first, *rest))
             chans = width
         self.stages = nn.Sequential(*stages)
         self.pool = StridedConv(chans, embed_dim)
