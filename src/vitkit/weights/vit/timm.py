@@ -116,14 +116,15 @@ def _named_img_size(sd: Mapping[str, Tensor], named: ViTConfig) -> dict[str, Any
     """The size of a named model where the weights cannot tell it: without a position
     embedding (ViTamin-XL), or with the grid of a model whose grid drops pixels (`floor_grid`:
     384 in patches of 14), which alone would give 378; else nothing."""
+    size = {"img_size": named.img_size, **({"floor_grid": True} if named.floor_grid else {})}
     if "pos_embed" not in sd:
-        return {"img_size": named.img_size}
+        return size
     if not named.floor_grid:
         return {}
     patches = named.grid_size[0] * named.grid_size[1]
     if sd["pos_embed"].shape[1] not in (patches, patches + named.num_prefix_tokens):
         return {}
-    return {"floor_grid": True, "img_size": named.img_size}
+    return size
 
 
 def to_timm(
