@@ -140,6 +140,14 @@ def test_what_timms_blocks_do_not_have_is_refused(options, message):
         vitkit.ViTConfig(**options)
 
 
+def test_weights_without_positions_take_the_size_of_their_name_floored_as_named():
+    name = "vit_so400m_patch14_siglip_384"
+    source = vitkit.create_model(name, depth=1, embed_dim=64, num_heads=4, pos_embed="none")
+    model = vitkit.load_pretrained(source.state_dict(), arch=name, num_heads=4)
+    assert (model.config.img_size, model.config.floor_grid) == (384, True)
+    assert model.patch_embed.grid_size == (27, 27)
+
+
 @requires_timm
 def test_384_pixels_in_patches_of_14_floor_the_grid_as_timm():
     name = "vit_so400m_patch14_siglip_384"

@@ -155,6 +155,8 @@ def test_sliced_batches_match_the_plain_path(monkeypatch):
 
 # -- the allow-list: every option of the schema, and layers the fused kernels do not know ------
 
+# ViTamin's stem at its smallest: one stage, of one block (3 halvings: 4 x 4 tokens).
+_MBCONV = dict(hybrid="mbconv", hybrid_layers=(1,), hybrid_widths=(8,), patch_size=1)
 # What a value needs beside it, as ViTConfig's checks ask (the tiny model has 4 x 4 patches).
 NEEDS: dict[str, dict] = {
     "class_token": dict(global_pool="avg"),
@@ -162,11 +164,14 @@ NEEDS: dict[str, dict] = {
     "dynamic_img_pad": dict(dynamic_img_size=True),
     "conv_stem_strides": dict(conv_stem=(16,)),
     "hybrid_layers": dict(hybrid="resnetv2"),
+    "hybrid_widths": _MBCONV,
     "window_size": dict(class_token=False, global_pool="avg"),
     "global_blocks": dict(window_size=2, class_token=False, global_pool="avg"),
     "use_rel_pos": dict(class_token=False, global_pool="avg"),
     "rel_pos_img_size": dict(use_rel_pos=True, class_token=False, global_pool="avg"),
 }
+# What one value of an option needs beside it.
+VALUE_NEEDS: dict[tuple[str, object], dict] = {("hybrid", "mbconv"): _MBCONV}
 # Numbers the generic rule below cannot pick (None by default, and no range to read one from).
 VALUES: dict[str, object] = {"rel_pos_img_size": 64}
 
@@ -201,7 +206,7 @@ def schema_cases() -> list:
     for name in option_fields(vitkit.ViTConfig):
         default = TINY.get(name, default_of(vitkit.ViTConfig, name))
         for value in non_default_values(name, default):
-            options = {**NEEDS.get(name, {}), name: value}
+            options = {**NEEDS.get(name, {}), **VALUE_NEEDS.get((name, value), {}), name: value}
             cases.append(pytest.param(options, id=f"{name}={value}"))
     return cases
 

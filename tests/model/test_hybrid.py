@@ -14,6 +14,7 @@ from _helpers import optional_import, randomize, requires_timm
 from vitkit import convert
 from vitkit.model.layers.resnetv2 import StdConv2dSame, same_padding
 from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
+from vitkit.weights.vit.folders import save_timm_folder
 
 timm = optional_import("timm")
 
@@ -133,6 +134,20 @@ def test_a_hybrid_timm_hub_folder_takes_other_sizes_and_converts_back(tmp_path):
         torch.testing.assert_close(rebuilt(x), source(x), rtol=0, atol=0)
 
 
+@requires_timm
+@pytest.mark.parametrize("name", ["vit_tiny_r_s16_p8_224", "vit_small_r26_s32_224"])
+def test_a_hybrid_exports_as_a_timm_folder_of_its_cnns_name(tmp_path, name):
+    """timm builds the ResNetV2 in the factory of a hybrid name, never from `model_args`
+    (before, the folder's config.json could not be written)."""
+    model = vitkit.load_pretrained(_timm_hybrid(name).state_dict(), arch=name, img_size=64)
+    save_timm_folder(model, tmp_path)
+    theirs = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    assert theirs.pretrained_cfg["first_conv"] == model.config.first_conv
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # measured 5.5e-7 and 8.7e-7: timm's kernels on the same weights
+        assert _relative_error(model(x), theirs(x)) < 1e-5
+
+
 @pytest.mark.parametrize(
     "name, reason",
     [
@@ -147,8 +162,22 @@ def test_hybrids_over_other_cnns_are_refused_in_one_line(name, reason):
     assert "\n" not in str(err.value)
 
 
+def test_a_timm_folder_of_a_refused_name_is_refused_by_its_architecture(tmp_path):
+    """Before its weights are read (their keys alone looked like a plain ViT with extra
+    layers)."""
+    (tmp_path / "config.json").write_text('{"architecture": "vit_small_resnet26d_224"}')
+    torch.save({"patch_embed.backbone.conv1.0.weight": torch.zeros(1)}, tmp_path / "w.pth")
+    with pytest.raises(ValueError) as err:
+        vitkit.load_pretrained(tmp_path)
+    assert str(err.value) == (
+        "timm's vit_small_resnet26d_224 uses a ResNet-D backbone (timm's resnet.py: BatchNorm, a "
+        "deep stem, average-pool shortcuts), not the paper's ResNetV2 (vitkit's hybrids: "
+        "vit_*_r50_*, vit_*_r26_*), which vitkit does not implement"
+    )
+
+
 def test_hybrid_options_are_checked():
-    with pytest.raises(ValueError, match=r"^hybrid_layers needs hybrid='resnetv2'$"):
+    with pytest.raises(ValueError, match=r"^hybrid_layers needs hybrid='resnetv2' or 'mbconv'$"):
         vitkit.ViTConfig(hybrid_layers=(3, 4, 9))
     with pytest.raises(ValueError, match=r"^hybrid and conv_stem are two stems"):
         vitkit.ViTConfig(hybrid="resnetv2", conv_stem=(16,), patch_size=1)

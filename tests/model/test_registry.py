@@ -11,10 +11,12 @@ from vitkit.model.vit.family import SIZES
 from vitkit.model.vit.presets import FAMILIES
 from vitkit.model.vit.presets_blocks import BLOCK_FAMILIES
 from vitkit.model.vit.presets_hybrid import HYBRID_FAMILIES
+from vitkit.model.vit.presets_vitamin import VITAMIN_FAMILIES
 
 # The paper's presets and vitkit's own; timm's other families are tested in test_families.py,
-# the hybrids in test_hybrid.py, the other blocks in test_block_variants.py.
-_FAMILIES = FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
+# the hybrids in test_hybrid.py, the other blocks in test_block_variants.py, ViTamin in
+# test_vitamin.py.
+_FAMILIES = FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES + VITAMIN_FAMILIES
 _FAMILY_NAMES = {name for family in _FAMILIES for name in family.configs()}
 # The ViT names; the Swin presets are tested in test_swin_registry.py, the EVA's in test_eva.py.
 _VIT_NAMES = sorted(get_architecture("vit").presets)
@@ -123,7 +125,8 @@ def _architectures() -> list[str]:
     first: dict[object, str] = {}
     for name in _VIT_NAMES:
         config = get_config(name)
-        sizes = dict(img_size=224, patch_size=16, embed_dim=64, depth=1, num_heads=1)
+        patch = 1 if config.hybrid == "mbconv" else 16  # ViTamin's stem projects: patches of 1
+        sizes = dict(img_size=224, patch_size=patch, embed_dim=64, depth=1, num_heads=1)
         scale = None if config.init_values is None else 1.0
         key = config.replace(**sizes, mlp_ratio=4.0, num_classes=1000, init_values=scale)
         first.setdefault(key, name)

@@ -152,7 +152,8 @@ SIZES = {
 def test_every_size_has_a_range():
     assert {"img_size", "patch_size", "in_chans", "conv_stem", "num_classes", "embed_dim",
             "depth", "num_heads", "reg_tokens", "window_size", "global_blocks",
-            "rel_pos_img_size", "conv_stem_strides", "hybrid_layers"} == set(SIZES)  # fmt: skip
+            "rel_pos_img_size", "conv_stem_strides", "hybrid_layers",
+            "hybrid_widths"} == set(SIZES)  # fmt: skip
 
 
 @SETTINGS
@@ -164,7 +165,7 @@ def test_sizes_outside_their_limits_are_refused_before_anything_is_built(name, v
     """Each size has a declared range (its field's); a value outside it is one error naming
     the range, raised by the config alone (no model, nothing allocated)."""
     bounds = SIZES[name]
-    tuples = ("conv_stem", "global_blocks", "conv_stem_strides", "hybrid_layers")
+    tuples = ("conv_stem", "global_blocks", "conv_stem_strides", "hybrid_layers", "hybrid_widths")
     setting = (value,) if name in tuples else value
     if bounds.holds(value):
         try:

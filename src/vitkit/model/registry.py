@@ -91,11 +91,17 @@ def get_config(name: str) -> Any:
     for a Swin's: the family's config class)."""
     if name in _PRESETS:
         return _PRESETS[name].presets[name]
-    if name in _REFUSED:
-        raise ValueError(f"timm's {name} uses {_REFUSED[name]}, which vitkit does not implement")
+    check_implemented(name)
     close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"unknown model name {name!r}; {hint}see vitkit.list_models() for all names")
+
+
+def check_implemented(name: str) -> None:
+    """Refuse a timm name whose architecture vitkit does not implement, in one line with the
+    reason; any other name passes (a vitkit name, a timm CNN's in a timm folder)."""
+    if name in _REFUSED:
+        raise ValueError(f"timm's {name} uses {_REFUSED[name]}, which vitkit does not implement")
 
 
 def create_model(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from .layers import Attention, Mlp, PatchEmbed, SwiGLU, SwiGLUPacked
+from .layers import Attention, GeGLU, Mlp, PatchEmbed, SwiGLU, SwiGLUPacked
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,10 @@ def patch_embed_stages(root: nn.Module, path: str) -> list[Stage]:
             stem = f"{path}.backbone.{name}"
             stages.append(module_stage(root, stem, "conv stem", detail, "(B, C', H', W')"))
     proj, cut = embed.proj, f"nn.Unfold cuts {ph}x{pw} patches, each flattened"
-    if embed.unfold is None:
+    if isinstance(proj, nn.Identity):  # the stem ends at width D (ViTamin): pixels are tokens
+        flat = Op(path, ("transpose",))
+        stages.append(Stage(path, "flatten", "flatten(2).transpose(1, 2)", "(B, P, D)", flat))
+    elif embed.unfold is None:
         chans, dim = proj.in_channels, proj.out_channels
         detail = f"Conv2d {chans}->{dim}, kernel {ph}x{pw}, stride {ph}x{pw}"
         flat, view = Op(path, ("transpose",)), Unfold(f"{path}.proj", (ph, pw))
@@ -245,8 +248,11 @@ def attention_stages(root: nn.Module, path: str, block: int | None = None) -> li
 
 
 def mlp_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
-    """An `Mlp` (Linear + activation, Linear), `SwiGLU` or `SwiGLUPacked` (gated hidden)."""
-    mlp: Mlp | SwiGLU | SwiGLUPacked = root.get_submodule(path)
+    """An `Mlp` (Linear + activation, Linear), `SwiGLU` or `SwiGLUPacked` (gated hidden);
+    `GeGLU` (ViTamin's: a norm, then a gated hidden) in `geglu_stages`."""
+    mlp: Mlp | SwiGLU | SwiGLUPacked | GeGLU = root.get_submodule(path)
+    if isinstance(mlp, GeGLU):
+        return geglu_stages(root, path, block)
     act, hidden, dim = layer_kind(mlp.act), mlp.fc2.in_features, mlp.fc2.out_features
     layout = "(B, N, hidden)"
 
@@ -274,6 +280,26 @@ def mlp_stages(root: nn.Module, path: str, block: int | None = None) -> list[Sta
         *stages,
         *optional_stages(root, f"{path}.norm", "MLP hidden norm", layout, block),
         output,
+    ]
+
+
+def geglu_stages(root: nn.Module, path: str, block: int | None = None) -> list[Stage]:
+    """A `GeGLU`: its input norm, gate `w0` (with the activation) and value `w1`, their product
+    and the output `w2`."""
+    mlp: GeGLU = root.get_submodule(path)
+    act, hidden, dim = layer_kind(mlp.act), mlp.w2.in_features, mlp.w2.out_features
+    layout = "(B, N, hidden)"
+
+    def layer(name: str, role: str, detail: str, shape: str) -> Stage:
+        return module_stage(root, f"{path}.{name}", role, detail, shape, block)
+
+    gate = layer("w0", "MLP gate", f"Linear {dim}->{hidden} + {act}", layout)
+    return [
+        layer("norm", "MLP input norm", layer_kind(mlp.norm), TOKEN),
+        replace(gate, measure=Output(f"{path}.act")),
+        layer("w1", "MLP value", f"Linear {dim}->{hidden}", layout),
+        Stage(path, "gated hidden", "act(gate) * value", layout, Op(path, ("mul",)), 0, block),
+        layer("w2", "MLP output", f"Linear {hidden}->{dim}", TOKEN),
     ]
 
 

@@ -19,7 +19,8 @@ INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)
 class TimmPretrainedCfg:
     """A model's timm `pretrained_cfg`: a family sets `TIMM_MEAN` / `TIMM_STD` (its timm
     default for 3-channel inputs; 0.5 per channel otherwise) and, where its classifier is not
-    `head`, `timm_classifier`. The model needs `config` (`in_chans`, `img_size` as built, not as
+    `head`, `timm_classifier`, and where its image meets another layer than the patch
+    projection, `timm_first_conv`. The model needs `config` (`in_chans`, `img_size` as built, not as
     padded to whole patches, and `dynamic_img_size` where the family has it), `num_classes` and
     `data_config`; a cfg set by timm is kept as set."""
 
@@ -32,6 +33,10 @@ class TimmPretrainedCfg:
     @property
     def timm_classifier(self) -> str | tuple[str, ...]:
         return "head"
+
+    def timm_first_conv(self) -> str:
+        """The module that takes the image (a method: TorchScript compiles properties)."""
+        return "patch_embed.proj"
 
     @property
     def pretrained_cfg(self) -> dict[str, Any]:
@@ -53,7 +58,7 @@ class TimmPretrainedCfg:
             "fixed_input_size": not getattr(self.config, "dynamic_img_size", False),
             "num_classes": self.num_classes,
             "pool_size": None,
-            "first_conv": "patch_embed.proj",
+            "first_conv": self.timm_first_conv(),
             "classifier": self.timm_classifier,
         }
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..data.data_config import DataConfig
-from ..model import list_models
+from ..model import check_implemented, list_models
 from .checkpoint import (
     CONFIG_KEY,
     CheckpointError,
@@ -169,6 +169,9 @@ def inspect(
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     folder, hub = _folder(path)
+    for name in (arch, hub.get("architecture")):
+        if isinstance(name, str):
+            check_implemented(name)  # a timm name vitkit refuses, with the reason
     file = weights_file(path)
     if file.suffix == ".onnx":
         return _onnx_info(path, file)

@@ -12,7 +12,16 @@ from .attention import Attention, AttentionPool
 from .block import Block, ResPostBlock
 from .drop import DropPath
 from .layer_scale import LayerScale
-from .mlp import MLP_CLASSES, Mlp, QuickGELU, SwiGLU, SwiGLUPacked, make_act, mlp_hidden_width
+from .mlp import (
+    MLP_CLASSES,
+    GeGLU,
+    Mlp,
+    QuickGELU,
+    SwiGLU,
+    SwiGLUPacked,
+    make_act,
+    mlp_hidden_width,
+)
 from .norm import LayerNorm2d, make_norm
 from .patch_embed import (
     ConvStem,
@@ -30,6 +39,7 @@ __all__ = [
     "Block",
     "ConvStem",
     "DropPath",
+    "GeGLU",
     "LayerNorm2d",
     "LayerScale",
     "Mlp",

@@ -4,6 +4,8 @@ The paper's MLP is two Linear layers with a GELU between (Dosovitskiy et al., "A
 Worth 16x16 Words", ICLR 2021, Eq. 3; GELU is Hendrycks & Gimpel, 2016). The gated variant is
 SwiGLU (Shazeer, "GLU Variants Improve Transformer", 2020); QuickGELU is OpenAI CLIP's
 approximation (Radford et al., 2021); a norm on the hidden layer is BEiT-3's (Wang et al., 2022).
+GeGLU (the same paper's GELU gate) with a LayerNorm before it is ViTamin's (Chen et al., CVPR
+2024; timm's `GeGluMlp`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from torch import Tensor, nn
 from ...options import check_choice
 
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
-MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
+MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed", "geglu")
+# ViTamin's LayerNorm before the gate (timm's `GeGluMlp`: eps 1e-6, whatever the blocks' norm).
+GEGLU_NORM_EPS = 1e-6
 
 
 class QuickGELU(nn.Module):
@@ -121,7 +125,41 @@ class SwiGLUPacked(nn.Module):
         return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 
-MLP_CLASSES = dict(zip(MLP_LAYERS, (Mlp, SwiGLU, SwiGLUPacked)))
+class GeGLU(nn.Module):
+    """LayerNorm -> act(x W_0) * (x W_1) -> Dropout -> Linear -> Dropout: ViTamin's MLP (timm's
+    `GeGluMlp`, whose names `w0`, `w1`, `w2` it keeps), GELU-gated, normed at its input."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        drop: float = 0.0,
+        act_layer: str = "gelu",
+        bias: bool = True,
+        norm: nn.Module | None = None,
+        linear_layer: type[nn.Linear] = nn.Linear,
+    ) -> None:
+        super().__init__()
+        if norm is not None:
+            raise ValueError(
+                "mlp_layer='geglu' has its own norm before the gate; drop scale_mlp_norm"
+            )
+        self.norm = nn.LayerNorm(dim, eps=GEGLU_NORM_EPS)
+        self.w0 = linear_layer(dim, hidden_dim, bias=bias)
+        self.act = make_act(act_layer)
+        self.w1 = linear_layer(dim, hidden_dim, bias=bias)
+        self.drop1 = nn.Dropout(drop)
+        self.w2 = linear_layer(hidden_dim, dim, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
+        hidden = self.act(self.w0(x)) * self.w1(x)  # (B, N, hidden)
+        return self.drop2(self.w2(self.drop1(hidden)))
+
+
+MLP_CLASSES = dict(zip(MLP_LAYERS, (Mlp, SwiGLU, SwiGLUPacked, GeGLU)))
 
 
 def mlp_hidden_width(mlp_layer: str, dim: int, mlp_ratio: float) -> int:

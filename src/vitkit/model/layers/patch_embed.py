@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...options import check_choice
+from .mbconv import MbConvStages
 from .norm import make_norm
 from .resnetv2 import build_hybrid_backbone
 
@@ -181,9 +182,14 @@ class PatchEmbed(nn.Module):
     With `conv_stem` channels (the paper's hybrid), a `ConvStem` named `backbone` runs first
     and the patches are cut from its feature map; `hybrid='resnetv2'` makes that backbone
     timm's ResNetV2 of `hybrid_layers` blocks per stage (resnetv2.py; its stem alone when
-    empty), as timm's `HybridEmbed`. `floor_grid` cuts floor(size / patch) patches per side
-    and lets the convolution drop the remaining pixels (timm's behaviour at a fixed size).
+    empty), as timm's `HybridEmbed`; `hybrid='mbconv'` ViTamin's stem (mbconv.py), which ends
+    in its own convolution to `embed_dim`: `proj` is then the identity (timm's
+    `HybridEmbed(proj=False)`) and the patches are single pixels. `floor_grid` cuts
+    floor(size / patch) patches per side and lets the convolution drop the remaining pixels
+    (timm's behaviour at a fixed size).
     """
+
+    __jit_unused_properties__ = ["weight_dtype"]  # read in Python only, never compiled
 
     def __init__(
         self,
@@ -202,6 +208,7 @@ class PatchEmbed(nn.Module):
         conv_stem_strides: tuple[int, ...] = (),
         hybrid: str = "none",
         hybrid_layers: tuple[int, ...] = (),
+        hybrid_widths: tuple[int, ...] = (),
         floor_grid: bool = False,
         bias: bool = True,
     ) -> None:
@@ -216,6 +223,10 @@ class PatchEmbed(nn.Module):
         self.stem_layers = sum(stride == 2 for stride in strides)  # stride-2 layers
         if conv_stem:
             self.backbone = ConvStem(in_chans, tuple(conv_stem), strides)
+        elif hybrid == "mbconv":
+            layers, widths = tuple(hybrid_layers), tuple(hybrid_widths)
+            self.backbone = MbConvStages(in_chans, layers, widths, embed_dim)
+            self.stem_layers = self.backbone.num_strides
         elif hybrid != "none":
             self.backbone = build_hybrid_backbone(hybrid, in_chans, tuple(hybrid_layers))
             self.stem_layers = self.backbone.num_strides
@@ -230,7 +241,11 @@ class PatchEmbed(nn.Module):
         self.kind = kind
         self.dynamic_img_size = dynamic_img_size
         proj_chans = self.backbone.out_chans if self.backbone is not None else in_chans
-        if kind == "conv":
+        self.proj: nn.Module
+        if hybrid == "mbconv":  # the backbone's last convolution projects already
+            self.unfold = None
+            self.proj = nn.Identity()
+        elif kind == "conv":
             self.unfold = None
             self.proj = nn.Conv2d(
                 proj_chans,
@@ -244,6 +259,11 @@ class PatchEmbed(nn.Module):
             patch_dim = proj_chans * self.patch_size[0] * self.patch_size[1]
             self.proj = nn.Linear(patch_dim, embed_dim, bias=bias)
         self.norm = make_norm(norm_layer, embed_dim, norm_eps) if norm else nn.Identity()
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype of the first weight the image meets."""
+        return next(self.parameters()).dtype
 
     def grid_for(self, height: int, width: int, what: str = "input") -> tuple[int, int]:
         """The patch grid (rows, columns) of a height x width image; a ValueError with the fix
@@ -291,7 +311,7 @@ class PatchEmbed(nn.Module):
         if not torch.jit.is_scripting():  # Python checks: not compiled by TorchScript,
             if not isinstance(x, torch.fx.Proxy):  # nor traced by torch.fx
                 self.check_input(x)
-                x = x.to(self.proj.weight.dtype)  # e.g. float32 images into a bf16 model, as HF
+                x = x.to(self.weight_dtype)  # e.g. float32 images into a bf16 model, as HF
         if self.dynamic_img_pad:  # pad right and bottom to whole patches, as timm
             pad_h = -x.shape[-2] % self.patch_size[0]
             pad_w = -x.shape[-1] % self.patch_size[1]

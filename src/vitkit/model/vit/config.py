@@ -18,7 +18,7 @@ from ..layers.pos_embed import POS_EMBED_KINDS
 # token (timm's global_pool='').
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "none")
 ENCODERS = ("native", "torch")
-HYBRIDS = ("none", "resnetv2")
+HYBRIDS = ("none", "resnetv2", "mbconv")
 BLOCKS = ("plain", "parallel_scaling", "parallel_things")
 ATTN_LAYERS = ("attn", "diff")
 TOKEN_INITS = ("trunc_normal", "zeros")
@@ -29,7 +29,10 @@ TOKEN_INITS = ("trunc_normal", "zeros")
 
 def hybrid_strides(hybrid: str, layers: tuple[int, ...]) -> int:
     """Stride-2 steps of a hybrid backbone: the ResNet stem's two, one per stage after the
-    first (layers/resnetv2.py)."""
+    first (layers/resnetv2.py); ViTamin's stem, one per stage and its last convolution
+    (layers/mbconv.py)."""
+    if hybrid == "mbconv":
+        return len(layers) + 2
     return 0 if hybrid == "none" else 2 + max(len(layers) - 1, 0)
 
 
@@ -220,7 +223,9 @@ class ViTConfig(Options):
         "mlp",
         "'mlp' (Linear, act, Linear), 'swiglu' (act(x W_g) * (x W_x), then a Linear; Shazeer "
         "2020) with gate and value as separate layers fc1_g / fc1_x, or 'swiglu_packed', the "
-        "same with both in one fc1 (gate first) of width embed_dim * mlp_ratio, half of it gate",
+        "same with both in one fc1 (gate first) of width embed_dim * mlp_ratio, half of it gate; "
+        "'geglu' (ViTamin's: a LayerNorm, then act(x W_0) * (x W_1) and a Linear; layers w0, "
+        "w1, w2)",
         choices=MLP_LAYERS,
         group="architecture",
         family=True,
@@ -278,7 +283,9 @@ class ViTConfig(Options):
         "none",
         "the paper's hybrid (Section 3.1) with timm's CNN: 'resnetv2' (BiT's ResNet: "
         "weight-standardised convolutions, GroupNorm, 'SAME' padding; timm's vit_*_r50_*, "
-        "vit_*_r26_*) runs on the image and the patches are cut from its feature map",
+        "vit_*_r26_*) runs on the image and the patches are cut from its feature map; "
+        "'mbconv' (ViTamin's stem: MbConv blocks with LayerNorm2d, then a strided 3x3 "
+        "convolution to embed_dim, which replaces the patch projection; patch_size 1)",
         choices=HYBRIDS,
         group="architecture",
         family=True,
@@ -286,9 +293,18 @@ class ViTConfig(Options):
     hybrid_layers: tuple[int, ...] = option(
         (),
         "with hybrid='resnetv2', bottleneck blocks per stage (R50: 3 4 9, R26: 2 2 2 2); none: "
-        "the ResNet stem alone",
+        "the ResNet stem alone; with hybrid='mbconv', MbConv blocks per stage (ViTamin: 2 4)",
         range=Range(1, 64),
         metavar="BLOCKS",
+        group="architecture",
+        family=True,
+    )
+    hybrid_widths: tuple[int, ...] = option(
+        (),
+        "with hybrid='mbconv', the channels of each stage, the stem as wide as the first "
+        "(ViTamin-S: 64 128, -B: 128 256, -L: 160 320, -XL: 192 384)",
+        range=Range(1, 65536),
+        metavar="CHANNELS",
         group="architecture",
         family=True,
     )
@@ -347,6 +363,23 @@ class ViTConfig(Options):
         if self.conv_stem:
             return sum(stride == 2 for stride in self.conv_stem_layer_strides)
         return hybrid_strides(self.hybrid, self.hybrid_layers)
+
+    @property
+    def first_conv(self) -> str:
+        """The module that takes the image (timm's `pretrained_cfg['first_conv']`): the patch
+        projection, or the first convolution of the stem (vitkit's conv stem, timm's ResNetV2
+        or its stem alone, ViTamin's stem)."""
+        if self.conv_stem:
+            return "patch_embed.backbone.0"
+        if self.hybrid == "mbconv":
+            return "patch_embed.backbone.stem.conv1"
+        if self.hybrid == "resnetv2":
+            return (
+                "patch_embed.backbone.stem.conv"
+                if self.hybrid_layers
+                else "patch_embed.backbone.conv"
+            )
+        return "patch_embed.proj"
 
     @property
     def conv_stem_layer_strides(self) -> tuple[int, ...]:
@@ -434,6 +467,10 @@ def check_widths(config: ViTConfig) -> None:
             f"mlp_ratio {config.mlp_ratio} gives an MLP of width {width:,.0f} for embed_dim "
             f"{config.embed_dim}; the most is {MAX_MLP_WIDTH:,}"
         )
+    if config.mlp_layer == "geglu" and config.scale_mlp_norm:
+        raise ValueError(
+            "mlp_layer='geglu' norms its input, not its hidden layer; pass scale_mlp_norm=False"
+        )
     if config.mlp_layer == "swiglu_packed" and int(width) % 2:
         raise ValueError(
             f"mlp_layer='swiglu_packed' splits fc1 in halves, but embed_dim "
@@ -496,6 +533,24 @@ def check_windows(config: ViTConfig) -> None:
         raise ValueError(f"{what} needs encoder='native' and res_post_norm=False")
 
 
+def check_mbconv(config: ViTConfig) -> None:
+    if config.hybrid_widths and config.hybrid != "mbconv":
+        raise ValueError("hybrid_widths needs hybrid='mbconv'")
+    if config.hybrid != "mbconv":
+        return
+    if not config.hybrid_layers or len(config.hybrid_widths) != len(config.hybrid_layers):
+        raise ValueError(
+            f"hybrid='mbconv' needs blocks and channels per stage, got hybrid_layers="
+            f"{config.hybrid_layers}, hybrid_widths={config.hybrid_widths}; pass one width "
+            "per stage (ViTamin-S: hybrid_layers=(2, 4), hybrid_widths=(64, 128))"
+        )
+    if to_2tuple(config.patch_size, "patch_size") != (1, 1) or config.patch_embed != "conv":
+        raise ValueError(
+            "hybrid='mbconv' ends in its own convolution to embed_dim, with no patch "
+            "projection after it; pass patch_size=1, patch_embed='conv'"
+        )
+
+
 def check_blocks(config: ViTConfig) -> None:
     if config.conv_stem_strides and len(config.conv_stem_strides) != len(config.conv_stem):
         raise ValueError(
@@ -503,7 +558,8 @@ def check_blocks(config: ViTConfig) -> None:
             f"{len(config.conv_stem)} conv_stem layers; give one per layer"
         )
     if config.hybrid_layers and config.hybrid == "none":
-        raise ValueError("hybrid_layers needs hybrid='resnetv2'")
+        raise ValueError("hybrid_layers needs hybrid='resnetv2' or 'mbconv'")
+    check_mbconv(config)
     if config.hybrid != "none" and config.conv_stem:
         raise ValueError("hybrid and conv_stem are two stems; pass one of them")
     if config.hybrid != "none" and config.dynamic_img_pad:

@@ -16,6 +16,7 @@ from .config import ViTConfig
 from .family import Family
 from .presets_blocks import BLOCK_FAMILIES
 from .presets_hybrid import HYBRID_FAMILIES
+from .presets_vitamin import VITAMIN_FAMILIES
 
 # The paper's names whose timm model has no head (timm's ':0' in the first row below) keep the
 # paper's 1000-class ImageNet head, as the paper's Table 1 models have.
@@ -303,7 +304,7 @@ FAMILIES: tuple[Family, ...] = (
 
 _FAMILY_CONFIGS: dict[str, ViTConfig] = {
     name: config
-    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES
+    for family in FAMILIES + HYBRID_FAMILIES + BLOCK_FAMILIES + VITAMIN_FAMILIES
     for name, config in family.configs().items()
 }
 

@@ -47,6 +47,9 @@ class TimmModelApi(TimmPretrainedCfg):
     def timm_classifier(self) -> str | tuple[str, ...]:
         return ("head", "head_dist") if self.head_dist is not None else "head"
 
+    def timm_first_conv(self) -> str:
+        return self.config.first_conv
+
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter-name patterns of timm's layer groups (the embedding stem, then each block,
         the final norm last), as timm's layer-wise learning-rate decay reads them."""
@@ -123,7 +126,7 @@ class TimmModelApi(TimmPretrainedCfg):
             kernel = resample_patch_embed(kernel.detach(), new.patch_size)  # (D, C, ph', pw')
             state["proj.weight"] = kernel if new.kind == "conv" else conv_to_unfold_weight(kernel)
         new.load_state_dict(state)
-        return new.to(old.proj.weight.device).train(old.training)
+        return new.to(next(old.parameters()).device).train(old.training)
 
     def _resize_pos_embed(self, old_grid: tuple[int, int]) -> None:
         """Positions for the new patch grid: the learned table resampled, a fixed one
@@ -164,7 +167,7 @@ class TimmModelApi(TimmPretrainedCfg):
             if isinstance(head, nn.Linear):
                 trunc_normal_(head.weight)
                 nn.init.zeros_(head.bias)
-            setattr(self, name, head.to(self.patch_embed.proj.weight.device))
+            setattr(self, name, head.to(next(self.patch_embed.parameters()).device))
 
     def _reset_pool(self, global_pool: str) -> None:
         """Another pooling for `reset_classifier`; the attention pool can only be dropped."""

@@ -118,6 +118,7 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
             conv_stem_strides=config.conv_stem_strides,
             hybrid=config.hybrid,
             hybrid_layers=config.hybrid_layers,
+            hybrid_widths=config.hybrid_widths,
             floor_grid=config.floor_grid,
             bias=config.patch_bias,
         )

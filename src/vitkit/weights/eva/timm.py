@@ -48,6 +48,8 @@ def is_eva_state_dict(keys: Sequence[str]) -> bool:
     """Whether the keys (timm / vitkit layout, or an original one `original.py` moves) are an
     EVA's, not a ViT's nor a BEiT's."""
     keys = {k.removeprefix("module.") for k in keys}
+    if any(k.startswith("patch_embed.backbone.") for k in keys):  # a hybrid ViT's CNN stem
+        return False
     if original_keys(keys):
         return True
     if any("relative_position_bias_table" in k for k in keys):  # BEiT (or a Swin)

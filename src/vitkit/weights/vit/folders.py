@@ -23,7 +23,7 @@ from safetensors.torch import save as serialize_safetensors
 
 from ...data.data_config import DataConfig
 from ...files import atomic_write
-from ...model import VisionTransformer, ViTConfig
+from ...model import VisionTransformer, ViTConfig, get_config, list_models
 from ...model.layers.patch_embed import to_2tuple
 from ..hub import class_names, write_hf_folder, write_json
 from .hf import to_hf, to_hf_config
@@ -91,7 +91,7 @@ def save_timm_folder(model: VisionTransformer, folder: str | os.PathLike) -> Pat
     pretrained_cfg = {
         **data_config.to_dict(),
         "num_classes": model.config.num_classes,
-        "first_conv": "patch_embed.proj",
+        "first_conv": model.config.first_conv,
         "classifier": "head",
         "fixed_input_size": not model.config.dynamic_img_size,
         "label_names": class_names(model),
@@ -121,6 +121,25 @@ def timm_folder_args(config: ViTConfig) -> tuple[str, dict[str, Any]]:
             f"a timm config.json names norms without their eps (timm's is 1e-6); this model "
             f"has norm_eps={config.norm_eps:g}"
         )
+    if config.hybrid != "none":
+        architecture = _timm_hybrid_architecture(config)
+    else:
+        architecture = _timm_plain_architecture(config)
+    norm = config.norm_layer  # 'layernorm' / 'rmsnorm': timm's names of the same norms
+    kwargs = timm_kwargs(config)
+    for name in ("norm_layer", "embed_norm_layer", "mlp_layer", "block_fn", "embed_layer"):
+        kwargs.pop(name, None)  # not JSON: named below or given by the architecture
+    model_args = {
+        **_TIMM_PLAIN_ARGS,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()},
+        "norm_layer": norm,
+        "embed_norm_layer": norm if config.embed_norm else None,
+    }
+    return architecture, model_args
+
+
+def _timm_plain_architecture(config: ViTConfig) -> str:
+    """The timm factory that passes the block / MLP class `config` needs."""
     classes = {  # option set -> the timm architecture whose factory passes its class
         "distilled=True": config.distilled,
         "res_post_norm=True": config.res_post_norm,
@@ -132,18 +151,26 @@ def timm_folder_args(config: ViTConfig) -> tuple[str, dict[str, Any]]:
             f"no timm architecture builds {' with '.join(wanted)} (timm takes each from a "
             "different model factory)"
         )
-    architecture = _TIMM_ARCHITECTURES[wanted[0] if wanted else ""]
-    norm = config.norm_layer  # 'layernorm' / 'rmsnorm': timm's names of the same norms
-    kwargs = timm_kwargs(config)
-    for name in ("norm_layer", "embed_norm_layer", "mlp_layer", "block_fn"):
-        kwargs.pop(name, None)  # not JSON: named below or given by the architecture
-    model_args = {
-        **_TIMM_PLAIN_ARGS,
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()},
-        "norm_layer": norm,
-        "embed_norm_layer": norm if config.embed_norm else None,
-    }
-    return architecture, model_args
+    if wanted and wanted[0] not in _TIMM_ARCHITECTURES:
+        raise ValueError(f"no timm ViT factory builds {wanted[0]}")
+    return _TIMM_ARCHITECTURES[wanted[0] if wanted else ""]
+
+
+def _timm_hybrid_architecture(config: ViTConfig) -> str:
+    """timm builds a hybrid's CNN in the factory of its name, never from `model_args`: the
+    first timm name with `config`'s CNN (and MLP, and for ViTamin's stem, which projects to
+    the width itself, its width)."""
+    stem = ("hybrid", "hybrid_layers", "hybrid_widths", "mlp_layer")
+    if config.hybrid == "mbconv":
+        stem += ("embed_dim",)
+    for name in list_models():
+        named = get_config(name)
+        if isinstance(named, ViTConfig) and all(
+            getattr(named, field) == getattr(config, field) for field in stem
+        ):
+            return name
+    given = ", ".join(f"{field}={getattr(config, field)!r}" for field in stem)
+    raise ValueError(f"no timm model builds a hybrid CNN with {given}")
 
 
 def timm_folder_options(model_args: Mapping[str, Any]) -> dict[str, Any]:

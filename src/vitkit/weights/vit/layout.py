@@ -7,20 +7,21 @@ torchvision and JAX converters map their keys into this layout, then call `infer
 means `hf.py` does not import `timm.py` to reach code that is not about timm.
 
 The config is inferred from the weights: embed_dim, depth, MLP width and kind (plain, SwiGLU,
-packed SwiGLU), patch size and bias, input channels, class / distillation / register tokens,
-`norm_pre`, final norm vs `fc_norm` (or none), LayerScale, q/k and per-branch norms, LayerNorm
-vs RMSNorm, projection biases, the attention-pool head, number of classes, and the resolution
-from the position-embedding grid (assumed square; pass `img_size` for a non-square grid), which
-also tells whether the prefix tokens have positions (`no_embed_class`). What the weights cannot
-show (the activation, pre- or post-norm blocks, the norm epsilon, mean / max pooling) comes
-from `overrides`, or from a timm model name (`arch=` of `from_timm`); weights of families where
-the usual guess is often wrong (CLIP's `norm_pre`, SigLIP's attention pool, RMSNorm) are
-refused without them. The number of attention heads leaves no trace in timm, Hugging Face or
-torchvision weights (q, k and v are stored as full D x D matrices), so it comes from, in order:
-the `num_heads` argument, a Hugging Face `config.json` when one is given, the standard head
-count for the width (192 -> 3, 384 -> 6, 768 -> 12, 1024 -> 16, 1280 -> 16; ViT paper Table 1
-and DeiT); another width is refused (`default_num_heads`), never guessed. The JAX layout
-stores heads explicitly, so there it is exact.
+packed SwiGLU, GeGLU), patch size and bias, input channels, a hybrid's CNN stem, class /
+distillation / register tokens, `norm_pre`, final norm vs `fc_norm` (or none), LayerScale, q/k
+and per-branch norms, LayerNorm vs RMSNorm, projection biases, the attention-pool head, number
+of classes, and the resolution from the position-embedding grid (assumed square; pass `img_size`
+for a non-square grid), which also tells whether the prefix tokens have positions
+(`no_embed_class`). What the weights cannot show (the activation, pre- or post-norm blocks, the
+norm epsilon, mean / max pooling) comes from `overrides`, or from a timm model name (`arch=` of
+`from_timm`); weights of families where the usual guess is often wrong (CLIP's `norm_pre`,
+SigLIP's attention pool, RMSNorm) are refused without them. The number of attention heads leaves
+no trace in timm, Hugging Face or torchvision weights (q, k and v are stored as full D x D
+matrices), so it comes from, in order: the `num_heads` argument, a Hugging Face `config.json`
+when one is given, the standard head count for the width (192 -> 3, 384 -> 6, 768 -> 12,
+1024 -> 16, 1280 -> 16; ViT paper Table 1 and DeiT); another width is refused
+(`default_num_heads`), never guessed. The JAX layout stores heads explicitly, so there it is
+exact.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ STANDARD_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 
 # The stem convolution of timm's hybrid ResNetV2, whole or stem-only (layers/resnetv2.py).
 _HYBRID_STEMS = ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")
+# ViTamin's stem (layers/mbconv.py): its first convolution, and the last, which projects to the
+# width in place of `patch_embed.proj`.
+MBCONV_STEM = "patch_embed.backbone.stem.conv1.weight"
+MBCONV_PROJ = "patch_embed.backbone.pool.proj.weight"
 
 # The first norm of the first block: `Block`'s, the parallel blocks' (layers/parallel.py).
 _FIRST_NORMS = ("blocks.0.norm1", "blocks.0.in_norm", "blocks.0.attns.0.norm")
@@ -94,8 +99,11 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
     """
     sd = state_dict
     _check_supported(sd, overrides)
-    cfg = _patch_options(sd["patch_embed.proj.weight"], overrides)
-    cfg.update(_hybrid_options(sd))
+    if MBCONV_PROJ in sd:
+        cfg = _mbconv_options(sd)
+    else:
+        cfg = _patch_options(sd["patch_embed.proj.weight"], overrides)
+        cfg.update(_hybrid_options(sd))
     cfg.update(_block_options(sd, cfg["embed_dim"]))
     cfg.update(_token_options(sd))
     num_heads = overrides.pop("num_heads", None)
@@ -115,7 +123,7 @@ def infer_config(state_dict: Mapping[str, Tensor], **overrides: Any) -> ViTConfi
 def _check_supported(sd: Mapping[str, Tensor], overrides: dict[str, Any]) -> None:
     """Refuse weights that are no ViT, that have layers vitkit lacks, or whose family chose
     options the weights do not show and `overrides` do not give (RMSNorm is named in them)."""
-    if "patch_embed.proj.weight" not in sd:
+    if "patch_embed.proj.weight" not in sd and MBCONV_PROJ not in sd:
         raise CheckpointError(
             "no 'patch_embed.proj.weight' in the state dict; it is not a ViT in timm / vitkit "
             f"layout (first keys: {', '.join(list(sd)[:5])})"
@@ -183,12 +191,36 @@ def _hybrid_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
     return {"hybrid": "resnetv2", "hybrid_layers": layers, "in_chans": sd[stem].shape[1]}
 
 
+def _mbconv_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
+    """ViTamin's stem (`stem.conv1`, `stages.S.B.conv2_kxk`, `pool.proj`): the width, the blocks
+    and channels per stage and the input channels; patches of one feature-map pixel."""
+    blocks: dict[int, int] = {}
+    for key in sd:
+        if match := re.match(
+            r"patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.conv3_1x1\.weight", key
+        ):
+            stage, block = int(match[1]), int(match[2])
+            blocks[stage] = max(blocks.get(stage, 0), block + 1)
+    stages = range(len(blocks))
+    return {
+        "embed_dim": sd[MBCONV_PROJ].shape[0],
+        "in_chans": sd[MBCONV_STEM].shape[1],
+        "patch_size": 1,
+        "hybrid": "mbconv",
+        "hybrid_layers": tuple(blocks.get(s, 0) for s in stages),
+        "hybrid_widths": tuple(
+            sd[f"patch_embed.backbone.stages.{s}.0.conv3_1x1.weight"].shape[0] for s in stages
+        ),
+    }
+
+
 def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
     """depth, the MLP, biases, norms and LayerScale of the encoder blocks."""
     block_ids = {int(m[1]) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
     if not block_ids:
         raise CheckpointError("no 'blocks.N.' weights in the state dict; it has no encoder blocks")
-    kind = {"depth": max(block_ids) + 1, "patch_bias": "patch_embed.proj.bias" in sd}
+    no_proj = "patch_embed.proj.weight" not in sd  # ViTamin's stem projects: the default holds
+    kind = {"depth": max(block_ids) + 1, "patch_bias": no_proj or "patch_embed.proj.bias" in sd}
     if "blocks.0.in_proj.weight" in sd:
         return {**kind, **_parallel_scaling_options(sd, embed_dim)}
     if "blocks.0.attns.0.attn.qkv.weight" in sd:
@@ -202,7 +234,7 @@ def _block_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
         "proj_bias": "blocks.0.attn.proj.bias" in sd,
         "qk_norm": "blocks.0.attn.q_norm.weight" in sd,
         "scale_attn_norm": "blocks.0.attn.norm.weight" in sd,
-        "scale_mlp_norm": "blocks.0.mlp.norm.weight" in sd,
+        "scale_mlp_norm": "blocks.0.mlp.norm.weight" in sd and "blocks.0.mlp.w0.weight" not in sd,
         "init_values": _LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in sd else None,
     }
 
@@ -254,6 +286,9 @@ def _token_options(sd: Mapping[str, Tensor]) -> dict[str, Any]:
 def _mlp_options(sd: Mapping[str, Tensor], embed_dim: int) -> dict[str, Any]:
     """mlp_layer and mlp_ratio from the MLP's weights: split gate and value layers (`fc1_g`,
     `fc1_x`) are SwiGLU; an `fc1` twice as wide as `fc2`'s input is the packed SwiGLU."""
+    if "blocks.0.mlp.w0.weight" in sd:  # ViTamin's GeGLU, normed at its input
+        hidden = sd["blocks.0.mlp.w0.weight"].shape[0]
+        return {"mlp_layer": "geglu", "act_layer": "gelu", "mlp_ratio": hidden / embed_dim}
     if "blocks.0.mlp.fc1_g.weight" in sd:
         hidden = sd["blocks.0.mlp.fc1_g.weight"].shape[0]
         return {"mlp_layer": "swiglu", "act_layer": "silu", "mlp_ratio": hidden / embed_dim}
@@ -311,14 +346,8 @@ def _int_if_square(pair: tuple[int, int]) -> int | tuple[int, int]:
 
 
 def input_conv(config: ViTConfig) -> str:
-    """The weight that takes the image (timm's `pretrained_cfg['first_conv']`): the patch
-    projection, or the first convolution of the hybrid's stem (the paper's CNN: a `ConvStem`,
-    or timm's ResNetV2, or its stem alone)."""
-    if config.conv_stem:
-        return "patch_embed.backbone.0.weight"
-    if config.hybrid != "none":
-        return _HYBRID_STEMS[0] if config.hybrid_layers else _HYBRID_STEMS[1]
-    return "patch_embed.proj.weight"
+    """The weight that takes the image (`ViTConfig.first_conv`)."""
+    return config.first_conv + ".weight"
 
 
 def expected_shapes(config: ViTConfig) -> dict[str, torch.Size]:

@@ -16,6 +16,7 @@ from ...model.vit.torch_encoder import torch_to_native_state_dict
 from .folders import timm_folder_options
 from .hf_families import from_hf_any
 from .jax import from_jax
+from .layout import MBCONV_PROJ
 from .timm import arch_options, from_timm
 from .torchvision import TORCHVISION_BUILDERS, from_torchvision
 
@@ -29,7 +30,8 @@ _OTHERS = ("fit_img_size", "folder_img_size")
 
 
 def timm_keys(keys: Sequence[str]) -> bool:
-    return any(k.removeprefix("module.") == "patch_embed.proj.weight" for k in keys)
+    """The patch projection, or the convolution of ViTamin's stem that stands for it."""
+    return any(k.removeprefix("module.") in ("patch_embed.proj.weight", MBCONV_PROJ) for k in keys)
 
 
 def hf_keys(keys: Sequence[str]) -> bool:

@@ -106,21 +106,25 @@ def from_timm(
     if num_heads is not None:
         options["num_heads"] = num_heads
     if arch is not None and "img_size" not in overrides:
-        options.update(_floor_grid_size(sd, get_config(arch)))
+        options.update(_named_img_size(sd, get_config(arch)))
     config = infer_config(sd, **{**options, **overrides})
     check_state_dict(sd, config, "timm")
     return sd, config
 
 
-def _floor_grid_size(sd: Mapping[str, Tensor], named: ViTConfig) -> dict[str, Any]:
-    """The size of a named model whose grid drops pixels (`floor_grid`: 384 in patches of 14)
-    when the weights have its grid, which alone would give 378; else nothing."""
-    if not named.floor_grid or "pos_embed" not in sd:
+def _named_img_size(sd: Mapping[str, Tensor], named: ViTConfig) -> dict[str, Any]:
+    """The size of a named model where the weights cannot tell it: without a position
+    embedding (ViTamin-XL), or with the grid of a model whose grid drops pixels (`floor_grid`:
+    384 in patches of 14), which alone would give 378; else nothing."""
+    size = {"img_size": named.img_size, **({"floor_grid": True} if named.floor_grid else {})}
+    if "pos_embed" not in sd:
+        return size
+    if not named.floor_grid:
         return {}
     patches = named.grid_size[0] * named.grid_size[1]
     if sd["pos_embed"].shape[1] not in (patches, patches + named.num_prefix_tokens):
         return {}
-    return {"floor_grid": True, "img_size": named.img_size}
+    return size
 
 
 def to_timm(
@@ -197,6 +201,10 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         kwargs["mlp_layer"] = timm_layers.SwiGLU
     elif config.mlp_layer == "swiglu_packed":
         kwargs["mlp_layer"] = partial(timm_layers.GluMlp, gate_last=False)
+    elif config.mlp_layer == "geglu":
+        from timm.models.vitamin import GeGluMlp
+
+        kwargs["mlp_layer"] = GeGluMlp
     if config.res_post_norm:
         kwargs["block_fn"] = timm_vit.ResPostBlock
     if config.block == "parallel_things":
@@ -208,12 +216,30 @@ def timm_kwargs(config: ViTConfig) -> dict[str, Any]:
         )
     elif config.attn_layer == "diff":
         kwargs["attn_layer"] = "diff"
-    if config.hybrid != "none":  # timm's HybridEmbed over its ResNetV2, as its hybrids build it
+    if config.hybrid == "mbconv":
+        kwargs["embed_layer"] = _timm_mbconv_embed(config)
+    elif config.hybrid != "none":  # timm's HybridEmbed over its ResNetV2, as its hybrids build it
         from timm.models.vision_transformer_hybrid import _resnetv2
 
         backbone = _resnetv2(layers=config.hybrid_layers, in_chans=config.in_chans)
         kwargs["embed_layer"] = partial(timm_layers.HybridEmbed, backbone=backbone)
     return kwargs
+
+
+def _timm_mbconv_embed(config: ViTConfig) -> Any:
+    """timm's HybridEmbed over ViTamin's `MbConvStages`, as its `_create_vitamin` builds it."""
+    from timm import layers as timm_layers
+    from timm.models import vitamin
+
+    cfg = vitamin.VitCfg(
+        embed_dim=(*config.hybrid_widths, config.embed_dim),
+        depths=(*config.hybrid_layers, 1),
+        stem_width=config.hybrid_widths[0],
+        conv_cfg=vitamin.VitConvCfg(norm_layer="layernorm2d", norm_eps=1e-6),
+        head_type="1d",
+    )
+    backbone = vitamin.MbConvStages(cfg=cfg, in_chans=config.in_chans)
+    return partial(timm_layers.HybridEmbed, backbone=backbone, proj=False)
 
 
 def _check_no_conv_stem(config: ViTConfig) -> None:
