@@ -28,20 +28,20 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..intermediates import IntermediateFeatures, take_indices
+from ..intermediates import IntermediateFeatures
 from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rel_pos_bias import RelativePositionBias
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
-from ..timm_cfg import TimmPretrainedCfg  # timm's BEiT default: mean = std = 0.5
+from ..timm_api import TimmApi  # timm's BEiT default: mean = std = 0.5
 from .block import BeitBlock
 from .config import BeitConfig
 from .flow import describe_beit
 
 
-class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
+class Beit(TimmApi, IntermediateFeatures, nn.Module):
     """`Beit(**options)` or `Beit(BeitConfig(...))`: timm's `Beit`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`, `set_input_size`)."""
@@ -131,47 +131,6 @@ class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
             name for name, _ in self.named_parameters() if "relative_position_bias_table" in name
         }
         return names | {n for n, _ in self.named_parameters() if n in ("pos_embed", "cls_token")}
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head for `num_classes`; `global_pool` also changes the pooling (timm's ''
-        is 'none'), keeping where the norm is."""
-        if global_pool == "":
-            global_pool = "none"
-        if global_pool is not None:
-            self.global_pool = global_pool
-            has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
-            self.config = self.config.replace(global_pool=global_pool, use_fc_norm=has_fc_norm)
-        self.num_classes = num_classes
-        self.config = self.config.replace(num_classes=num_classes)
-        device = self.patch_embed.proj.weight.device
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-        if isinstance(head, nn.Linear):
-            trunc_normal_(head.weight)
-            nn.init.zeros_(head.bias)
-        self.head = head.to(device)
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (and the final norm, and the head) for
-        a backbone that reads intermediates only, as timm's; returns the kept indices."""
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
-        return take
 
     def set_input_size(
         self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None

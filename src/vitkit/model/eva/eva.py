@@ -30,7 +30,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..intermediates import IntermediateFeatures, take_indices
+from ..intermediates import IntermediateFeatures
 from ..layers.attention import AttentionPool
 from ..layers.norm import make_norm
 from ..layers.patch_embed import PatchEmbed
@@ -39,7 +39,8 @@ from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
-from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, TimmPretrainedCfg
+from ..timm_api import TimmApi
+from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from .block import EvaBlock
 from .config import EvaConfig
 from .flow import describe_eva
@@ -71,7 +72,7 @@ def build_rope(config: EvaConfig) -> nn.Module | None:
     )
 
 
-class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
+class Eva(TimmApi, IntermediateFeatures, nn.Module):
     """`Eva(**options)` or `Eva(EvaConfig(...))`: timm's `Eva`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`)."""
@@ -177,53 +178,15 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
         names = {"pos_embed", "cls_token", "reg_token", "rope.freqs"}
         return {name for name, _ in self.named_parameters() if name in names}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head for `num_classes`; `global_pool` also changes the pooling (the
-        attention pool can be dropped, not added; timm's '' is 'none')."""
-        if global_pool == "":
-            global_pool = "none"
-        if global_pool is not None:
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError(
-                    "reset_classifier cannot add an attention pool; build with global_pool='map'"
-                )
-            if global_pool != "map":
-                self.attn_pool = None
-            self.global_pool = global_pool
-            has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
-            self.config = self.config.replace(global_pool=global_pool, use_fc_norm=has_fc_norm)
-        self.num_classes = num_classes
-        self.config = self.config.replace(num_classes=num_classes)
-        device = self.patch_embed.proj.weight.device
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-        if isinstance(head, nn.Linear):
-            trunc_normal_(head.weight)
-            nn.init.zeros_(head.bias)
-        self.head = head.to(device)
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (and the final norm, and the head) for
-        a backbone that reads intermediates only, as timm's; returns the kept indices."""
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
+    def _reset_pool(self, global_pool: str) -> None:
+        """Another pooling: the attention pool can be dropped, not added."""
+        if global_pool == "map" and self.attn_pool is None:
+            raise ValueError(
+                "reset_classifier cannot add an attention pool; build with global_pool='map'"
+            )
+        if global_pool != "map":
             self.attn_pool = None
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
-        return take
+        super()._reset_pool(global_pool)
 
     def set_input_size(
         self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None
