@@ -7,9 +7,13 @@ vitkit model as one of their own; a family states only where it differs: its poo
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from .intermediates import take_indices
+from .layers.patch_embed import PatchEmbed
+from .layers.pos_embed import resample_patch_embed
 from .layers.weight_init import trunc_normal_
 from .timm_cfg import TimmPretrainedCfg
 
@@ -52,6 +56,40 @@ class TimmApi(TimmPretrainedCfg):
         if prune_head:
             self._prune_head()
         return take
+
+    def _patch_embed(self, bias: bool) -> PatchEmbed:
+        """The patch embedding of `config`'s sizes, with the family's `_patch_embed_options`."""
+        return PatchEmbed(
+            img_size=self.config.img_size,
+            patch_size=self.config.patch_size,
+            in_chans=self.config.in_chans,
+            embed_dim=self.config.embed_dim,
+            bias=bias,
+            **self._patch_embed_options(),
+        )
+
+    def _patch_embed_options(self) -> dict[str, Any]:
+        """Other `PatchEmbed` arguments of the family (e.g. `dynamic_img_size`); none here."""
+        return {}
+
+    def _resize_patch_embed(
+        self, img_size: int | tuple[int, int] | None, patch_size: int | None
+    ) -> tuple[int, int]:
+        """For `set_input_size`: a patch embedding (the family's `_patch_embed`) for another
+        image and / or patch size holding the current one's weights, the kernel PI-resized to
+        a new patch size (FlexiViT, `resample_patch_embed`); `config` follows. Returns the old
+        patch grid."""
+        old = self.patch_embed
+        self.config = self.config.replace(
+            img_size=self.config.img_size if img_size is None else img_size,
+            patch_size=self.config.patch_size if patch_size is None else patch_size,
+        )
+        new = self._patch_embed(bias=old.proj.bias is not None)
+        state = old.state_dict()
+        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
+        new.load_state_dict(state)
+        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        return old.grid_size
 
     def _reset_pool(self, global_pool: str) -> None:
         """Another pooling for `reset_classifier`; the norm stays where it is."""

@@ -29,9 +29,8 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..intermediates import IntermediateFeatures
-from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.rel_pos_bias import RelativePositionBias
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
@@ -86,15 +85,6 @@ class Beit(TimmApi, IntermediateFeatures, nn.Module):
     def _norm(self) -> nn.Module:
         return nn.LayerNorm(self.embed_dim, eps=self.config.norm_eps)
 
-    def _patch_embed(self, bias: bool) -> PatchEmbed:
-        return PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.config.embed_dim,
-            bias=bias,
-        )
-
     @torch.no_grad()
     def init_weights(self) -> None:
         """timm's: trunc-normal(0.02) Linear weights and zero biases, each block's output
@@ -138,19 +128,10 @@ class Beit(TimmApi, IntermediateFeatures, nn.Module):
         """Take another image and / or patch size from now on, as timm's: the patch kernel
         PI-resized to a new patch size (FlexiViT), the absolute positions resampled (bicubic),
         every relative position bias table resized to the new grid (BEiT's resize)."""
-        old_grid, old = self.patch_embed.grid_size, self.patch_embed
-        self.config = self.config.replace(
-            img_size=self.config.img_size if img_size is None else img_size,
-            patch_size=self.config.patch_size if patch_size is None else patch_size,
-        )
-        new = self._patch_embed(bias=old.proj.bias is not None)
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        old_grid = self._resize_patch_embed(img_size, patch_size)
         for entry in self.feature_info:
             entry["reduction"] = self.config.patch_size
-        grid = new.grid_size
+        grid = self.patch_embed.grid_size
         if grid == old_grid:
             return
         if self.pos_embed is not None:

@@ -33,9 +33,8 @@ from torch import Tensor, nn
 from ..intermediates import IntermediateFeatures
 from ..layers.attention import AttentionPool
 from ..layers.norm import make_norm
-from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
@@ -93,15 +92,7 @@ class Eva(TimmApi, IntermediateFeatures, nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.no_embed_class = config.no_embed_class
         self.grad_checkpointing = False
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=dim,
-            dynamic_img_size=config.dynamic_img_size,
-            dynamic_img_pad=config.dynamic_img_pad,
-            bias=not config.use_pre_transformer_norm,
-        )
+        self.patch_embed = self._patch_embed(bias=not config.use_pre_transformer_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.reg_token = None
         if config.num_reg_tokens:
@@ -143,6 +134,12 @@ class Eva(TimmApi, IntermediateFeatures, nn.Module):
 
     def _norm(self) -> nn.Module:
         return make_norm(self.config.norm_layer, self.config.embed_dim, self.config.norm_eps)
+
+    def _patch_embed_options(self) -> dict[str, Any]:
+        return {
+            "dynamic_img_size": self.config.dynamic_img_size,
+            "dynamic_img_pad": self.config.dynamic_img_pad,
+        }
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -195,30 +192,14 @@ class Eva(TimmApi, IntermediateFeatures, nn.Module):
         PI-resized to a new patch size (FlexiViT, `resample_patch_embed`), the absolute
         positions resampled (bicubic); RoPE follows the grid of each input (its reference grid,
         `ref_feat_shape`, stays)."""
-        old_grid, old = self.patch_embed.grid_size, self.patch_embed
-        self.config = self.config.replace(
-            img_size=self.config.img_size if img_size is None else img_size,
-            patch_size=self.config.patch_size if patch_size is None else patch_size,
-        )
-        new = PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.embed_dim,
-            dynamic_img_size=self.config.dynamic_img_size,
-            dynamic_img_pad=self.config.dynamic_img_pad,
-            bias=old.proj.bias is not None,
-        )
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        old_grid = self._resize_patch_embed(img_size, patch_size)
         for entry in self.feature_info:
             entry["reduction"] = self.config.patch_size
-        if self.pos_embed is not None and new.grid_size != old_grid:
+        grid = self.patch_embed.grid_size
+        if self.pos_embed is not None and grid != old_grid:
             table = resample_pos_embed(
                 self.pos_embed.detach(),
-                new_size=new.grid_size,
+                new_size=grid,
                 old_size=old_grid,
                 num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
             )

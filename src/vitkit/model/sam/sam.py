@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from ..intermediates import take_indices
 from ..layers.norm import LayerNorm2d
-from ..layers.patch_embed import PatchEmbed
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.window import WindowBlock
 from ..timm_api import TimmApi
 from ..timm_cfg import IMAGENET_MEAN, IMAGENET_STD
@@ -98,14 +97,7 @@ class SamViT(TimmApi, nn.Module):
         self.num_features = self.head_hidden_size = config.num_features
         self.global_pool = config.global_pool
         self.grad_checkpointing = False
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=dim,
-            dynamic_img_size=True,  # timm's SAM embedding is not strict about the size
-            bias=not config.pre_norm,
-        )
+        self.patch_embed = self._patch_embed(bias=not config.pre_norm)
         grid = self.patch_embed.grid_size
         self.pos_embed = None
         if config.use_abs_pos:
@@ -126,6 +118,9 @@ class SamViT(TimmApi, nn.Module):
         )
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
         self._pretrained_cfg: dict[str, Any] | None = None
+
+    def _patch_embed_options(self) -> dict[str, Any]:
+        return {"dynamic_img_size": True}  # timm's SAM embedding is not strict about the size
 
     def _block(self, index: int, drop_path: float) -> WindowBlock:
         config = self.config
@@ -183,24 +178,9 @@ class SamViT(TimmApi, nn.Module):
         """Take another image (and patch) size as native from now on: the patch kernel
         PI-resized (FlexiViT), the position map resampled (bicubic); the relative-position
         tables are interpolated at each forward pass, as timm's."""
-        old = self.patch_embed
-        self.config = self.config.replace(
-            img_size=img_size, patch_size=patch_size or self.config.patch_size
-        )
-        new = PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.embed_dim,
-            dynamic_img_size=True,
-            bias=old.proj.bias is not None,
-        )
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        self._resize_patch_embed(img_size, patch_size)
         if self.pos_embed is not None:
-            table = self.position_map(new.grid_size).detach()
+            table = self.position_map(self.patch_embed.grid_size).detach()
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
 
     # -- forward ------------------------------------------------------------------------------
