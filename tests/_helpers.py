@@ -272,3 +272,16 @@ def colour_list(folder: Path, n: int = 48, seed: int = 0) -> Path:
         rows.append(f"img/{i}.png,{';'.join(colours[k] for k in on)}")
     (folder / "train.csv").write_text("\n".join(rows) + "\n")
     return folder / "train.csv"
+
+
+def image_folder(root: Path, classes=("a", "b"), per_class: int = 6, size: int = 8) -> Path:
+    """An ImageFolder of random RGB PNGs (`size` x `size`, seeded), root/<class>/<i>.png."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            array = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+            Image.fromarray(array).save(root / name / f"{i}.png")
+    return root

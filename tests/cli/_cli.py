@@ -29,17 +29,6 @@ def digit_png(path: Path, index: int, scale: int = 1) -> int:
     return int(digits.target[index])
 
 
-def image_folder(root: Path, classes=("a", "b"), per_class: int = 6, size: int = 8) -> Path:
-    """An ImageFolder of random RGB PNGs."""
-    rng = np.random.default_rng(0)
-    for name in classes:
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            array = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
-            Image.fromarray(array).save(root / name / f"{i}.png")
-    return root
-
-
 def tiny_checkpoint(path: Path, class_names, **meta) -> Path:
     """A random one-block RGB ViT of 8x8 inputs saved with `class_names` (and `meta`)."""
     import torch

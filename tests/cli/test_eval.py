@@ -9,10 +9,11 @@ import re
 import numpy as np
 import pytest
 
+from _helpers import image_folder
 from vitkit.cli import ExitCode
 from vitkit.model import precision as precision_lib
 
-from ._cli import PNG, digit_png, image_folder, timm_folder, tiny_checkpoint
+from ._cli import PNG, digit_png, timm_folder, tiny_checkpoint
 
 
 def test_eval_json_and_confusion(trained, tmp_path, run_cli):

@@ -11,9 +11,10 @@ import re
 import numpy as np
 import pytest
 
+from _helpers import image_folder
 from vitkit.cli import ExitCode
 
-from ._cli import PNG, image_folder, timm_folder
+from ._cli import PNG, timm_folder
 
 
 def test_fine_tune_evaluate_predict_explain_and_export_a_folder(

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 import vitkit
+from _helpers import image_folder
 from vitkit import cli
 from vitkit.cli.progress import EVERY_S_VARIABLE, Lines, duration, progress
 from vitkit.train import distributed
 
-from ._cli import TINY, image_folder, tiny_checkpoint
+from ._cli import TINY, tiny_checkpoint
 
 TRAIN = tuple(flag for flag in TINY if flag != "--no-progress")  # the `trained` fixture's run
 LINE = re.compile(

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import vitkit
+from _helpers import image_folder
 from vitkit import load
 
-from ._cli import PNG, TINY, image_folder
+from ._cli import PNG, TINY
 
 
 def test_train_writes_the_run_and_prints_test_accuracy(trained, tmp_path, run_cli):

@@ -14,6 +14,7 @@ from PIL import Image
 
 from vitkit import data
 from vitkit.data import CorruptImageError, DataError, collate, load_data, split_indices
+from vitkit.data.images import open_image_bytes
 
 
 def _png(path: Path, value: int, size: tuple[int, int] = (6, 6), mode: str = "RGB") -> None:
@@ -100,6 +101,14 @@ def test_corrupt_training_images_are_skipped_and_counted(tmp_path, caplog):
     assert sum("cut.png" in r.getMessage() for r in caplog.records) == 1
     images, labels = collate(items)
     assert images.shape == (12, 3, 6, 6) and labels.shape == (12,)
+
+
+def test_corrupt_image_in_memory_is_named_without_its_buffer():
+    """An image held in memory is named by its place (a tar member), Pillow's reason kept,
+    and the BytesIO's repr nowhere."""
+    with pytest.raises(CorruptImageError) as err:
+        open_image_bytes(b"not an image", "shard.tar:000017")
+    assert str(err.value) == "cannot read image shard.tar:000017: cannot identify image file"
 
 
 def test_corrupt_image_outside_training_names_the_file(tmp_path):

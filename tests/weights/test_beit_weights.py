@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitkit
-from _helpers import optional_import, randomize, requires_onnx, requires_timm
+from _helpers import image_folder, optional_import, randomize, requires_onnx, requires_timm
 from vitkit import CheckpointError, cli, load_pretrained
 from vitkit.weights import inspect, load_any
 from vitkit.weights.checkpoint import MissingOptionError
@@ -165,15 +163,6 @@ def test_a_hub_folder_files_and_a_timm_folder_written_back(tmp_path, capsys):
     _same(again, source, 64)
 
 
-def _image_folder(root) -> None:
-    rng = np.random.default_rng(0)
-    for name in ("cat", "dog"):
-        (root / name).mkdir(parents=True)
-        for i in range(12):
-            pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.png")
-
-
 @requires_timm
 @requires_onnx
 def test_fine_tune_a_timm_beit_then_eval_predict_explain_export_and_infer(tmp_path, capsys):
@@ -184,7 +173,7 @@ def test_fine_tune_a_timm_beit_then_eval_predict_explain_export_and_infer(tmp_pa
     args = dict(depth=2, embed_dim=64, num_heads=2, img_size=64)
     source = _timm("beitv2_base_patch16_224", **args)
     save_for_hf(source, str(tmp_path / "hub"), model_args=args, safe_serialization=True)
-    _image_folder(tmp_path / "data")
+    image_folder(tmp_path / "data", ("cat", "dog"), per_class=12, size=40)
     run = tmp_path / "run"
     argv = ["train", "--pretrained", str(tmp_path / "hub"), "--data", str(tmp_path / "data"),
             "--img-size", "48", "--epochs", "1", "--batch-size", "8", "--out", str(run),

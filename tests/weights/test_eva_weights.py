@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitkit
-from _helpers import optional_import, randomize, relative_error, requires_onnx, requires_timm
+from _helpers import (
+    image_folder,
+    optional_import,
+    randomize,
+    relative_error,
+    requires_onnx,
+    requires_timm,
+)
 from vitkit import CheckpointError, cli, load_pretrained
 from vitkit.weights import inspect, load_any
 from vitkit.weights.checkpoint import ArchMismatchError, MissingOptionError
@@ -185,15 +190,6 @@ def test_fine_tuning_at_another_size_fits_the_weights_as_timm():
         torch.testing.assert_close(headed.forward_features(x), theirs.forward_features(x))
 
 
-def _image_folder(root) -> None:
-    rng = np.random.default_rng(0)
-    for name in ("cat", "dog"):
-        (root / name).mkdir(parents=True)
-        for i in range(12):
-            pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.png")
-
-
 @requires_timm
 @requires_onnx
 def test_fine_tune_a_timm_eva02_then_eval_predict_explain_export_and_infer(tmp_path, capsys):
@@ -203,7 +199,7 @@ def test_fine_tune_a_timm_eva02_then_eval_predict_explain_export_and_infer(tmp_p
 
     source = _timm("eva02_tiny_patch14_224", **TINY)
     save_for_hf(source, str(tmp_path / "hub"), model_args=TINY, safe_serialization=True)
-    _image_folder(tmp_path / "data")
+    image_folder(tmp_path / "data", ("cat", "dog"), per_class=12, size=40)
     run = tmp_path / "run"
     argv = ["train", "--pretrained", str(tmp_path / "hub"), "--data", str(tmp_path / "data"),
             "--img-size", "112", "--epochs", "1", "--batch-size", "8", "--out", str(run),

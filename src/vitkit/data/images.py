@@ -247,7 +247,7 @@ def open_image_bytes(data: bytes, name: str, *, in_chans: int = 3) -> Image.Imag
     try:
         return open_image(io.BytesIO(data), in_chans=in_chans)  # type: ignore[return-value]
     except CorruptImageError as err:
-        reason = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err).split(": ", 1)[-1])
+        reason = str(err).split(": ", 1)[-1]  # pil_reason left out the in-memory file's repr
         raise CorruptImageError(f"cannot read image {name}: {reason}") from None
 
 

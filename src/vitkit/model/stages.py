@@ -387,6 +387,35 @@ def position_stage(
     return [Stage("pos_embed", "position add", detail, layout, measure, params)]
 
 
+def opening_stages(
+    root: nn.Module, position_kind: str = "learned table", positions_first: bool = False
+) -> list[Stage]:
+    """The stages before the blocks of a ViT-like model: the image, its patch embedding, the
+    prefix tokens joined and the absolute positions (a `position_kind` table) added; with
+    `positions_first`, the positions go to the patches before the tokens join (EVA's
+    `no_embed_class`)."""
+    tokens = token_stages(root)
+    if positions_first:
+        positions = position_stage(root, position_kind, rows="P", measure=Op("", ("add",)))
+        embed = [*positions, *tokens]
+    else:
+        embed = [*tokens, *position_stage(root, position_kind)]
+    image = Stage("input", "image", "", "(B, C, H, W)", Input(""))
+    return [image, *patch_embed_stages(root, "patch_embed"), *embed]
+
+
+def closing_stages(
+    root: nn.Module, over: str, heads: tuple[tuple[str, str], ...] = (("head", "head"),)
+) -> list[Stage]:
+    """The stages after the blocks of a ViT-like model: the final norm, the pooling over
+    `over` (`pool_stage`), `fc_norm` and the heads (`head_stages`)."""
+    return [
+        *optional_stages(root, "norm", "final norm", TOKEN, None),
+        pool_stage(root, over),
+        *head_stages(root, heads),
+    ]
+
+
 def pool_stage(root: nn.Module, over: str) -> Stage:
     """What the model's `global_pool` does with the tokens before `fc_norm`: the class token,
     a mean / max over `over` (the patch tokens, all tokens), the attention pool `attn_pool`,

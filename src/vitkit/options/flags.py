@@ -46,20 +46,13 @@ def add_flags(
     groups = {} if groups is None else groups
 
     def group(key: str | None) -> argparse._ArgumentGroup:
-        if key not in groups:
-            title = config_cls.GROUPS.get(key, key) if key else None
-            groups[key] = parser.add_argument_group(title)
-        return groups[key]
+        return _argument_group(parser, config_cls, groups, key)
 
-    order = list(config_cls.GROUPS)
-    items = sorted(
-        (f for f in dataclasses.fields(config_cls) if f.name not in exclude),
-        key=lambda f: order.index(f.metadata["group"]) if f.metadata["group"] in order else -1,
-    )
+    items = _fields_by_group(config_cls, exclude)
     if generic is not None and items:
         _add_generic(group(items[0].metadata["group"]), *generic, dest=f"{prefix}*")
     for item in items:
-        meta, kind = item.metadata, kinds(config_cls)[item.name]
+        meta = item.metadata
         if meta["of"] is not None:  # its generic flag here, its options' flags in their groups
             nested = f"{prefix}{item.name}."
             _add_generic(group(meta["group"]), flag_of(item)[2:], meta["help"], dest=f"{nested}*")
@@ -74,26 +67,75 @@ def add_flags(
                 groups=groups,
             )
             continue
-        shown = (choices or {}).get(item.name) or meta["choices"]
-        text = _help(item, (notes or {}).get(item.name), show_defaults)
-        kwargs = _flag_kwargs(item, kind, shown)
-        if check_ranges and meta["range"] is not None and "type" in kwargs:
-            kwargs["type"] = _in_range(kwargs["type"], meta["range"])
-        dest = prefix + item.name
-        target = group(meta["group"])
-        target.add_argument(
-            flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text, **kwargs
+        _add_option_flags(
+            group(meta["group"]),
+            item,
+            kinds(config_cls)[item.name],
+            prefix + item.name,
+            choices=(choices or {}).get(item.name) or meta["choices"],
+            text=_help(item, (notes or {}).get(item.name), show_defaults),
+            check_ranges=check_ranges,
         )
-        if meta["none_flag"]:
-            name, none_help = meta["none_flag"]
-            target.add_argument(
-                f"--{name}",
-                dest=dest,
-                action="store_const",
-                const=None,
-                help=none_help,
-                default=argparse.SUPPRESS,
-            )
+
+
+def _argument_group(
+    parser: argparse.ArgumentParser,
+    config_cls: type[Options],
+    groups: dict[str | None, argparse._ArgumentGroup],
+    key: str | None,
+) -> argparse._ArgumentGroup:
+    """The argument group of `key`, made (titled by the config's `GROUPS`) the first time."""
+    if key not in groups:
+        title = config_cls.GROUPS.get(key, key) if key else None
+        groups[key] = parser.add_argument_group(title)
+    return groups[key]
+
+
+def _fields_by_group(config_cls: type[Options], exclude: Collection[str]) -> list:
+    """The config's fields with a flag, in the order of its `GROUPS` (ungrouped first)."""
+    order = list(config_cls.GROUPS)
+    return sorted(
+        (f for f in dataclasses.fields(config_cls) if f.name not in exclude),
+        key=lambda f: order.index(f.metadata["group"]) if f.metadata["group"] in order else -1,
+    )
+
+
+def _add_option_flags(
+    target: argparse._ArgumentGroup,
+    item: dataclasses.Field,
+    kind: Kind,
+    dest: str,
+    *,
+    choices: Sequence[Any] | None,
+    text: str,
+    check_ranges: bool,
+) -> None:
+    """An option's flag, and its flag for None where it has one.
+
+    Args:
+        target: the argument group.
+        item: the option's field.
+        kind: the option's type (`kinds`).
+        dest: where the parsed value goes.
+        choices: the choices to list.
+        text: the help.
+        check_ranges: refuse a number out of the option's range as the line is parsed.
+    """
+    kwargs = _flag_kwargs(item, kind, choices)
+    bounds = item.metadata["range"]
+    if check_ranges and bounds is not None and "type" in kwargs:
+        kwargs["type"] = _in_range(kwargs["type"], bounds)
+    target.add_argument(flag_of(item), dest=dest, default=argparse.SUPPRESS, help=text, **kwargs)
+    if item.metadata["none_flag"]:
+        name, none_help = item.metadata["none_flag"]
+        target.add_argument(
+            f"--{name}",
+            dest=dest,
+            action="store_const",
+            const=None,
+            help=none_help,
+            default=argparse.SUPPRESS,
+        )
 
 
 def _add_generic(group: argparse._ArgumentGroup, flag: str, text: str, dest: str) -> None:

@@ -89,15 +89,7 @@ def fit(
         loggers: where the rows go besides `metrics.jsonl` and `metrics.csv`:
             'tensorboard' (`out_dir/tensorboard`).
     """
-    if not isinstance(task, Task):
-        raise TypeError(
-            f"fit trains a Task, got {type(task).__name__}; wrap a classifier as "
-            "ClassificationTask(model, config)"
-        )
-    check_loggers(loggers)
-    out = Path(out_dir) if out_dir is not None else None
-    if resume and out is None:
-        raise ValueError("resume=True needs out_dir")
+    out = _checked_arguments(task, out_dir, resume, loggers)
     state, train_loader, val_loader = _start(task, train_set, val_set, config, out, resume, stop)
     writes = out is not None and world()[0] == 0
     with (
@@ -111,14 +103,7 @@ def fit(
             row = run_epoch(state, train_loader, val_loader, progress)
             if row is None:  # stopped in the middle of the epoch
                 break
-            skipped = corrupt_count(train_set)
-            if skipped:
-                row["skipped_images"] = skipped
-            if writes:
-                rows.write(state.history)
-            if out is not None:
-                save_state(state)  # every rank: a sharded state is written by all
-            log_epoch(row, config.epochs, task.log_keys)
+            _record_epoch(state, row, corrupt_count(train_set), rows if writes else None)
             if on_epoch_end is not None:
                 on_epoch_end(row)
             if agreed_stop(state.stop, state.device):
@@ -134,6 +119,37 @@ def fit(
         interrupted=state.epoch < config.epochs,
         corrupt_images=corrupt_count(train_set),
     )
+
+
+def _checked_arguments(
+    task: Task, out_dir: str | os.PathLike | None, resume: bool, loggers: Sequence[str]
+) -> Path | None:
+    """The run folder, once `fit`'s arguments are known good (before any loader starts)."""
+    if not isinstance(task, Task):
+        raise TypeError(
+            f"fit trains a Task, got {type(task).__name__}; wrap a classifier as "
+            "ClassificationTask(model, config)"
+        )
+    check_loggers(loggers)
+    out = Path(out_dir) if out_dir is not None else None
+    if resume and out is None:
+        raise ValueError("resume=True needs out_dir")
+    return out
+
+
+def _record_epoch(
+    state: RunState, row: dict[str, Any], skipped: int, rows: EpochLog | None
+) -> None:
+    """A finished epoch kept: the images skipped so far in its row, the rows written (rank 0,
+    `rows`), the state saved (every rank: a sharded state is written by all), the row
+    logged."""
+    if skipped:
+        row["skipped_images"] = skipped
+    if rows is not None:
+        rows.write(state.history)
+    if state.out is not None:
+        save_state(state)
+    log_epoch(row, state.config.epochs, state.task.log_keys)
 
 
 def _start(

@@ -28,20 +28,19 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..intermediates import IntermediateFeatures, take_indices
-from ..layers.patch_embed import PatchEmbed
+from ..intermediates import IntermediateFeatures
 from ..layers.pool import pool_tokens
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.rel_pos_bias import RelativePositionBias
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
-from ..timm_cfg import TimmPretrainedCfg  # timm's BEiT default: mean = std = 0.5
+from ..timm_api import TimmApi  # timm's BEiT default: mean = std = 0.5
 from .block import BeitBlock
 from .config import BeitConfig
 from .flow import describe_beit
 
 
-class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
+class Beit(TimmApi, IntermediateFeatures, nn.Module):
     """`Beit(**options)` or `Beit(BeitConfig(...))`: timm's `Beit`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`, `set_input_size`)."""
@@ -86,15 +85,6 @@ class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
     def _norm(self) -> nn.Module:
         return nn.LayerNorm(self.embed_dim, eps=self.config.norm_eps)
 
-    def _patch_embed(self, bias: bool) -> PatchEmbed:
-        return PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.config.embed_dim,
-            bias=bias,
-        )
-
     @torch.no_grad()
     def init_weights(self) -> None:
         """timm's: trunc-normal(0.02) Linear weights and zero biases, each block's output
@@ -132,66 +122,16 @@ class Beit(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
         }
         return names | {n for n, _ in self.named_parameters() if n in ("pos_embed", "cls_token")}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head for `num_classes`; `global_pool` also changes the pooling (timm's ''
-        is 'none'), keeping where the norm is."""
-        if global_pool == "":
-            global_pool = "none"
-        if global_pool is not None:
-            self.global_pool = global_pool
-            has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
-            self.config = self.config.replace(global_pool=global_pool, use_fc_norm=has_fc_norm)
-        self.num_classes = num_classes
-        self.config = self.config.replace(num_classes=num_classes)
-        device = self.patch_embed.proj.weight.device
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-        if isinstance(head, nn.Linear):
-            trunc_normal_(head.weight)
-            nn.init.zeros_(head.bias)
-        self.head = head.to(device)
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (and the final norm, and the head) for
-        a backbone that reads intermediates only, as timm's; returns the kept indices."""
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
-        return take
-
     def set_input_size(
         self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None
     ) -> None:
         """Take another image and / or patch size from now on, as timm's: the patch kernel
         PI-resized to a new patch size (FlexiViT), the absolute positions resampled (bicubic),
         every relative position bias table resized to the new grid (BEiT's resize)."""
-        old_grid, old = self.patch_embed.grid_size, self.patch_embed
-        self.config = self.config.replace(
-            img_size=self.config.img_size if img_size is None else img_size,
-            patch_size=self.config.patch_size if patch_size is None else patch_size,
-        )
-        new = self._patch_embed(bias=old.proj.bias is not None)
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        old_grid = self._resize_patch_embed(img_size, patch_size)
         for entry in self.feature_info:
             entry["reduction"] = self.config.patch_size
-        grid = new.grid_size
+        grid = self.patch_embed.grid_size
         if grid == old_grid:
             return
         if self.pos_embed is not None:

@@ -21,18 +21,14 @@ from ..stages import (
     Output,
     Stage,
     biased_qkv_stages,
+    closing_stages,
     gamma_stages,
-    head_stages,
     mlp_stages,
     module_stage,
-    optional_stages,
+    opening_stages,
     param_count,
-    patch_embed_stages,
-    pool_stage,
-    position_stage,
     residual_block_stages,
     scores_stages,
-    token_stages,
 )
 from .attention import BeitAttention
 
@@ -82,12 +78,7 @@ def block_stages(root: nn.Module, path: str, block: int, shared: bool) -> list[S
 def describe_beit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     """`model`'s forward pass for an input of `input_size` (B, C, H, W), stage by stage."""
     shared = model.rel_pos_bias is not None
-    stages = [
-        Stage("input", "image", "", "(B, C, H, W)", Input("")),
-        *patch_embed_stages(model, "patch_embed"),
-        *token_stages(model),
-        *position_stage(model),
-    ]
+    stages = opening_stages(model)
     if shared:
         table = model.rel_pos_bias.relative_position_bias_table
         detail = f"({table.shape[0]}, heads) for all blocks"
@@ -96,11 +87,7 @@ def describe_beit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
         )
     for i in range(len(model.blocks)):
         stages += block_stages(model, f"blocks.{i}", i, shared)
-    stages += [
-        *optional_stages(model, "norm", "final norm", "(B, N, D)", None),
-        pool_stage(model, "the patch tokens"),
-        *head_stages(model),
-    ]
+    stages += closing_stages(model, "the patch tokens")
     return FlowSpec(
         stages=tuple(stages),
         encoder="BEiT",

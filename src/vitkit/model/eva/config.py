@@ -12,50 +12,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...options import FRACTION, POSITIVE, Options, Range, option
+from ...options import FRACTION, POSITIVE, Range, option
 from ..layers.norm import NORM_LAYERS
-from ..layers.patch_embed import patch_grid, to_2tuple
 from ..layers.rope import GRID_INDEXINGS, ROPE_KINDS
+from ..plain_config import SIDE, PlainViTConfig
 
 EVA_POOLS = ("avg", "avgmax", "max", "token", "map", "none")
 ATTN_TYPES = ("eva", "rope")
-_SIDE = Range(1, 65536)
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvaConfig(Options):
+class EvaConfig(PlainViTConfig):
     """The architecture of an `Eva`; defaults are timm's (a ViT-B/16 with absolute positions,
     average pooling and fc_norm: EVA's fine-tuning head)."""
 
-    NOUN = "model option"
-    GROUPS = {
-        "shape": "model shape (default: the preset's)",
-        "regularisation": "model regularisation (default: the preset's)",
-        "architecture": "model architecture (default: the preset's)",
-    }
-
-    img_size: int | tuple[int, int] = option(
-        224, "input size: N or H W", range=_SIDE, metavar="N", group="shape"
-    )
-    patch_size: int = option(16, "patch size", range=_SIDE, group="shape")
-    in_chans: int = option(3, "input channels", range=Range(1, 4096), group="shape")
-    num_classes: int = option(
-        1000, "head outputs; 0: pooled features only", range=Range(0, 10_000_000), group="shape"
-    )
-    embed_dim: int = option(768, "token width D", range=_SIDE, group="shape")
-    depth: int = option(12, "number of blocks", range=Range(1, 1024), group="shape")
-    num_heads: int = option(12, "attention heads; must divide embed_dim", range=_SIDE,
-                            group="shape")  # fmt: skip
     num_kv_heads: tuple[int, ...] = option(
         (),
         "grouped-query attention (attn_type='rope', qkv_fused off): key / value heads of each "
         "block, one per block; none: num_heads everywhere",
-        range=_SIDE,
+        range=SIDE,
         metavar="N",
         group="shape",
     )
-    mlp_ratio: float = option(4.0, "MLP hidden width as a multiple of embed_dim",
-                              range=POSITIVE, group="shape")  # fmt: skip
     qkv_bias: bool = option(
         True,
         "biases of the queries and values (attn_type='eva': keys never have one) or of all "
@@ -84,18 +62,8 @@ class EvaConfig(Options):
         False, "a norm on the attention output before its projection (EVA-02 CLIP)",
         group="architecture",
     )  # fmt: skip
-    drop_rate: float = option(0.0, "dropout before the head", range=FRACTION,
-                              group="regularisation")  # fmt: skip
     pos_drop_rate: float = option(0.0, "dropout after the position embedding", range=FRACTION,
                                   group="regularisation")  # fmt: skip
-    proj_drop_rate: float = option(0.0, "dropout after the attention projection and the MLP",
-                                   range=FRACTION, group="regularisation")  # fmt: skip
-    attn_drop_rate: float = option(0.0, "dropout on the attention weights", range=FRACTION,
-                                   group="regularisation")  # fmt: skip
-    drop_path_rate: float = option(
-        0.0, "stochastic depth at the last block, rising linearly from 0 at the first",
-        range=FRACTION, group="regularisation",
-    )  # fmt: skip
     norm_layer: str = option("layernorm", "'layernorm' or 'rmsnorm' for every norm",
                              choices=NORM_LAYERS, group="architecture")  # fmt: skip
     norm_eps: float = option(1e-6, "epsilon of every norm", range=POSITIVE, group="architecture")
@@ -148,7 +116,7 @@ class EvaConfig(Options):
         None,
         "rope_type='cat': the pre-training patch grid (H W, or one side); positions are "
         "rescaled to span it at any other grid (EVA-02)",
-        range=_SIDE,
+        range=SIDE,
         metavar="N",
         group="architecture",
     )
@@ -174,7 +142,7 @@ class EvaConfig(Options):
         group="architecture",
     )
     attn_pool_num_heads: int | None = option(None, "attention-pool heads (default: num_heads)",
-                                             range=_SIDE, group="architecture")  # fmt: skip
+                                             range=SIDE, group="architecture")  # fmt: skip
     attn_pool_mlp_ratio: float | None = option(
         None, "attention-pool MLP ratio (default: mlp_ratio)", range=POSITIVE,
         group="architecture",
@@ -188,16 +156,10 @@ class EvaConfig(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        head_dim, rest = divmod(self.embed_dim, self.num_heads)
-        if rest:
+        if self.use_rot_pos_emb and self.head_dim % 4:
             raise ValueError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
-                f"choose num_heads among the divisors of {self.embed_dim}"
-            )
-        if self.use_rot_pos_emb and head_dim % 4:
-            raise ValueError(
-                f"rotary embeddings need head_dim (embed_dim / num_heads = {head_dim}) to be a "
-                "multiple of 4"
+                "rotary embeddings need head_dim (embed_dim / num_heads = "
+                f"{self.head_dim}) to be a multiple of 4"
             )
         if self.num_kv_heads:
             if len(self.num_kv_heads) != self.depth:
@@ -228,17 +190,6 @@ class EvaConfig(Options):
             raise ValueError("dynamic_img_pad=True needs dynamic_img_size=True")
         if self.ref_feat_shape is not None and len(self.ref_feat_shape) not in (1, 2):
             raise ValueError(f"ref_feat_shape is one side or H W, got {self.ref_feat_shape!r}")
-        self.grid_size  # noqa: B018 (checks img_size against patch_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        """The patch grid (rows, columns) at `img_size`."""
-        size = to_2tuple(self.img_size, "img_size")
-        return patch_grid(*size, (self.patch_size, self.patch_size), 0, "img_size")
 
     @property
     def ref_grid(self) -> tuple[int, int] | None:

@@ -30,16 +30,16 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..intermediates import IntermediateFeatures, take_indices
+from ..intermediates import IntermediateFeatures
 from ..layers.attention import AttentionPool
 from ..layers.norm import make_norm
-from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
 from ..stages import FlowSpec
-from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, TimmPretrainedCfg
+from ..timm_api import TimmApi
+from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from .block import EvaBlock
 from .config import EvaConfig
 from .flow import describe_eva
@@ -71,7 +71,7 @@ def build_rope(config: EvaConfig) -> nn.Module | None:
     )
 
 
-class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
+class Eva(TimmApi, IntermediateFeatures, nn.Module):
     """`Eva(**options)` or `Eva(EvaConfig(...))`: timm's `Eva`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`)."""
@@ -92,15 +92,7 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.no_embed_class = config.no_embed_class
         self.grad_checkpointing = False
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=dim,
-            dynamic_img_size=config.dynamic_img_size,
-            dynamic_img_pad=config.dynamic_img_pad,
-            bias=not config.use_pre_transformer_norm,
-        )
+        self.patch_embed = self._patch_embed(bias=not config.use_pre_transformer_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.reg_token = None
         if config.num_reg_tokens:
@@ -143,6 +135,12 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
     def _norm(self) -> nn.Module:
         return make_norm(self.config.norm_layer, self.config.embed_dim, self.config.norm_eps)
 
+    def _patch_embed_options(self) -> dict[str, Any]:
+        return {
+            "dynamic_img_size": self.config.dynamic_img_size,
+            "dynamic_img_pad": self.config.dynamic_img_pad,
+        }
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """timm's: trunc-normal(0.02) Linear weights and zero biases, each block's output
@@ -177,53 +175,15 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
         names = {"pos_embed", "cls_token", "reg_token", "rope.freqs"}
         return {name for name, _ in self.named_parameters() if name in names}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head for `num_classes`; `global_pool` also changes the pooling (the
-        attention pool can be dropped, not added; timm's '' is 'none')."""
-        if global_pool == "":
-            global_pool = "none"
-        if global_pool is not None:
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError(
-                    "reset_classifier cannot add an attention pool; build with global_pool='map'"
-                )
-            if global_pool != "map":
-                self.attn_pool = None
-            self.global_pool = global_pool
-            has_fc_norm = not isinstance(self.fc_norm, nn.Identity)
-            self.config = self.config.replace(global_pool=global_pool, use_fc_norm=has_fc_norm)
-        self.num_classes = num_classes
-        self.config = self.config.replace(num_classes=num_classes)
-        device = self.patch_embed.proj.weight.device
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-        if isinstance(head, nn.Linear):
-            trunc_normal_(head.weight)
-            nn.init.zeros_(head.bias)
-        self.head = head.to(device)
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (and the final norm, and the head) for
-        a backbone that reads intermediates only, as timm's; returns the kept indices."""
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
+    def _reset_pool(self, global_pool: str) -> None:
+        """Another pooling: the attention pool can be dropped, not added."""
+        if global_pool == "map" and self.attn_pool is None:
+            raise ValueError(
+                "reset_classifier cannot add an attention pool; build with global_pool='map'"
+            )
+        if global_pool != "map":
             self.attn_pool = None
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "none")
-        return take
+        super()._reset_pool(global_pool)
 
     def set_input_size(
         self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None
@@ -232,30 +192,14 @@ class Eva(TimmPretrainedCfg, IntermediateFeatures, nn.Module):
         PI-resized to a new patch size (FlexiViT, `resample_patch_embed`), the absolute
         positions resampled (bicubic); RoPE follows the grid of each input (its reference grid,
         `ref_feat_shape`, stays)."""
-        old_grid, old = self.patch_embed.grid_size, self.patch_embed
-        self.config = self.config.replace(
-            img_size=self.config.img_size if img_size is None else img_size,
-            patch_size=self.config.patch_size if patch_size is None else patch_size,
-        )
-        new = PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.embed_dim,
-            dynamic_img_size=self.config.dynamic_img_size,
-            dynamic_img_pad=self.config.dynamic_img_pad,
-            bias=old.proj.bias is not None,
-        )
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        old_grid = self._resize_patch_embed(img_size, patch_size)
         for entry in self.feature_info:
             entry["reduction"] = self.config.patch_size
-        if self.pos_embed is not None and new.grid_size != old_grid:
+        grid = self.patch_embed.grid_size
+        if self.pos_embed is not None and grid != old_grid:
             table = resample_pos_embed(
                 self.pos_embed.detach(),
-                new_size=new.grid_size,
+                new_size=grid,
                 old_size=old_grid,
                 num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
             )

@@ -22,18 +22,15 @@ from ..stages import (
     Output,
     Stage,
     biased_qkv_stages,
+    closing_stages,
     gamma_stages,
-    head_stages,
     mlp_stages,
     module_stage,
+    opening_stages,
     optional_stages,
     param_count,
-    patch_embed_stages,
-    pool_stage,
-    position_stage,
     residual_block_stages,
     scores_stages,
-    token_stages,
 )
 from .attention import EvaAttention
 
@@ -123,27 +120,15 @@ def _rope_stage(model: nn.Module) -> list[Stage]:
 
 def describe_eva(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     """`model`'s forward pass for an input of `input_size` (B, C, H, W), stage by stage."""
-    tokens = token_stages(model)
-    if model.no_embed_class:  # positions for the patches only, before the prefix joins
-        positions = position_stage(model, rows="P", measure=Op("", ("add",)))
-        embed = [*positions, *tokens]
-    else:
-        embed = [*tokens, *position_stage(model)]
     stages = [
-        Stage("input", "image", "", "(B, C, H, W)", Input("")),
-        *patch_embed_stages(model, "patch_embed"),
-        *embed,
+        *opening_stages(model, positions_first=model.no_embed_class),
         *_rope_stage(model),
         *optional_stages(model, "norm_pre", "norm before the blocks", "(B, N, D)", None),
     ]
     for i in range(len(model.blocks)):
         stages += block_stages(model, f"blocks.{i}", i, model.rope is not None)
     over = "all tokens" if model.global_pool == "map" else "the patch tokens"
-    stages += [
-        *optional_stages(model, "norm", "final norm", "(B, N, D)", None),
-        pool_stage(model, over),
-        *head_stages(model),
-    ]
+    stages += closing_stages(model, over)
     rope = f", {ROPES[type(model.rope)]} RoPE" if model.rope is not None else ""
     return FlowSpec(
         stages=tuple(stages),

@@ -28,7 +28,7 @@ from ..layers.block import Block, ResPostBlock
 from ..layers.patch_embed import PatchEmbed
 from ..layers.pool import pool_tokens
 from ..layers.rel_pos_mlp import RelPosMlp
-from ..timm_cfg import TimmPretrainedCfg
+from ..timm_api import TimmApi
 from .config import RelPosConfig
 
 
@@ -114,7 +114,7 @@ class ResPostRelPosBlock(ResPostBlock):
         return x + self.drop_path2(self.norm2(self.mlp(x))), weights
 
 
-class RelPosViT(TimmPretrainedCfg, nn.Module):
+class RelPosViT(TimmApi, nn.Module):
     """`RelPosViT(**options)` or `RelPosViT(RelPosConfig(...))`: timm's
     `VisionTransformerRelPos`, with timm's model API."""
 
@@ -182,36 +182,13 @@ class RelPosViT(TimmPretrainedCfg, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"cls_token"} if self.cls_token is not None else set()
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
+    def _reset_pool(self, global_pool: str) -> None:
+        self.global_pool = global_pool
+        self.config = self.config.replace(global_pool=global_pool)
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh head for `num_classes`; `global_pool` also changes the pooling ('': none)."""
-        if global_pool is not None:
-            self.global_pool = global_pool or "none"
-        self.config = self.config.replace(num_classes=num_classes, global_pool=self.global_pool)
-        self.num_classes = num_classes
-        device = self.patch_embed.proj.weight.device
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
-        self.head = head.to(device)
-
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "")
-        return take
+    def _new_head(self, num_classes: int) -> nn.Module:
+        """A head for `reset_classifier`, with torch's default init (timm's)."""
+        return nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 
     # -- forward ------------------------------------------------------------------------------
 

@@ -11,42 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...options import FRACTION, POSITIVE, Options, Range, option
-from ..layers.patch_embed import patch_grid, to_2tuple
+from ...options import FRACTION, POSITIVE, Range, option
+from ..plain_config import SIDE, PlainViTConfig
 
 SAM_POOLS = ("avg", "max", "avgmax", "none")
-_SIDE = Range(1, 65536)
 
 
 @dataclass(frozen=True, kw_only=True)
-class SamConfig(Options):
+class SamConfig(PlainViTConfig):
     """The architecture of a `SamViT`; defaults are timm's SAM ViT-B/16 image encoder (1024 x
     1024 input, 14 x 14 windows, decomposed relative positions, a 256-channel neck, no
     classifier)."""
 
-    NOUN = "model option"
-    GROUPS = {
-        "shape": "model shape (default: the preset's)",
-        "regularisation": "model regularisation (default: the preset's)",
-        "architecture": "model architecture (default: the preset's)",
-    }
-
     img_size: int | tuple[int, int] = option(
         1024, "input size: N or H W (other multiples of the patch size run too)",
-        range=_SIDE, metavar="N", group="shape",
+        range=SIDE, metavar="N", group="shape",
     )  # fmt: skip
-    patch_size: int = option(16, "patch size", range=_SIDE, group="shape")
-    in_chans: int = option(3, "input channels", range=Range(1, 4096), group="shape")
     num_classes: int = option(
         0, "head outputs; 0: the pooled neck features only", range=Range(0, 10_000_000),
         group="shape",
     )  # fmt: skip
-    embed_dim: int = option(768, "token width D", range=_SIDE, group="shape")
-    depth: int = option(12, "number of blocks", range=Range(1, 1024), group="shape")
-    num_heads: int = option(12, "attention heads; must divide embed_dim", range=_SIDE,
-                            group="shape")  # fmt: skip
-    mlp_ratio: float = option(4.0, "MLP hidden width as a multiple of embed_dim",
-                              range=POSITIVE, group="shape")  # fmt: skip
     qkv_bias: bool = option(True, "biases of the query, key and value projections",
                             group="architecture")  # fmt: skip
     qk_norm: bool = option(False, "normalise queries and keys per head", group="architecture")
@@ -80,42 +64,16 @@ class SamConfig(Options):
                               "map itself)", choices=SAM_POOLS, group="architecture")  # fmt: skip
     norm_eps: float = option(1e-5, "epsilon of the blocks' norms (the neck's: 1e-6)",
                              range=POSITIVE, group="architecture")  # fmt: skip
-    drop_rate: float = option(0.0, "dropout before the head", range=FRACTION,
-                              group="regularisation")  # fmt: skip
     pos_drop_rate: float = option(0.0, "dropout after the position embedding", range=FRACTION,
                                   group="regularisation")  # fmt: skip
-    proj_drop_rate: float = option(0.0, "dropout after the attention projection and the MLP",
-                                   range=FRACTION, group="regularisation")  # fmt: skip
-    attn_drop_rate: float = option(0.0, "dropout on the attention weights", range=FRACTION,
-                                   group="regularisation")  # fmt: skip
-    drop_path_rate: float = option(
-        0.0, "stochastic depth at the last block, rising linearly from 0 at the first",
-        range=FRACTION, group="regularisation",
-    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.embed_dim % self.num_heads:
-            raise ValueError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}; "
-                f"choose num_heads among the divisors of {self.embed_dim}"
-            )
         if self.num_classes and self.global_pool == "none":
             raise ValueError(
                 "a classifier needs a pooled vector: pass global_pool='avg' (or 'max', 'avgmax') "
                 "with num_classes > 0, or num_classes=0"
             )
-        self.grid_size  # noqa: B018 (checks img_size against patch_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        """The patch grid (rows, columns) at `img_size`."""
-        size = to_2tuple(self.img_size, "img_size")
-        return patch_grid(*size, (self.patch_size, self.patch_size), 0, "img_size")
 
     @property
     def num_features(self) -> int:

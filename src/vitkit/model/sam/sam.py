@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from ..intermediates import take_indices
 from ..layers.norm import LayerNorm2d
-from ..layers.patch_embed import PatchEmbed
-from ..layers.pos_embed import resample_patch_embed, resample_pos_embed
+from ..layers.pos_embed import resample_pos_embed
 from ..layers.window import WindowBlock
-from ..timm_cfg import IMAGENET_MEAN, IMAGENET_STD, TimmPretrainedCfg
+from ..timm_api import TimmApi
+from ..timm_cfg import IMAGENET_MEAN, IMAGENET_STD
 from .config import SamConfig
 
 NECK_EPS = 1e-6  # timm's LayerNorm2d
@@ -78,7 +78,7 @@ class SamHead(nn.Module):
         return x if pre_logits else self.fc(x)
 
 
-class SamViT(TimmPretrainedCfg, nn.Module):
+class SamViT(TimmApi, nn.Module):
     """`SamViT(**options)` or `SamViT(SamConfig(...))`: timm's `VisionTransformerSAM`, with
     timm's model API (`forward_features`, `forward_head`, `forward_intermediates`,
     `pretrained_cfg`, `group_matcher`, `reset_classifier`, `prune_intermediate_layers`)."""
@@ -97,14 +97,7 @@ class SamViT(TimmPretrainedCfg, nn.Module):
         self.num_features = self.head_hidden_size = config.num_features
         self.global_pool = config.global_pool
         self.grad_checkpointing = False
-        self.patch_embed = PatchEmbed(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            embed_dim=dim,
-            dynamic_img_size=True,  # timm's SAM embedding is not strict about the size
-            bias=not config.pre_norm,
-        )
+        self.patch_embed = self._patch_embed(bias=not config.pre_norm)
         grid = self.patch_embed.grid_size
         self.pos_embed = None
         if config.use_abs_pos:
@@ -125,6 +118,9 @@ class SamViT(TimmPretrainedCfg, nn.Module):
         )
         self.data_config: Any = None  # how inputs are prepared: set by the weight loaders
         self._pretrained_cfg: dict[str, Any] | None = None
+
+    def _patch_embed_options(self) -> dict[str, Any]:
+        return {"dynamic_img_size": True}  # timm's SAM embedding is not strict about the size
 
     def _block(self, index: int, drop_path: float) -> WindowBlock:
         config = self.config
@@ -159,38 +155,22 @@ class SamViT(TimmPretrainedCfg, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed"} if self.pos_embed is not None else set()
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
+    def _reset_pool(self, global_pool: str) -> None:
+        self.global_pool = global_pool
+        self.config = self.config.replace(global_pool=global_pool)
 
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
+    def _new_head(self, num_classes: int) -> nn.Module:
+        return SamHead(self.num_features, num_classes, self.global_pool, self.config.drop_rate)
 
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh `head.fc` for `num_classes` (0: none); `global_pool` also changes the
-        pooling (timm's '' is 'none')."""
-        pool = self.global_pool if global_pool is None else (global_pool or "none")
-        self.config = self.config.replace(num_classes=num_classes, global_pool=pool)
-        self.num_classes, self.global_pool = num_classes, pool
-        device = self.patch_embed.proj.weight.device
-        head = SamHead(self.num_features, num_classes, pool, self.config.drop_rate)
-        self.head = head.to(device)
+    def _prune_norm(self) -> None:
+        """Drop the neck, which timm counts as the final norm; the head then reads the blocks'
+        channels, so it is rebuilt too."""
+        self.neck = nn.Identity()
+        self.num_features = self.embed_dim
+        self._prune_head()
 
-    def prune_intermediate_layers(
-        self,
-        indices: int | list[int] | tuple[int, ...] = 1,
-        prune_norm: bool = False,
-        prune_head: bool = True,
-    ) -> list[int]:
-        """Drop the blocks after the last of `indices` (with `prune_norm` the neck, which timm
-        counts as the final norm; and the head), as timm's; returns the kept indices."""
-        take = take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max(take) + 1]
-        if prune_norm:
-            self.neck = nn.Identity()
-            self.num_features = self.embed_dim
-        if prune_head or prune_norm:
-            self.reset_classifier(0, "none")
-        return take
+    def _prune_head(self) -> None:
+        self.reset_classifier(0, "none")
 
     def set_input_size(
         self, img_size: int | tuple[int, int], patch_size: int | None = None
@@ -198,24 +178,9 @@ class SamViT(TimmPretrainedCfg, nn.Module):
         """Take another image (and patch) size as native from now on: the patch kernel
         PI-resized (FlexiViT), the position map resampled (bicubic); the relative-position
         tables are interpolated at each forward pass, as timm's."""
-        old = self.patch_embed
-        self.config = self.config.replace(
-            img_size=img_size, patch_size=patch_size or self.config.patch_size
-        )
-        new = PatchEmbed(
-            img_size=self.config.img_size,
-            patch_size=self.config.patch_size,
-            in_chans=self.config.in_chans,
-            embed_dim=self.embed_dim,
-            dynamic_img_size=True,
-            bias=old.proj.bias is not None,
-        )
-        state = old.state_dict()
-        state["proj.weight"] = resample_patch_embed(old.proj.weight.detach(), new.patch_size)
-        new.load_state_dict(state)
-        self.patch_embed = new.to(old.proj.weight.device).train(old.training)
+        self._resize_patch_embed(img_size, patch_size)
         if self.pos_embed is not None:
-            table = self.position_map(new.grid_size).detach()
+            table = self.position_map(self.patch_embed.grid_size).detach()
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
 
     # -- forward ------------------------------------------------------------------------------

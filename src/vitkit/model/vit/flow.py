@@ -26,15 +26,12 @@ from ..stages import (
     Output,
     Stage,
     attention_stages,
-    head_stages,
+    closing_stages,
     mlp_stages,
+    opening_stages,
     optional_stages,
     param_count,
-    patch_embed_stages,
-    pool_stage,
-    position_stage,
     residual_block_stages,
-    token_stages,
 )
 from .torch_encoder import torch_layer_stages
 
@@ -91,15 +88,17 @@ def _on_maps(stages: list[Stage], module: WindowBlock, path: str, block: int) ->
     return [replace(stage, block=block) for stage in out]
 
 
-def _position_stage(model: nn.Module) -> list[Stage]:
+def _position_kind(model: nn.Module) -> str:
     learned = isinstance(model.pos_embed, nn.Parameter)
-    kind = "learned table" if learned else f"fixed {model.pos_embed_kind} table (not trained)"
-    return position_stage(model, kind)
+    return "learned table" if learned else f"fixed {model.pos_embed_kind} table (not trained)"
 
 
-def _head_stages(model: nn.Module) -> list[Stage]:
-    """fc_norm, the head(s), and a distilled model's average of its two heads."""
-    stages = head_stages(model, (("head", "head"), ("head_dist", "distillation head")))
+def _closing_stages(model: nn.Module) -> list[Stage]:
+    """The final norm, the pooling, fc_norm, the head(s), and a distilled model's average of
+    its two heads."""
+    over = "all tokens" if model.pool_include_prefix else "the patch tokens"
+    heads = (("head", "head"), ("head_dist", "distillation head"))
+    stages = closing_stages(model, over, heads)
     if isinstance(model.head_dist, nn.Linear):
         average = "(head + head_dist) / 2"
         stages.append(Stage("", "average", average, "(B, classes)", Op("", ("div",))))
@@ -109,10 +108,7 @@ def _head_stages(model: nn.Module) -> list[Stage]:
 def describe_vit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     """`model`'s forward pass for an input of `input_size` (B, C, H, W), stage by stage."""
     stages = [
-        Stage("input", "image", "", "(B, C, H, W)", Input("")),
-        *patch_embed_stages(model, "patch_embed"),
-        *token_stages(model),
-        *_position_stage(model),
+        *opening_stages(model, _position_kind(model)),
         *optional_stages(model, "norm_pre", "norm before the blocks", TOKEN, None),
     ]
     if model.spatial_blocks:  # ViTDet's blocks hold maps
@@ -123,11 +119,7 @@ def describe_vit(model: nn.Module, input_size: tuple[int, ...]) -> FlowSpec:
     for i in range(len(model.block_list())):
         describe = torch_layer_stages if torch_blocks else block_stages
         stages += describe(model, f"{container}.{i}", i)
-    stages += [
-        *optional_stages(model, "norm", "final norm", TOKEN, None),
-        pool_stage(model, "all tokens" if model.pool_include_prefix else "the patch tokens"),
-        *_head_stages(model),
-    ]
+    stages += _closing_stages(model)
     return FlowSpec(
         stages=tuple(stages),
         encoder=model.config.encoder,

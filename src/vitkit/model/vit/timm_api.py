@@ -5,7 +5,10 @@ The methods and attributes follow timm's `VisionTransformer` (Wightman, pytorch-
 learning-rate decay), `prune_intermediate_layers` and `feature_info` (`features_only`
 backbones), `set_input_size` (FlexiViT's PI-resize of the patch projection: Beyer et al.,
 "FlexiViT: One Model for All Patch Sizes", CVPR 2023) and `get_classifier` /
-`reset_classifier`. `VisionTransformer` inherits them from `TimmModelApi`.
+`reset_classifier`. `VisionTransformer` inherits them from `TimmModelApi`, which takes
+`get_classifier` and `set_grad_checkpointing` from every family's `TimmApi` and states the rest
+for the ViT's own parts (the torch encoder's blocks, the distillation head, the attention
+pool, FlexiViT's resize).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from ..intermediates import take_indices
 from ..layers import PatchEmbed, conv_to_unfold_weight, unfold_to_conv_weight
 from ..layers.pos_embed import fixed_pos_embed, resample_patch_embed, resample_pos_embed
 from ..layers.weight_init import trunc_normal_
-from ..timm_cfg import TimmPretrainedCfg
+from ..timm_api import TimmApi
 from .config import ViTConfig
 
 
@@ -38,7 +41,7 @@ def block_feature_info(config: ViTConfig, patch_embed: PatchEmbed) -> list[dict[
     ]
 
 
-class TimmModelApi(TimmPretrainedCfg):
+class TimmModelApi(TimmApi):
     """timm's model API for `VisionTransformer`: it reads and replaces the model's `config`,
     `patch_embed`, `pos_embed`, blocks, norms and heads, and builds new parts with the model's
     `_build_patch_embed` and `_build_head`."""
@@ -145,10 +148,6 @@ class TimmModelApi(TimmPretrainedCfg):
                 self.pos_embed_kind, grid, self.embed_dim, self.pos_prefix_tokens
             )
             self.pos_embed = fixed.to(self.pos_embed)  # a buffer: assignment keeps it one
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head (timm's API)."""
-        return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh head (and distillation head) for `num_classes` outputs, for fine-tuning;

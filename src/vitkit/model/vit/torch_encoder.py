@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from torch import Tensor, nn
 
-from ..stages import Op, Output, Stage
+from ..stages import TOKEN, Op, Output, Stage, module_stage, param_count
 
 # (native block suffix, torch layer suffix); qkv.* maps onto MHA's packed in-projection.
 _RENAMES = (
@@ -118,40 +118,47 @@ def torch_layer_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
     native block's steps, with the attention inside `nn.MultiheadAttention`, which works
     sequence-first and folds the heads into the batch (its aten operators are measured)."""
     layer = root.get_submodule(path)
-    mha, attn = layer.self_attn, f"{path}.self_attn"
-    dim, hidden = mha.embed_dim, layer.linear1.out_features
+    dim, hidden = layer.self_attn.embed_dim, layer.linear1.out_features
+    mlp_out = f"Linear {hidden}->{dim}"
+    return [
+        module_stage(root, f"{path}.norm1", "attention norm", "LayerNorm", TOKEN, block),
+        *_mha_stages(layer.self_attn, f"{path}.self_attn", block),
+        Stage(path, "residual", "x + attention", TOKEN, Op(path, ("add",), 0), 0, block),
+        module_stage(root, f"{path}.norm2", "MLP norm", "LayerNorm", TOKEN, block),
+        Stage(
+            f"{path}.linear1",
+            "MLP hidden",
+            f"Linear {dim}->{hidden} + GELU",
+            "(B, N, hidden)",
+            Op(path, ("gelu",)),
+            param_count(layer.linear1),
+            block,
+        ),
+        module_stage(root, f"{path}.linear2", "MLP output", mlp_out, TOKEN, block),
+        Stage(path, "residual", "x + MLP", TOKEN, Op(path, ("add",), 1), 0, block),
+    ]
+
+
+def _mha_stages(mha: nn.MultiheadAttention, attn: str, block: int) -> list[Stage]:
+    """`nn.MultiheadAttention` at `attn`, step by step: sequence first, the packed qkv
+    projection, the heads folded into the batch, the two batched products around the softmax,
+    the heads merged, the output projection, batch first again."""
+    dim = mha.embed_dim
     # aten splits a Linear into mm (+ add) or addmm, depending on the input's memory layout;
     # the merged heads are the product's second-to-last input either way.
     first, last = Op(attn, ("mm", "addmm"), 0, aten=True), Op(attn, ("mm", "addmm"), -1, aten=True)
     bmm = (Op(attn, ("bmm",), 0, aten=True), Op(attn, ("bmm",), 1, aten=True))
 
-    def params(*tensors: Tensor) -> int:
-        return sum(t.numel() for t in tensors)
-
-    def step(role: str, detail: str, layout: str, measure: Op | Output, name: str = attn) -> Stage:
-        return Stage(name, role, detail, layout, measure, 0, block)
-
-    def owner(name: str, role: str, detail: str, layout: str, measure: Op | Output, n: int):
-        return Stage(name, role, detail, layout, measure, n, block)
-
-    def module(name: str, role: str, detail: str) -> Stage:
-        full = f"{path}.{name}"
-        count = params(*layer.get_submodule(name).parameters())
-        return owner(full, role, detail, "(B, N, D)", Output(full), count)
+    def step(role: str, detail: str, layout: str, measure: Op | Output) -> Stage:
+        return Stage(attn, role, detail, layout, measure, 0, block)
 
     in_proj = f"packed Linear {dim}->{3 * dim} on N*B rows"
+    in_params = mha.in_proj_weight.numel() + mha.in_proj_bias.numel()
     out_proj = f"Linear {dim}->{dim} (called as F.linear)"
+    heads = "(B*heads, N, hd)"
     return [
-        module("norm1", "attention norm", "LayerNorm"),
         step("sequence first", "transpose(0, 1)", "(N, B, D)", Op(attn, ("transpose",))),
-        owner(
-            f"{attn}.in_proj",
-            "qkv projection",
-            in_proj,
-            "(N*B, 3*D)",
-            first,
-            params(mha.in_proj_weight, mha.in_proj_bias),
-        ),
+        Stage(f"{attn}.in_proj", "qkv projection", in_proj, "(N*B, 3*D)", first, in_params, block),
         step(
             "split q, k, v",
             "unflatten + transpose",
@@ -159,10 +166,7 @@ def torch_layer_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
             Op(attn, ("clone",), aten=True, ndim=4),
         ),
         step(
-            "split heads",
-            "view + transpose: heads into the batch",
-            "(B*heads, N, hd)",
-            replace(bmm[0], arg=0),
+            "split heads", "view + transpose: heads into the batch", heads, replace(bmm[0], arg=0)
         ),
         step("attention logits", "bmm(q * scale, k^T)", "(B*heads, N, N)", bmm[0]),
         step(
@@ -171,27 +175,16 @@ def torch_layer_stages(root: nn.Module, path: str, block: int) -> list[Stage]:
             "(B*heads, N, N)",
             Op(attn, ("_softmax",), aten=True),
         ),
-        step("weighted values", "bmm(softmax, v)", "(B*heads, N, hd)", bmm[1]),
+        step("weighted values", "bmm(softmax, v)", heads, bmm[1]),
         step("merge heads", "transpose + view", "(N*B, D)", replace(last, arg=-2)),
-        owner(
+        Stage(
             f"{attn}.out_proj",
             "attention projection",
             out_proj,
             "(N*B, D)",
             last,
-            params(*mha.out_proj.parameters()),
+            param_count(mha.out_proj),
+            block,
         ),
-        step("batch first", "view + transpose(0, 1)", "(B, N, D)", Output(attn)),
-        step("residual", "x + attention", "(B, N, D)", Op(path, ("add",), 0), path),
-        module("norm2", "MLP norm", "LayerNorm"),
-        owner(
-            f"{path}.linear1",
-            "MLP hidden",
-            f"Linear {dim}->{hidden} + GELU",
-            "(B, N, hidden)",
-            Op(path, ("gelu",)),
-            params(*layer.linear1.parameters()),
-        ),
-        module("linear2", "MLP output", f"Linear {hidden}->{dim}"),
-        step("residual", "x + MLP", "(B, N, D)", Op(path, ("add",), 1), path),
+        step("batch first", "view + transpose(0, 1)", TOKEN, Output(attn)),
     ]

@@ -200,10 +200,6 @@ class VisionTransformer(TimmModelApi, IntermediateFeatures, nn.Module):
         names = {"pos_embed", "cls_token", "dist_token", "reg_token"}
         return {name for name, _ in self.named_parameters() if name in names}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each block in the backward pass: less activation memory, same gradients."""
-        self.grad_checkpointing = enable
-
     def set_fast_path(self, enable: bool = True) -> bool:
         """Switch the CPU fast path on (the default) or off; returns whether it is on. It is
         `onednn.enable_fast_path`: a flag on the fast layers the model was built with
