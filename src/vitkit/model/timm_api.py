@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from .intermediates import take_indices
 from .layers.patch_embed import PatchEmbed
@@ -22,6 +22,16 @@ class TimmApi(TimmPretrainedCfg):
     """timm's model API for a model with `config`, `blocks` (a list of blocks), `head`,
     `global_pool`, `num_classes`, `embed_dim`, `patch_embed` and `grad_checkpointing`; the
     defaults are a ViT's (a final `norm`, an `fc_norm` after pooling, a Linear head)."""
+
+    def forward(
+        self, x: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Logits (B, num_classes); with `return_attention` (a family explained by its
+        attention: its `forward_features` takes the flag), also every block's weights."""
+        if return_attention:
+            features, attentions = self.forward_features(x, return_attention=True)
+            return self.forward_head(features), attentions
+        return self.forward_head(self.forward_features(x))
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block in the backward pass: less activation memory, same gradients."""

@@ -218,12 +218,3 @@ class Beit(TimmApi, IntermediateFeatures, nn.Module):
         """Tokens (B, 1 + N, D) -> logits (B, num_classes), or the pooled features."""
         x = self.head_drop(self.pool(x))
         return x if pre_logits else self.head(x)
-
-    def forward(
-        self, x: Tensor, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Logits (B, num_classes); with `return_attention`, also every block's weights."""
-        if return_attention:
-            features, attentions = self.forward_features(x, return_attention=True)
-            return self.forward_head(features), attentions
-        return self.forward_head(self.forward_features(x))

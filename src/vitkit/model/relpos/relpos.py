@@ -236,15 +236,6 @@ class RelPosViT(TimmApi, nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(
-        self, x: Tensor, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Logits (B, num_classes); with `return_attention`, also every block's weights."""
-        if return_attention:
-            features, attentions = self.forward_features(x, return_attention=True)
-            return self.forward_head(features), attentions
-        return self.forward_head(self.forward_features(x))
-
     def forward_intermediates(
         self,
         x: Tensor,

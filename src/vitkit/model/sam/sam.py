@@ -220,9 +220,6 @@ class SamViT(TimmApi, nn.Module):
         """The neck's map -> logits (B, num_classes), or the pooled features."""
         return self.head(x, pre_logits=pre_logits)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
-
     def forward_intermediates(
         self,
         x: Tensor,
