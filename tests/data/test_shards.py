@@ -191,6 +191,42 @@ def test_missing_shards_and_bad_patterns_are_one_line(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("s/t-{0000..}.tar", "shard pattern 's/t-{0000..}.tar': {0000..} is neither a range of "
+                             "whole numbers such as {0000..0127} nor a list such as {a,b}"),
+        ("s/t-{}.tar", "shard pattern 's/t-{}.tar': {} is neither a range"),
+        ("s/t-{0000..0002.tar", "shard pattern 's/t-{0000..0002.tar' has an unmatched {; write a "
+                                "range such as train-{0000..0127}.tar or a list such as {a,b}"),
+        ("s/t-}0.tar", "shard pattern 's/t-}0.tar' has an unmatched }; write a range"),
+        ("s/{0..9999}-{0..9999}.tar", "shard pattern 's/{0..9999}-{0..9999}.tar' names "
+                                      "100,000,000 shards, more than 1,000,000; check its range"),
+    ],
+)  # fmt: skip
+def test_a_malformed_or_runaway_brace_pattern_is_one_line(pattern, message):
+    with pytest.raises(DataError) as caught:
+        expand_pattern(pattern)
+    assert str(caught.value).startswith(message)
+
+
+def test_a_folder_or_shards_without_samples_are_one_line(tmp_path):
+    with tarfile.open(tmp_path / "empty-0.tar", "w"):
+        pass
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path / 'empty-0.tar'}")
+    assert str(caught.value) == (
+        f"the shards of {tmp_path / 'empty-0.tar'} hold no samples; write shards with vitkit "
+        "shards FOLDER PATTERN"
+    )
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path}")
+    assert str(caught.value) == (
+        f"{tmp_path} is a folder; name its shards with a brace pattern, e.g. --data "
+        f"'wds:{tmp_path}/train-{{0000..0009}}.tar'"
+    )
+
+
 def test_the_command_writes_shards_and_never_replaces_a_special_file(pets, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["shards", str(pets), str(out / "p-%03d.tar"), "--per-shard", "16"]) == 0

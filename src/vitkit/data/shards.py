@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 INFO_FILES = ("_info.json", "info.json")  # where timm's reader looks, in its order
 IMAGE_KEYS = tuple(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+MAX_SHARDS = 1_000_000  # the most names a pattern may give (a typo such as {0..99999999})
 MAX_CORRUPT = 0.01  # the share of a split's samples that may be skipped before a run fails
 VAL_SPLITS, TEST_SPLITS = ("validation", "val"), ("test",)
 Raw = tuple[str, bytes | None, bytes | None]  # (shard:key, image bytes, .cls bytes)
@@ -53,7 +54,44 @@ Raw = tuple[str, bytes | None, bytes | None]  # (shard:key, image bytes, .cls by
 
 def expand_pattern(pattern: str) -> list[str]:
     """A brace pattern as webdataset's (braceexpand): `train-{0000..0003}.tar` -> the four
-    names, zero-padded as written; `{a,b}` lists; several braces multiply."""
+    names, zero-padded as written; `{a,b}` lists; several braces multiply. An unmatched brace,
+    an empty one, a range that is not two whole numbers, or more than `MAX_SHARDS` names is a
+    DataError."""
+    depth = 0
+    for char in pattern:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            break
+    if depth != 0:
+        raise DataError(
+            f"shard pattern {pattern!r} has an unmatched {'{' if depth > 0 else '}'}; write "
+            "a range such as train-{0000..0127}.tar or a list such as {a,b}"
+        )
+    count = 1
+    for body in re.findall(r"\{([^{}]*)\}", pattern):
+        count *= _brace_size(body, pattern)
+    if count > MAX_SHARDS:
+        raise DataError(
+            f"shard pattern {pattern!r} names {count:,} shards, more than {MAX_SHARDS:,}; "
+            "check its range"
+        )
+    return _expand(pattern)
+
+
+def _brace_size(body: str, pattern: str) -> int:
+    """How many names a brace's body gives; a DataError for one that is no range or list."""
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        return abs(int(numbers.group(2)) - int(numbers.group(1))) + 1
+    if not body or ".." in body:
+        raise DataError(
+            f"shard pattern {pattern!r}: {{{body}}} is neither a range of whole numbers such as "
+            "{0000..0127} nor a list such as {a,b}"
+        )
+    return body.count(",") + 1
+
+
+def _expand(pattern: str) -> list[str]:
     match = re.search(r"\{([^{}]*)\}", pattern)
     if match is None:
         return [pattern]
@@ -67,7 +105,7 @@ def expand_pattern(pattern: str) -> list[str]:
         items = [f"{n:0{width}d}" for n in range(int(first), int(last) + step, step)]
     else:
         items = body.split(",")
-    return [name for item in items for name in expand_pattern(head + item + tail)]
+    return [name for item in items for name in _expand(head + item + tail)]
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
@@ -277,6 +315,11 @@ def load_shards(
     if not path:
         raise DataError("wds: name the shards, e.g. --data 'wds:shards/train-{0000..0127}.tar'")
     files = expand_pattern(path)
+    if len(files) == 1 and Path(files[0]).is_dir():
+        raise DataError(
+            f"{path} is a folder; name its shards with a brace pattern, e.g. --data "
+            f"'wds:{Path(path) / 'train-{0000..0009}.tar'}'"
+        )
     missing = [file for file in files if not Path(file).is_file()]
     if missing:
         raise DataError(
@@ -295,6 +338,10 @@ def load_shards(
         log.info("no sample counts for %s in an info file: counting them", path)
     shards, labels = _shards(files, lengths)
     total = sum(shard.length for shard in shards)
+    if total == 0:
+        raise DataError(
+            f"the shards of {path} hold no samples; write shards with vitkit shards FOLDER PATTERN"
+        )
     opts = {"in_chans": in_chans, "skip_corrupt": skip_corrupt}
     cut = [0.0 if held[name] else f for name, f in (("val", val_fraction), ("test", test_fraction))]
     places = split_indices(total, cut, seed)
