@@ -237,7 +237,21 @@ def test_the_command_writes_shards_and_never_replaces_a_special_file(pets, tmp_p
     os.mkfifo(out / "q-001.tar")
     with pytest.raises(SpecialFileError):
         write_shards(pets, str(out / "q-%03d.tar"), per_shard=16)
-    assert (out / "q-000.tar").is_file() and not (out / "q-001.tar").is_file()
+    assert not (out / "q-000.tar").exists() and not (out / "q-001.tar").is_file()
+
+
+def test_a_shard_file_that_exists_is_replaced_only_with_overwrite(pets, tmp_path, capsys):
+    mine = tmp_path / "p-0.tar"
+    mine.write_text("a file of the user's")
+    assert main(["shards", str(pets), str(tmp_path / "p-%d.tar"), "--per-shard", "16"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"vitkit: error: {mine} exists (1 of the 2 shard files); pass --overwrite to replace "
+        "them, or choose another OUT_PATTERN"
+    )
+    assert mine.read_text() == "a file of the user's" and not (tmp_path / "p-1.tar").exists()
+    argv = ["shards", str(pets), str(tmp_path / "p-%d.tar"), "--per-shard", "16", "--overwrite"]
+    assert main(argv) == 0
+    assert tarfile.is_tarfile(mine) and tarfile.is_tarfile(tmp_path / "p-1.tar")
 
 
 def test_a_run_without_a_model_is_sized_to_the_first_images_of_the_shards(pets, tmp_path):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write
+from ..files import atomic_write, check_output
 from .datasets import TEST_FRACTION, VAL_FRACTION, Splits, split_indices
 from .folders import class_folders, folder_layout, image_count
 from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image_bytes
@@ -420,6 +420,7 @@ def write_shards(
     per_shard: int = 1000,
     split: str = "train",
     seed: int = 0,
+    overwrite: bool = False,
     on_shard: Callable[[int, int], None] | None = None,
 ) -> WrittenShards:
     """The images of an image folder (`folder/<class>/<image>`) as tar shards of `per_shard`
@@ -427,7 +428,7 @@ def write_shards(
     named by `pattern` (`shards/train-%04d.tar`, as webdataset's `ShardWriter`), and the
     split in the info file beside them (its other splits kept). The files' bytes are copied,
     not decoded. Each file is written atomically; a path that is not a regular file is
-    refused.
+    refused, and so is a shard file that exists unless `overwrite`.
 
     Args:
         folder: class folders of images.
@@ -435,6 +436,7 @@ def write_shards(
         per_shard: samples a shard holds.
         split: the split's name in the info file (train, validation, test).
         seed: the order of the samples.
+        overwrite: replace shard files that exist (else a DataError names the first).
         on_shard: called with (shards written, shards in all) after each (a progress bar).
     """
     if per_shard < 1:
@@ -454,6 +456,14 @@ def write_shards(
     random.Random(seed).shuffle(samples)
     count = -(-len(samples) // per_shard)
     files = [Path(name) for name in _shard_names(pattern, count)]
+    for file in files:  # a FIFO, folder or device is refused before any shard is written
+        check_output(file)
+    existing = [file for file in files if file.exists() or file.is_symlink()]
+    if existing and not overwrite:
+        raise DataError(
+            f"{existing[0]} exists ({len(existing)} of the {count} shard files); pass "
+            "--overwrite to replace them, or choose another OUT_PATTERN"
+        )
     for number, file in enumerate(files):
         chunk = samples[number * per_shard : (number + 1) * per_shard]
         atomic_write(file, lambda f, c=chunk, n=number: _write_tar(f, c, n * per_shard))
