@@ -127,6 +127,7 @@ def test_several_labels_make_a_multi_label_list(tmp_path):
         ("unknown", "l.csv line 4: label 'fox' is not in"),
         ("jsonl", "l.jsonl line 2: expected an object with \"path\" and \"label\""),
         ("suffix", "unknown format .txt; write a .csv"),
+        ("no-name", "list: name the file list, e.g. --data list:train.csv"),
         ("empty-file", "l.csv is empty; its first line must be the header path,label"),
         ("folder", "l.csv is a folder, not a file; name a .csv or .jsonl file (class folders "
                    "of images are --data "),
@@ -163,6 +164,8 @@ def test_careless_lists_are_refused_in_one_line(tmp_path, case, message):
     elif case == "suffix":
         (tmp_path / "l.txt").write_text("x")
         spec = f"list:{tmp_path / 'l.txt'}"
+    elif case == "no-name":
+        spec = "list:"  # not the working folder
     elif case == "empty-file":
         (tmp_path / "l.csv").write_text("")
     elif case == "folder":

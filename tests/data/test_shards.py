@@ -249,6 +249,10 @@ def test_a_shard_file_that_exists_is_replaced_only_with_overwrite(pets, tmp_path
         "them, or choose another OUT_PATTERN"
     )
     assert mine.read_text() == "a file of the user's" and not (tmp_path / "p-1.tar").exists()
+    assert main(["shards", str(pets), str(tmp_path / "q-%d.tar"), "--split", " "]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "vitkit: error: the split's name is empty; name it train, validation or test"
+    )
     argv = ["shards", str(pets), str(tmp_path / "p-%d.tar"), "--per-shard", "16", "--overwrite"]
     assert main(argv) == 0
     assert tarfile.is_tarfile(mine) and tarfile.is_tarfile(tmp_path / "p-1.tar")

@@ -280,7 +280,7 @@ def load_file_list(
     """The images of a file list (`list:PATH`), its val / test lists beside it or parts cut
     with `seed` (stratified by class for single labels). `splits.extra['multi_label']` says
     whether any image has several labels."""
-    if path is None:
+    if path is None or not str(path).strip():
         raise DataError("list: name the file list, e.g. --data list:train.csv")
     list_path = Path(path)
     entries = read_list(list_path)

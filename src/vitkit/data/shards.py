@@ -441,6 +441,8 @@ def write_shards(
     """
     if per_shard < 1:
         raise ValueError(f"per_shard {per_shard} must be >= 1")
+    if not split.strip():
+        raise ValueError("the split's name is empty; name it train, validation or test")
     names = _shard_names(pattern, 2)
     layout = folder_layout(folder)
     if layout.parts:
