@@ -219,6 +219,12 @@ def test_a_folder_or_shards_without_samples_are_one_line(tmp_path):
         f"the shards of {tmp_path / 'empty-0.tar'} hold no samples; write shards with vitkit "
         "shards FOLDER PATTERN"
     )
+    os.mkfifo(tmp_path / "fifo-1.tar")
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path}/fifo-{{1..1}}.tar")
+    assert str(caught.value) == (
+        f"shard {tmp_path}/fifo-1.tar is a FIFO (named pipe), not a tar file; name the shard files"
+    )
     with pytest.raises(DataError) as caught:
         load_data(f"wds:{tmp_path}")
     assert str(caught.value) == (

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write, check_output
+from ..files import atomic_write, check_output, file_kind
 from .datasets import TEST_FRACTION, VAL_FRACTION, Splits, split_indices
 from .folders import class_folders, folder_layout, image_count
 from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image_bytes
@@ -321,6 +321,9 @@ def load_shards(
             f"'wds:{Path(path) / 'train-{0000..0009}.tar'}'"
         )
     missing = [file for file in files if not Path(file).is_file()]
+    if missing and os.path.exists(missing[0]):  # a folder, FIFO or device: never opened
+        kind = file_kind(os.stat(missing[0]).st_mode)
+        raise DataError(f"shard {missing[0]} is {kind}, not a tar file; name the shard files")
     if missing:
         raise DataError(
             f"shard {missing[0]} does not exist ({len(missing)} of the {len(files)} shards of "
