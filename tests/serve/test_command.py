@@ -30,7 +30,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-batch", "0"], "--max-batch must be >= 1, got 0"),
+        (["--max-batch", "0"], "--max-batch must be in [1, 4096], got 0"),
+        (["--max-batch", "1000000000000"], "--max-batch must be in [1, 4096], got 1000000000000"),
         (["--max-wait-ms", "-1"], "--max-wait-ms must be in [0, 10000], got -1"),
         (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
         (["--port", "http"], "--port must be an integer, got 'http'"),
