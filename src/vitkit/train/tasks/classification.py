@@ -34,7 +34,7 @@ from ..config import TrainConfig
 from ..distributed import barrier, make_loader, world
 from ..loop import evaluate
 from ..losses import distill_loss, multi_label_loss, soft_cross_entropy
-from ..multi_label import evaluate_multi_label
+from ..multi_label import THRESHOLD, evaluate_multi_label
 from ..optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
 from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE, RUN_FILES, TEST_FILE
 from ..setup import fresh_model, load_splits, transforms
@@ -285,6 +285,12 @@ class ClassificationTask(Task):
         multi_label = config.multi_label or bool(splits.extra.get("multi_label"))
         if multi_label:
             meta.update(multi_label=True, threshold=config.threshold)
+        elif config.threshold != THRESHOLD:
+            log.warning(
+                "--threshold %g applies to multi-label models; this data has one label per "
+                "image (--multi-label trains one-vs-rest)",
+                config.threshold,
+            )
         task = cls(model, config, teacher=teacher, meta=meta, multi_label=multi_label)
         task.splits = splits
         task.train_set, task.val_set, task.test_set = (
