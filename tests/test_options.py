@@ -308,6 +308,10 @@ def test_ranges_are_checked_as_parsed_when_asked():
         argparse.ArgumentError, match=r"^argument --size: must be in \[1, 64\], got 65$"
     ):
         parser.parse_args(["--size", "4", "65"])  # each item, of a nested config's option too
+    with pytest.raises(
+        argparse.ArgumentError, match=r"^argument --scale: must be a finite number > 0, got inf$"
+    ):
+        parser.parse_args(["--scale", "inf"])  # an open range holds inf: refused as such
     given = given_options(parser.parse_args(["--epochs", "2", "--size", "64"]), Job)
     assert given == {"epochs": 2, "inner": {"size": 64}}
 

@@ -246,3 +246,12 @@ def test_an_architecture_of_other_sizes_is_refused(tmp_path, run_cli):
         "vitkit: error: --arch vit_small_patch16_224 does not match the weights: they have "
         "embed_dim 192 (vit_small_patch16_224: 384), depth 2 (vit_small_patch16_224: 12)"
     )
+
+
+def test_threshold_on_a_single_label_model_is_said_to_not_apply(trained, run_cli, caplog):
+    code, _, _ = run_cli("eval", "--checkpoint", trained / "model.safetensors", "--threshold",
+                         "0.3", "--quiet")  # fmt: skip
+    assert code == 0
+    assert "--threshold applies to multi-label models; this one is scored by its top-k" in (
+        caplog.text
+    )

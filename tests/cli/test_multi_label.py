@@ -107,3 +107,21 @@ def test_multi_label_forced_on_single_labels_trains_one_vs_rest(tmp_path, run_cl
     code, out, _ = run_cli(*argv, "--multi-label", "--out", tmp_path / "run")
     assert code == 0 and "best val mAP" in out and "test mAP" in out
     assert load_for_inference(tmp_path / "run" / "model.safetensors").multi_label
+
+
+def test_threshold_on_single_labels_is_said_to_not_apply(tmp_path, run_cli, caplog):
+    rows = ["path,label"]
+    (tmp_path / "img").mkdir()
+    for i in range(30):
+        Image.fromarray(np.full((8, 8, 3), 40 * (i % 3), np.uint8)).save(
+            tmp_path / "img" / f"{i}.png"
+        )
+        rows.append(f"img/{i}.png,{COLOURS[i % 3]}")
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    argv = ["train", "--data", f"list:{tmp_path / 'train.csv'}", "--epochs", "1", *TINY]
+    code, _, _ = run_cli(*argv, "--threshold", "0.3", "--out", tmp_path / "run")
+    assert code == 0
+    assert (
+        "--threshold 0.3 applies to multi-label models; this data has one label per image "
+        "(--multi-label trains one-vs-rest)"
+    ) in caplog.text

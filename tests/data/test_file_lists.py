@@ -5,6 +5,7 @@ line naming the line, and a list source that trains and resumes bit for bit afte
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -126,6 +127,20 @@ def test_several_labels_make_a_multi_label_list(tmp_path):
         ("unknown", "l.csv line 4: label 'fox' is not in"),
         ("jsonl", "l.jsonl line 2: expected an object with \"path\" and \"label\""),
         ("suffix", "unknown format .txt; write a .csv"),
+        ("no-name", "list: name the file list, e.g. --data list:train.csv"),
+        ("empty-file", "l.csv is empty; its first line must be the header path,label"),
+        ("folder", "l.csv is a folder, not a file; name a .csv or .jsonl file (class folders "
+                   "of images are --data "),
+        ("fifo", "l.csv is a FIFO (named pipe), not a regular file; name a .csv or .jsonl file"),
+        ("latin-1", "l.csv line 2: byte 0xe9 is not UTF-8 text; save the list as UTF-8"),
+        ("repeated", "l.csv line 4: image ./img/0.png is listed again (first on line 2); list "
+                     "each image once, with all its labels (;-separated)"),
+        ("blank-label", "l.csv line 3: no label; give one (or several separated by ;)"),
+        ("separators", "l.csv line 3: no label; give one (or several separated by ;)"),
+        ("null", "l.jsonl line 2: no label; give one (or several separated by ;)"),
+        ("fraction", "l.jsonl line 2: label 1.5 is not a class name; give a string, a whole "
+                     "number, or a list of them"),
+        ("object", 'l.jsonl line 2: label {"a": 1} is not a class name; give a string'),
     ],
 )  # fmt: skip
 def test_careless_lists_are_refused_in_one_line(tmp_path, case, message):
@@ -146,12 +161,44 @@ def test_careless_lists_are_refused_in_one_line(tmp_path, case, message):
             json.dumps({"path": paths[0], "label": "cat"}) + "\n[1]\n"
         )
         spec = f"list:{tmp_path / 'l.jsonl'}"
-    else:
+    elif case == "suffix":
         (tmp_path / "l.txt").write_text("x")
         spec = f"list:{tmp_path / 'l.txt'}"
+    elif case == "no-name":
+        spec = "list:"  # not the working folder
+    elif case == "empty-file":
+        (tmp_path / "l.csv").write_text("")
+    elif case == "folder":
+        (tmp_path / "l.csv").mkdir()
+    elif case == "fifo":
+        os.mkfifo(tmp_path / "l.csv")  # never opened: that would block
+    elif case == "latin-1":
+        (tmp_path / "l.csv").write_bytes(f"path,label\n{paths[0]},caf\xe9\n".encode("latin-1"))
+    elif case == "repeated":
+        write_csv(tmp_path / "l.csv", [paths[0], paths[1], f"./{paths[0]}"], labels)
+    elif case in ("blank-label", "separators"):
+        write_csv(tmp_path / "l.csv", paths, [labels[0], "  " if case == "blank-label" else ";"])
+    else:  # a JSON label that names no class
+        label = {"null": None, "fraction": 1.5, "object": {"a": 1}}[case]
+        write_jsonl(tmp_path / "l.jsonl", paths[:2], ["cat", label])
+        spec = f"list:{tmp_path / 'l.jsonl'}"
     with pytest.raises(DataError) as caught:
         load_data(spec)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_read_as_plain_utf8(tmp_path):
+    labels = labels_of(12)
+    paths = write_images(tmp_path, labels)
+    plain = write_csv(tmp_path / "plain.csv", paths, labels)
+    excel = tmp_path / "excel.csv"  # Excel's "CSV UTF-8": a BOM and CRLF
+    excel.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    jsonl = write_jsonl(tmp_path / "plain.jsonl", paths, labels)
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes().replace(b"\n", b"\r\n"))
+    expected = load_data(str(plain)).train.samples
+    assert load_data(str(excel)).train.samples == expected
+    assert load_data(str(bom_jsonl)).train.samples == expected
 
 
 # 2 batches of 16 an epoch (38 images: 27 train), 3 epochs, a tiny model at 8x8

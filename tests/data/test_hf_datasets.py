@@ -6,6 +6,7 @@ counted, and one line for a dataset that is not on disk or a missing extra."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,6 +134,77 @@ def test_a_dataset_not_on_disk_is_one_line(tmp_path, capsys, monkeypatch):
         "vitkit: error: no dataset on disk at cifar10; vitkit downloads nothing at run time: "
         "save it once with python -c \"import datasets; datasets.load_dataset('cifar10')"
         ".save_to_disk('cifar10')\" and pass --data hfds:cifar10"
+    )
+
+
+def _labelled(labels: list) -> Any:
+    """Four images with a plain (not ClassLabel) `label` column of these values."""
+    import datasets
+
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("float64")})
+    if all(isinstance(v, int) for v in labels):
+        features["label"] = datasets.Value("int64")
+    rows = {"img": [{"bytes": png(0, i), "path": None} for i in range(4)], "label": labels}
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+@pytest.mark.parametrize("prefix", ["hfds", "hfids"])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("empty", "{d} holds no rows; write the images and labels into it first"),
+        ("not-parquet", "cannot read the dataset at {d} (Parquet magic bytes not found in footer. "
+                        "Either the file is corrupted or this is not a parquet file.); it may be "
+                        "damaged: write it again (save_to_disk, to_parquet)"),
+        ("damaged", "cannot read the dataset at {saved} (Expected to read"),
+        ("fractions", "{prefix}:{d}: the label column 'label' holds fractions (0.5); a classifier "
+                      "needs class labels (a ClassLabel, whole numbers or strings): name another "
+                      "--label-column"),
+        ("unlabelled", "{prefix}:{d}:train row 2: the label -1 is not a class index in [0, 1] (-1 "
+                       "marks an unlabelled row); drop or label such rows, or name another "
+                       "--label-column"),
+        ("missing", "{prefix}:{d}:train row 1: the label is empty; drop or label such rows"),
+    ],
+)  # fmt: skip
+def test_a_damaged_or_empty_table_or_labels_that_are_no_classes_are_one_line(
+    tmp_path, prefix, case, message
+):
+    data, saved = tmp_path / "d.parquet", tmp_path / "saved"
+    spec = f"{prefix}:{data}"
+    if case == "empty":
+        table().select([]).to_parquet(data)
+    elif case == "not-parquet":
+        data.write_text("path,label\n")
+    elif case == "damaged":
+        table(4).save_to_disk(saved)
+        next(saved.glob("*.arrow")).write_bytes(b"garbage" * 10)
+        spec = f"{prefix}:{saved}"
+    else:
+        labels = {"fractions": [0.5, 1.0, 0.0, 1.5], "unlabelled": [0, 1, -1, 1]}
+        _labelled(labels.get(case, [0.0, None, 1.0, 0.0])).to_parquet(data)
+    with pytest.raises(DataError) as caught:
+        load_data(spec, label_column="label" if case not in ("empty", "damaged") else None)
+    assert str(caught.value).startswith(message.format(d=data, saved=saved, prefix=prefix))
+
+
+def test_a_given_split_with_an_unknown_label_is_refused_before_training(tmp_path):
+    import datasets
+
+    strings = datasets.Features({"img": datasets.Image(), "label": datasets.Value("string")})
+    rows = lambda labels: {  # noqa: E731
+        "img": [{"bytes": png(0, i), "path": None} for i in range(len(labels))],
+        "label": labels,
+    }
+    parts = {
+        "train": datasets.Dataset.from_dict(rows(["cat", "dog"] * 3), features=strings),
+        "test": datasets.Dataset.from_dict(rows(["cat", "fox"]), features=strings),
+    }
+    datasets.DatasetDict(parts).save_to_disk(tmp_path / "s")
+    with pytest.raises(DataError) as caught:
+        load_data(f"hfds:{tmp_path / 's'}", label_column="label")
+    assert str(caught.value) == (
+        f"hfds:{tmp_path / 's'}:test row 1: the label 'fox' is not among the train split's "
+        "labels; drop or label such rows, or name another --label-column"
     )
 
 

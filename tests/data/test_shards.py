@@ -191,6 +191,48 @@ def test_missing_shards_and_bad_patterns_are_one_line(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("s/t-{0000..}.tar", "shard pattern 's/t-{0000..}.tar': {0000..} is neither a range of "
+                             "whole numbers such as {0000..0127} nor a list such as {a,b}"),
+        ("s/t-{}.tar", "shard pattern 's/t-{}.tar': {} is neither a range"),
+        ("s/t-{0000..0002.tar", "shard pattern 's/t-{0000..0002.tar' has an unmatched {; write a "
+                                "range such as train-{0000..0127}.tar or a list such as {a,b}"),
+        ("s/t-}0.tar", "shard pattern 's/t-}0.tar' has an unmatched }; write a range"),
+        ("s/{0..9999}-{0..9999}.tar", "shard pattern 's/{0..9999}-{0..9999}.tar' names "
+                                      "100,000,000 shards, more than 1,000,000; check its range"),
+    ],
+)  # fmt: skip
+def test_a_malformed_or_runaway_brace_pattern_is_one_line(pattern, message):
+    with pytest.raises(DataError) as caught:
+        expand_pattern(pattern)
+    assert str(caught.value).startswith(message)
+
+
+def test_a_folder_or_shards_without_samples_are_one_line(tmp_path):
+    with tarfile.open(tmp_path / "empty-0.tar", "w"):
+        pass
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path / 'empty-0.tar'}")
+    assert str(caught.value) == (
+        f"the shards of {tmp_path / 'empty-0.tar'} hold no samples; write shards with vitkit "
+        "shards FOLDER PATTERN"
+    )
+    os.mkfifo(tmp_path / "fifo-1.tar")
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path}/fifo-{{1..1}}.tar")
+    assert str(caught.value) == (
+        f"shard {tmp_path}/fifo-1.tar is a FIFO (named pipe), not a tar file; name the shard files"
+    )
+    with pytest.raises(DataError) as caught:
+        load_data(f"wds:{tmp_path}")
+    assert str(caught.value) == (
+        f"{tmp_path} is a folder; name its shards with a brace pattern, e.g. --data "
+        f"'wds:{tmp_path}/train-{{0000..0009}}.tar'"
+    )
+
+
 def test_the_command_writes_shards_and_never_replaces_a_special_file(pets, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["shards", str(pets), str(out / "p-%03d.tar"), "--per-shard", "16"]) == 0
@@ -201,7 +243,25 @@ def test_the_command_writes_shards_and_never_replaces_a_special_file(pets, tmp_p
     os.mkfifo(out / "q-001.tar")
     with pytest.raises(SpecialFileError):
         write_shards(pets, str(out / "q-%03d.tar"), per_shard=16)
-    assert (out / "q-000.tar").is_file() and not (out / "q-001.tar").is_file()
+    assert not (out / "q-000.tar").exists() and not (out / "q-001.tar").is_file()
+
+
+def test_a_shard_file_that_exists_is_replaced_only_with_overwrite(pets, tmp_path, capsys):
+    mine = tmp_path / "p-0.tar"
+    mine.write_text("a file of the user's")
+    assert main(["shards", str(pets), str(tmp_path / "p-%d.tar"), "--per-shard", "16"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"vitkit: error: {mine} exists (1 of the 2 shard files); pass --overwrite to replace "
+        "them, or choose another OUT_PATTERN"
+    )
+    assert mine.read_text() == "a file of the user's" and not (tmp_path / "p-1.tar").exists()
+    assert main(["shards", str(pets), str(tmp_path / "q-%d.tar"), "--split", " "]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "vitkit: error: the split's name is empty; name it train, validation or test"
+    )
+    argv = ["shards", str(pets), str(tmp_path / "p-%d.tar"), "--per-shard", "16", "--overwrite"]
+    assert main(argv) == 0
+    assert tarfile.is_tarfile(mine) and tarfile.is_tarfile(tmp_path / "p-1.tar")
 
 
 def test_a_run_without_a_model_is_sized_to_the_first_images_of_the_shards(pets, tmp_path):

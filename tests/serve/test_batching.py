@@ -119,7 +119,7 @@ def test_the_settings_are_checked_once_by_their_schema():
     from vitkit.serve.limits import Limits
 
     for wrong, message in (
-        (dict(max_batch=0), "max_batch must be >= 1, got 0"),
+        (dict(max_batch=0), "max_batch must be in [1, 4096], got 0"),
         (dict(max_wait_ms=10_001), "max_wait_ms must be in [0, 10000], got 10001"),
         (dict(max_queue=-3), "max_queue must be >= 1, got -3"),
     ):

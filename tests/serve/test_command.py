@@ -30,13 +30,23 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-batch", "0"], "--max-batch must be >= 1, got 0"),
+        (["--max-batch", "0"], "--max-batch must be in [1, 4096], got 0"),
+        (["--max-batch", "1000000000000"], "--max-batch must be in [1, 4096], got 1000000000000"),
         (["--max-wait-ms", "-1"], "--max-wait-ms must be in [0, 10000], got -1"),
         (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
         (["--port", "http"], "--port must be an integer, got 'http'"),
         (["--max-queue", "0"], "--max-queue must be >= 1, got 0"),
         (["--max-upload-mb", "0"], "--max-upload-mb must be >= 0.001, got 0"),
         (["--precision", "fp8"], "--precision: unknown choice 'fp8'"),
+        (["--workers", "0"], "--workers must be in [1, 256], got 0"),
+        (["--workers", "10000"], "--workers must be in [1, 256], got 10000"),
+        (["--threads", "100000"], "--threads must be in [0, 1024], got 100000"),
+        (["--timeout-s", "nan"], "--timeout-s must be > 0, got nan"),
+        (["--timeout-s", "inf"], "--timeout-s must be a finite number > 0, got inf"),
+        (
+            ["--max-upload-mb", "1e400"],
+            "--max-upload-mb must be a finite number >= 0.001, got 1e400",
+        ),
     ],
 )
 def test_flags_out_of_range_are_one_line(checkpoint, capsys, flags, message):

@@ -41,3 +41,25 @@ def test_the_in_chans_option_is_how_image_files_are_read(tmp_path, capsys):
     )
     with pytest.raises(ValueError, match=r"^digits holds 1-channel images; the in_chans option"):
         training_setup(resolve_config({"model_opts": {"in_chans": 3}}))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"val_fraction": 0.0}, "the val split of digits holds no images; raise --val-fraction "
+                                "(now 0) or add images"),
+        ({"test_fraction": 0.0}, "the test split of digits holds no images; raise "
+                                 "--test-fraction (now 0) or add images"),
+    ],
+)  # fmt: skip
+def test_an_empty_val_or_test_split_is_refused_before_training(tmp_path, capsys, options, message):
+    """The run would train, then fail at its first evaluation (or at the test) instead."""
+    with pytest.raises(ValueError) as caught:
+        training_setup(resolve_config({"model_opts": {"depth": 1}, **options}))
+    assert str(caught.value) == message
+    from vitkit import cli
+
+    flag = next(iter(options)).replace("_", "-")
+    code = cli.main(["train", f"--{flag}", "0", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert code == 2 and not (tmp_path / "run" / "model.safetensors").exists()
+    assert capsys.readouterr().err.splitlines()[-1] == f"vitkit: error: {message}"

@@ -150,3 +150,37 @@ def test_a_hugging_face_id_in_the_cache_loads_as_transformers_loads_it(hf_home):
     with torch.no_grad():
         ours = vitkit.load_pretrained("google/vit-tiny-test")(x)
         torch.testing.assert_close(ours, theirs.eval()(pixel_values=x).logits, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("timm/", "'timm/' is not a Hub id: give timm/NAME (letters, digits, '-', '_' and '.', no "
+                  "'..' or '--'), e.g. timm/vit_base_patch16_224.augreg_in21k"),
+        ("hf-hub:", "'hf-hub:' is not a Hub id: give hf-hub:ORG/NAME (letters, digits, '-', '_' "
+                    "and '.', no '..' or '--'), e.g. "
+                    "hf-hub:timm/vit_base_patch16_224.augreg_in21k"),
+        ("hf-hub:org/..name", "'hf-hub:org/..name' is not a Hub id: give hf-hub:ORG/NAME"),
+        ("timm/../etc", "'timm/../etc' is not a Hub id: give timm/NAME"),
+        ("local-dir:", "local-dir: names no folder; give local-dir:PATH"),
+    ],
+)  # fmt: skip
+def test_an_id_that_names_nothing_is_one_line(hf_home, tmp_path, monkeypatch, source, message):
+    monkeypatch.chdir(tmp_path)  # local-dir: read the working folder as the weights
+    with pytest.raises(CheckpointError) as caught:
+        resolve_weights(source)
+    assert str(caught.value) == message or str(caught.value).startswith(message + " (")
+
+
+def test_an_hf_home_that_is_a_file_is_named(tmp_path, monkeypatch):
+    home = tmp_path / "hf-home"
+    home.write_text("not a folder")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    with pytest.raises(CheckpointError) as caught:
+        resolve_weights(f"timm/{NAME}")
+    assert str(caught.value) == (
+        f"the Hugging Face cache {home}/hub (HF_HOME={home}) cannot be a folder: {home} is a "
+        "file; point HF_HOME (or HF_HUB_CACHE) at a folder, or unset it"
+    )

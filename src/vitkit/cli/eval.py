@@ -5,6 +5,7 @@ labels over its threshold."""
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 from pathlib import Path
@@ -24,6 +25,8 @@ from .errors import UserError
 from .output import json_text, plural, report_skipped
 from .progress import progress
 from .status import ExitCode
+
+log = logging.getLogger("vitkit")
 
 SPLITS = ("test", "val", "train", "all")
 TABLE_ROWS = 20  # classes in the printed table; --json and the picture have every class
@@ -96,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     loader = make_loader(prepared, args.batch_size, train=False)
     if predictor.multi_label:
         return _run_multi_label(args, predictor, spec, scored, loader, pictures)
+    if args.threshold is not None:
+        log.warning("--threshold applies to multi-label models; this one is scored by its top-k")
     show = progress(args.quiet, batch_size=args.batch_size)
     result = evaluate(
         model,

@@ -45,6 +45,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=options.int_in(0), default=0, help="the order of the samples (default: 0)"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace shard files that exist (a file that is not a regular file never is)",
+    )
     return p
 
 
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             per_shard=args.per_shard,
             split=args.split,
             seed=args.seed,
+            overwrite=args.overwrite,
             on_shard=written_one,
         )
     print(

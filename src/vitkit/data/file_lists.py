@@ -12,10 +12,13 @@ name theirs; a part without its list is cut from train with the seed, as for ima
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..files import file_kind
 from .datasets import TEST_FRACTION, VAL_FRACTION, ImageFiles, Splits, split_indices
 from .folders import SPLIT_FOLDERS, image_count
 from .images import DataError
@@ -69,25 +73,33 @@ def multi_hot(indices: tuple[int, ...], num_classes: int) -> Tensor:
 
 
 def read_list(path: str | os.PathLike) -> list[Entry]:
-    """The entries of a CSV or JSONL list; each image must exist (a DataError naming the
-    first missing one and its line); an empty list is refused."""
+    """The entries of a CSV or JSONL list (UTF-8, with or without a byte-order mark); each
+    image must exist and be listed once (a DataError naming the line); an empty list is
+    refused."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file list {path} does not exist")
+    _check_list_file(path)
     if path.suffix.lower() not in LIST_SUFFIXES:
         raise DataError(
             f"file list {path}: unknown format {path.suffix or '(no suffix)'}; write a .csv "
             '(header path,label) or a .jsonl ({"path": ..., "label": ...} per line)'
         )
-    rows = _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _csv_rows(path)
-    entries = []
+    text = _read_text(path)
+    rows = _jsonl_rows(text, path) if path.suffix.lower() == ".jsonl" else _csv_rows(text, path)
+    entries: list[Entry] = []
+    seen: dict[str, int] = {}
     for line, file, label in rows:
         labels = _labels(label, path, line)
         image = path.parent / file
-        if not image.is_file():
+        if not file or not image.is_file():
             raise DataError(
-                f"{path} line {line}: image {file} not found (looked for {image}; paths are "
-                "relative to the list's folder)"
+                f"{path} line {line}: image {file or '(empty path)'} not found (looked for "
+                f"{image}; paths are relative to the list's folder)"
+            )
+        first = seen.setdefault(os.path.normpath(image), line)
+        if first != line:
+            raise DataError(
+                f"{path} line {line}: image {file} is listed again (first on line {first}); "
+                f"list each image once, with all its labels ({LABEL_SEPARATOR}-separated)"
             )
         entries.append(Entry(str(image), labels, line))
     if not entries:
@@ -95,16 +107,50 @@ def read_list(path: str | os.PathLike) -> list[Entry]:
     return entries
 
 
-def _csv_rows(path: Path) -> list[tuple[int, str, Any]]:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    header = [name.strip().lower() for name in rows[0]] if rows else []
+def _check_list_file(path: Path) -> None:
+    """A DataError unless `path` is a regular file (a FIFO is never opened: it would block)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(f"file list {path} does not exist") from None
+    except OSError as err:
+        raise DataError(f"cannot read file list {path} ({err.strerror or err})") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(
+            f"file list {path} is a folder, not a file; name a .csv or .jsonl file (class "
+            f"folders of images are --data {path})"
+        )
+    if not stat.S_ISREG(mode):
+        raise DataError(
+            f"file list {path} is {file_kind(mode)}, not a regular file; name a .csv or .jsonl file"
+        )
+
+
+def _read_text(path: Path) -> str:
+    """The list's text, decoded as UTF-8 (a leading byte-order mark, as Excel writes, dropped);
+    a DataError naming the line of the first byte that is not UTF-8."""
+    raw = path.read_bytes()
+    raw = raw.removeprefix(codecs.BOM_UTF8)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise DataError(
+            f"{path} line {line}: byte 0x{raw[err.start]:02x} is not UTF-8 text; save the list "
+            "as UTF-8"
+        ) from None
+
+
+def _csv_rows(text: str, path: Path) -> list[tuple[int, str, Any]]:
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if not rows:
+        raise DataError(f"file list {path} is empty; its first line must be the header path,label")
+    header = [name.strip().lower() for name in rows[0]]
     column = next((name for name in PATH_COLUMNS if name in header), None)
     if column is None or "label" not in header:
-        shown = ",".join(rows[0]) if rows else "(empty file)"
         raise DataError(
-            f"{path}: header {shown!r} lacks a path (or file) and a label column; the first "
-            "line must be path,label"
+            f"{path}: header {','.join(rows[0])!r} lacks a path (or file) and a label column; "
+            "the first line must be path,label"
         )
     at, label_at = header.index(column), header.index("label")
     found = []
@@ -117,32 +163,39 @@ def _csv_rows(path: Path) -> list[tuple[int, str, Any]]:
     return found
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, str, Any]]:
+def _jsonl_rows(text: str, path: Path) -> list[tuple[int, str, Any]]:
     found = []
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path} line {line}: not JSON ({err.msg})") from None
-            file = row.get("path", row.get("file")) if isinstance(row, dict) else None
-            if not isinstance(file, str) or "label" not in row:
-                raise DataError(
-                    f'{path} line {line}: expected an object with "path" and "label", e.g. '
-                    '{"path": "cat/1.png", "label": "cat"}'
-                )
-            found.append((line, file, row["label"]))
+    for line, row_text in enumerate(text.split("\n"), start=1):
+        if not row_text.strip():
+            continue
+        try:
+            row = json.loads(row_text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path} line {line}: not JSON ({err.msg})") from None
+        file = row.get("path", row.get("file")) if isinstance(row, dict) else None
+        if not isinstance(file, str) or "label" not in row:
+            raise DataError(
+                f'{path} line {line}: expected an object with "path" and "label", e.g. '
+                '{"path": "cat/1.png", "label": "cat"}'
+            )
+        found.append((line, file.strip(), row["label"]))
     return found
 
 
 def _labels(label: Any, path: Path, line: int) -> tuple[str, ...]:
-    """A label cell ('cat', 'cat;dog', a JSON list or number) -> its label names."""
+    """A label cell ('cat', 'cat;dog', a JSON string, whole number or list of them) -> its
+    label names; JSON null, a fraction, true / false or an object is refused."""
+    values = label if isinstance(label, list) else [label]
+    for value in values:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+            raise DataError(
+                f"{path} line {line}: label {json.dumps(value)} is not a class name; give a "
+                "string, a whole number, or a list of them"
+            )
     if isinstance(label, list):
-        names = [str(name).strip() for name in label]
+        names = [str(name).strip() for name in label if name is not None]
     else:
-        names = [name.strip() for name in str(label).split(LABEL_SEPARATOR)]
+        names = [] if label is None else [n.strip() for n in str(label).split(LABEL_SEPARATOR)]
     names = [name for name in names if name]
     if not names:
         raise DataError(f"{path} line {line}: no label; give one (or several separated by ;)")
@@ -227,7 +280,7 @@ def load_file_list(
     """The images of a file list (`list:PATH`), its val / test lists beside it or parts cut
     with `seed` (stratified by class for single labels). `splits.extra['multi_label']` says
     whether any image has several labels."""
-    if path is None:
+    if path is None or not str(path).strip():
         raise DataError("list: name the file list, e.g. --data list:train.csv")
     list_path = Path(path)
     entries = read_list(list_path)

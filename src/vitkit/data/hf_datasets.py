@@ -47,7 +47,24 @@ BATCH = 64  # rows a stream reads at a time
 
 
 def open_dataset(spec: str, *, streaming: bool) -> Any:
-    """The `Dataset` / `DatasetDict` (or their iterable forms) of an `hfds:` / `hfids:` path."""
+    """The `Dataset` / `DatasetDict` (or their iterable forms) of an `hfds:` / `hfids:` path;
+    one that cannot be read (damaged Arrow or Parquet files) is a DataError naming it."""
+    import datasets
+    import pyarrow
+
+    try:
+        return _open(spec, streaming)
+    except DataError:
+        raise
+    except (ValueError, OSError, pyarrow.ArrowException, datasets.exceptions.DatasetsError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise DataError(
+            f"cannot read the dataset at {spec} ({reason}); it may be damaged: write it again "
+            "(save_to_disk, to_parquet)"
+        ) from None
+
+
+def _open(spec: str, streaming: bool) -> Any:
     import datasets
 
     builder, sep, rest = spec.partition(":")
@@ -95,7 +112,16 @@ def _build(builder: str, path: str, streaming: bool) -> Any:
     else:
         files = _data_files(path) if builder in ("parquet", "arrow") else sorted(glob.glob(path))
         where = {"data_files": files}
+    if builder == "parquet" and not _parquet_rows(files):
+        raise DataError(f"{path} holds no rows; write the images and labels into it first")
     return datasets.load_dataset(builder, **where, streaming=streaming)
+
+
+def _parquet_rows(files: Sequence[str]) -> int:
+    """The rows of Parquet files, read from their footers (`datasets` fails on none)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(file).metadata.num_rows for file in files)
 
 
 def _iterable(dataset: Any) -> Any:
@@ -127,16 +153,51 @@ def _columns(features: Any, image: str | None, label: str | None, where: str) ->
     return image, label  # type: ignore[return-value]
 
 
-def _class_names(feature: Any, values: Sequence[Any]) -> tuple[list[str], dict[Any, int] | None]:
-    """The class names and, for labels that are not indices (strings), their numbering."""
+def _class_names(
+    feature: Any, values: Sequence[Any], column: str, where: str
+) -> tuple[list[str], dict[Any, int] | None]:
+    """The class names and, for labels that are not indices (strings), their numbering; a
+    column of fractions (a score or a regression target) is refused."""
     import datasets
 
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), None
-    if all(isinstance(v, int) for v in values):
-        return [str(i) for i in range(max(values) + 1)], None
-    names = sorted({str(v) for v in values})
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, (int, float)) for v in present):
+        fraction = next((v for v in present if not float(v).is_integer()), None)
+        if fraction is not None:
+            raise DataError(
+                f"{where}: the label column {column!r} holds fractions ({fraction}); a "
+                "classifier needs class labels (a ClassLabel, whole numbers or strings): name "
+                "another --label-column"
+            )
+        return [str(i) for i in range(max(0, int(max(present))) + 1)], None
+    names = sorted({str(v) for v in present})
     return names, {name: i for i, name in enumerate(names)}
+
+
+def _indices(values: Sequence[Any], numbering: dict | None, count: int, where: str) -> list[int]:
+    """The class index of each label value; the first that has none (an empty label, -1 for
+    an unlabelled row, a label train does not have) is a DataError naming its row."""
+    indices = []
+    for row, value in enumerate(values):
+        if value is None:
+            problem = "is empty"
+        elif numbering is not None:
+            index = numbering.get(str(value))
+            problem = f"{str(value)!r} is not among the train split's labels"
+        else:
+            index = int(value)
+            problem = f"{index} is not a class index in [0, {count - 1}]" + (
+                " (-1 marks an unlabelled row)" if index == -1 else ""
+            )
+        if value is None or index is None or not 0 <= index < count:
+            raise DataError(
+                f"{where} row {row}: the label {problem}; drop or label such rows, or name "
+                "another --label-column"
+            )
+        indices.append(index)
+    return indices
 
 
 class _Decoder:
@@ -296,17 +357,21 @@ def load_hf_dataset(
     parts = _parts(open_dataset(_required(path, "hfds"), streaming=False))
     train = parts["train"]
     image, label = _columns(train.features, image_column, label_column, path)
-    names, numbering = _class_names(train.features[label], train[label])
+    if len(train) == 0:
+        raise DataError(f"hfds:{path}: the train split holds no rows; save the images into it")
+    names, numbering = _class_names(train.features[label], train[label], label, f"hfds:{path}")
     train = _undecoded(train, image)
     decode = _Decoder(
         image, label, numbering, root=_root(path), in_chans=in_chans, skip_corrupt=skip_corrupt
     )
-    places = _places(parts, train[label], numbering, (val_fraction, test_fraction), seed)
+    labels = _indices(train[label], numbering, len(names), f"hfds:{path}:train")
+    places = _places(parts, labels, (val_fraction, test_fraction), seed)
     whole = HfImages(train, decode, f"{path}:train")
     splits = {}
     for part in ("train", "val", "test"):
         given = parts[part] if part != "train" else None
         if given is not None:
+            _indices(given[label], numbering, len(names), f"hfds:{path}:{part}")
             splits[part] = HfImages(_undecoded(given, image), decode, f"{path}:{part}")
         else:
             keep = places[part]
@@ -315,17 +380,13 @@ def load_hf_dataset(
 
 
 def _places(
-    parts: dict[str, Any],
-    values: Sequence[Any],
-    numbering: dict | None,
-    fractions: tuple[float, float],
-    seed: int,
+    parts: dict[str, Any], labels: list[int], fractions: tuple[float, float], seed: int
 ) -> dict[str, list[int]]:
-    """The rows of train that each part takes: val and test cut, stratified by label, where
-    the dataset has no such split (then train keeps the rest)."""
+    """The rows of train that each part takes (`labels`: their class indices): val and test
+    cut, stratified by label, where the dataset has no such split (then train keeps the
+    rest)."""
     cut = [0.0 if parts[p] is not None else f for p, f in zip(("val", "test"), fractions)]
-    labels = [numbering[str(v)] if numbering else int(v) for v in values]
-    return dict(zip(("train", "val", "test"), split_indices(len(values), cut, seed, labels)))
+    return dict(zip(("train", "val", "test"), split_indices(len(labels), cut, seed, labels)))
 
 
 def _undecoded(dataset: Any, column: str) -> Any:
@@ -360,17 +421,20 @@ def load_hf_stream(
         )
     image, label = _columns(train.features, image_column, label_column, path)
     values = _label_values(train, label)
-    names, numbering = _class_names(train.features[label], values)
+    if not values:
+        raise DataError(f"hfids:{path}: the train split holds no rows; save the images into it")
+    names, numbering = _class_names(train.features[label], values, label, f"hfids:{path}")
     decode = _Decoder(
         image, label, numbering, root=_root(path), in_chans=in_chans, skip_corrupt=skip_corrupt
     )
-    places = _places(parts, values, numbering, (val_fraction, test_fraction), seed)
+    labels = _indices(values, numbering, len(names), f"hfids:{path}:train")
+    places = _places(parts, labels, (val_fraction, test_fraction), seed)
     streams = {}
     for part in ("train", "val", "test"):
         given = parts[part] if part != "train" else None
         name = f"hfids:{path}:{part}"
         if given is not None:
-            length = len(_label_values(given, label))
+            length = len(_indices(_label_values(given, label), numbering, len(names), name))
             streams[part] = HfStream(_undecoded(given, image), decode, length=length, name=name)
         else:
             keep = places[part]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write
+from ..files import atomic_write, check_output, file_kind
 from .datasets import TEST_FRACTION, VAL_FRACTION, Splits, split_indices
 from .folders import class_folders, folder_layout, image_count
 from .images import IMAGE_EXTENSIONS, CorruptImageError, DataError, open_image_bytes
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 INFO_FILES = ("_info.json", "info.json")  # where timm's reader looks, in its order
 IMAGE_KEYS = tuple(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+MAX_SHARDS = 1_000_000  # the most names a pattern may give (a typo such as {0..99999999})
 MAX_CORRUPT = 0.01  # the share of a split's samples that may be skipped before a run fails
 VAL_SPLITS, TEST_SPLITS = ("validation", "val"), ("test",)
 Raw = tuple[str, bytes | None, bytes | None]  # (shard:key, image bytes, .cls bytes)
@@ -53,7 +54,44 @@ Raw = tuple[str, bytes | None, bytes | None]  # (shard:key, image bytes, .cls by
 
 def expand_pattern(pattern: str) -> list[str]:
     """A brace pattern as webdataset's (braceexpand): `train-{0000..0003}.tar` -> the four
-    names, zero-padded as written; `{a,b}` lists; several braces multiply."""
+    names, zero-padded as written; `{a,b}` lists; several braces multiply. An unmatched brace,
+    an empty one, a range that is not two whole numbers, or more than `MAX_SHARDS` names is a
+    DataError."""
+    depth = 0
+    for char in pattern:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            break
+    if depth != 0:
+        raise DataError(
+            f"shard pattern {pattern!r} has an unmatched {'{' if depth > 0 else '}'}; write "
+            "a range such as train-{0000..0127}.tar or a list such as {a,b}"
+        )
+    count = 1
+    for body in re.findall(r"\{([^{}]*)\}", pattern):
+        count *= _brace_size(body, pattern)
+    if count > MAX_SHARDS:
+        raise DataError(
+            f"shard pattern {pattern!r} names {count:,} shards, more than {MAX_SHARDS:,}; "
+            "check its range"
+        )
+    return _expand(pattern)
+
+
+def _brace_size(body: str, pattern: str) -> int:
+    """How many names a brace's body gives; a DataError for one that is no range or list."""
+    numbers = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numbers:
+        return abs(int(numbers.group(2)) - int(numbers.group(1))) + 1
+    if not body or ".." in body:
+        raise DataError(
+            f"shard pattern {pattern!r}: {{{body}}} is neither a range of whole numbers such as "
+            "{0000..0127} nor a list such as {a,b}"
+        )
+    return body.count(",") + 1
+
+
+def _expand(pattern: str) -> list[str]:
     match = re.search(r"\{([^{}]*)\}", pattern)
     if match is None:
         return [pattern]
@@ -67,7 +105,7 @@ def expand_pattern(pattern: str) -> list[str]:
         items = [f"{n:0{width}d}" for n in range(int(first), int(last) + step, step)]
     else:
         items = body.split(",")
-    return [name for item in items for name in expand_pattern(head + item + tail)]
+    return [name for item in items for name in _expand(head + item + tail)]
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
@@ -277,7 +315,15 @@ def load_shards(
     if not path:
         raise DataError("wds: name the shards, e.g. --data 'wds:shards/train-{0000..0127}.tar'")
     files = expand_pattern(path)
+    if len(files) == 1 and Path(files[0]).is_dir():
+        raise DataError(
+            f"{path} is a folder; name its shards with a brace pattern, e.g. --data "
+            f"'wds:{Path(path) / 'train-{0000..0009}.tar'}'"
+        )
     missing = [file for file in files if not Path(file).is_file()]
+    if missing and os.path.exists(missing[0]):  # a folder, FIFO or device: never opened
+        kind = file_kind(os.stat(missing[0]).st_mode)
+        raise DataError(f"shard {missing[0]} is {kind}, not a tar file; name the shard files")
     if missing:
         raise DataError(
             f"shard {missing[0]} does not exist ({len(missing)} of the {len(files)} shards of "
@@ -295,6 +341,10 @@ def load_shards(
         log.info("no sample counts for %s in an info file: counting them", path)
     shards, labels = _shards(files, lengths)
     total = sum(shard.length for shard in shards)
+    if total == 0:
+        raise DataError(
+            f"the shards of {path} hold no samples; write shards with vitkit shards FOLDER PATTERN"
+        )
     opts = {"in_chans": in_chans, "skip_corrupt": skip_corrupt}
     cut = [0.0 if held[name] else f for name, f in (("val", val_fraction), ("test", test_fraction))]
     places = split_indices(total, cut, seed)
@@ -373,6 +423,7 @@ def write_shards(
     per_shard: int = 1000,
     split: str = "train",
     seed: int = 0,
+    overwrite: bool = False,
     on_shard: Callable[[int, int], None] | None = None,
 ) -> WrittenShards:
     """The images of an image folder (`folder/<class>/<image>`) as tar shards of `per_shard`
@@ -380,7 +431,7 @@ def write_shards(
     named by `pattern` (`shards/train-%04d.tar`, as webdataset's `ShardWriter`), and the
     split in the info file beside them (its other splits kept). The files' bytes are copied,
     not decoded. Each file is written atomically; a path that is not a regular file is
-    refused.
+    refused, and so is a shard file that exists unless `overwrite`.
 
     Args:
         folder: class folders of images.
@@ -388,10 +439,13 @@ def write_shards(
         per_shard: samples a shard holds.
         split: the split's name in the info file (train, validation, test).
         seed: the order of the samples.
+        overwrite: replace shard files that exist (else a DataError names the first).
         on_shard: called with (shards written, shards in all) after each (a progress bar).
     """
     if per_shard < 1:
         raise ValueError(f"per_shard {per_shard} must be >= 1")
+    if not split.strip():
+        raise ValueError("the split's name is empty; name it train, validation or test")
     names = _shard_names(pattern, 2)
     layout = folder_layout(folder)
     if layout.parts:
@@ -407,6 +461,14 @@ def write_shards(
     random.Random(seed).shuffle(samples)
     count = -(-len(samples) // per_shard)
     files = [Path(name) for name in _shard_names(pattern, count)]
+    for file in files:  # a FIFO, folder or device is refused before any shard is written
+        check_output(file)
+    existing = [file for file in files if file.exists() or file.is_symlink()]
+    if existing and not overwrite:
+        raise DataError(
+            f"{existing[0]} exists ({len(existing)} of the {count} shard files); pass "
+            "--overwrite to replace them, or choose another OUT_PATTERN"
+        )
     for number, file in enumerate(files):
         chunk = samples[number * per_shard : (number + 1) * per_shard]
         atomic_write(file, lambda f, c=chunk, n=number: _write_tar(f, c, n * per_shard))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -203,6 +204,10 @@ def _in_range(parse: Callable[[str], Any], bounds: Range) -> Callable[[str], Any
 
     def parse_in_range(text: str) -> Any:
         value = parse(text)
+        if isinstance(value, float) and math.isinf(value):  # an open range holds inf
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {bounds.phrase()}, got {text}"
+            )
         if not bounds.holds(value):  # NaN holds no range
             raise argparse.ArgumentTypeError(f"must be {bounds.phrase()}, got {text}")
         return value

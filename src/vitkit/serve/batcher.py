@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# The largest batch: the warm-up runs every power of two up to it, so a slip such as
+# --max-batch 1000000000000 would allocate that many images before the first request.
+MAX_BATCH = 4096
+
+
 @dataclass(frozen=True, kw_only=True)
 class Batching(Options):
     """How requests are batched (each value checked when built, as every `Options`)."""
@@ -36,7 +41,7 @@ class Batching(Options):
     GROUPS: ClassVar[dict[str, str]] = {"batching": "batching"}
 
     max_batch: int = option(16, "images per forward pass, gathered from concurrent requests; "
-                            "1 turns batching off", range=AT_LEAST_ONE, metavar="N",
+                            "1 turns batching off", range=Range(1, MAX_BATCH), metavar="N",
                             group="batching")  # fmt: skip
     max_wait_ms: float = option(5.0, "how long the first image of a batch waits for others, "
                                 "in milliseconds", range=Range(0, 10_000), metavar="T",

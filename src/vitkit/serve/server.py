@@ -11,10 +11,13 @@ import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..options import AT_LEAST_ONE, NON_NEGATIVE, Options, Range, option
+from ..options import Options, Range, option
 
 log = logging.getLogger(__name__)
 
+# Each worker loads its own model: past a few per core they only compete (gunicorn advises 2-4
+# per core); these bounds catch a slip such as --workers 10000 before it forks.
+MAX_WORKERS, MAX_THREADS = 256, 1024
 GRACEFUL_SHUTDOWN_S = 30  # what requests in flight get after SIGTERM before they are cut
 
 
@@ -38,9 +41,9 @@ class Processes(Options):
 
     workers: int = option(1, "server processes sharing the port, each with its own model, "
                           "batcher and share of the cores; one that dies is replaced",
-                          range=AT_LEAST_ONE, metavar="N", group="processes")  # fmt: skip
+                          range=Range(1, MAX_WORKERS), metavar="N", group="processes")  # fmt: skip
     threads: int = option(0, "torch (and onnxruntime) threads of each worker; 0: the usable "
-                          "cores shared out among the workers", range=NON_NEGATIVE,
+                          "cores shared out among the workers", range=Range(0, MAX_THREADS),
                           metavar="N", group="processes")  # fmt: skip
     access_log: bool = option(False, "log every request in the Common Log Format (stderr)",
                               group="processes")  # fmt: skip

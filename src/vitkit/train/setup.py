@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import Splits, build_transform, limited, load_data
+from ..data import DataError, Splits, build_transform, limited, load_data
 from ..data.data_config import DataConfig
 from ..model import create_model, to_2tuple
 from .config import JobConfig
@@ -37,7 +37,22 @@ def load_splits(config: JobConfig, *, in_chans: int, img_size: Any) -> Splits:
         splits = dataclasses.replace(
             splits, train=limited(splits.train, config.train_limit, config.seed)
         )
+    require_parts(splits, config, ("train", "val"))
     return splits
+
+
+def require_parts(splits: Splits, config: JobConfig, parts: tuple[str, ...]) -> None:
+    """A DataError before any training when one of `parts` of the split holds no image (a
+    fraction that rounds to none of few images, or 0): the run would fail at its end."""
+    for part in parts:
+        if len(getattr(splits, part)) == 0:
+            field = f"{part}_fraction"
+            fix = (
+                f"raise --{part}-fraction (now {getattr(config, field):g}) or add images"
+                if hasattr(config, field)
+                else "add images"
+            )
+            raise DataError(f"the {part} split of {splits.name} holds no images; {fix}")
 
 
 def fresh_model(name: str, splits: Splits, options: dict[str, Any]) -> nn.Module:

@@ -37,11 +37,27 @@ def resolve_weights(source: str | os.PathLike) -> Path:
     if path.exists() or not isinstance(text, str):
         return path
     if text.startswith(LOCAL_PREFIX):
+        if not text.removeprefix(LOCAL_PREFIX).strip():
+            raise CheckpointError(f"{LOCAL_PREFIX} names no folder; give {LOCAL_PREFIX}PATH")
         return Path(text.removeprefix(LOCAL_PREFIX)).expanduser()
     repo = text.removeprefix(HUB_PREFIX)
-    if not _REPO_ID.match(repo) or (text == repo and repo.endswith(_FILE_SUFFIXES)):
+    named = text != repo or repo.startswith("timm/")
+    if named and not _valid_id(repo):
+        form, prefix = ("timm/NAME", "") if text == repo else (f"{HUB_PREFIX}ORG/NAME", HUB_PREFIX)
+        raise CheckpointError(
+            f"{text!r} is not a Hub id: give {form} (letters, digits, '-', '_' and '.', no "
+            f"'..' or '--'), e.g. {prefix}timm/vit_base_patch16_224.augreg_in21k"
+        )
+    if not _valid_id(repo) or (text == repo and repo.endswith(_FILE_SUFFIXES)):
         return path
-    return cached_snapshot(repo, named=text != repo or repo.startswith("timm/"))
+    return cached_snapshot(repo, named=named)
+
+
+def _valid_id(repo: str) -> bool:
+    """Whether `repo` is spelled as the Hub allows a repo id (huggingface_hub's
+    `validate_repo_id`: no '..' or '--' either)."""
+    name = repo.partition("@")[0]
+    return bool(_REPO_ID.match(repo)) and ".." not in name and "--" not in name
 
 
 def cached_snapshot(repo: str, *, named: bool = True) -> Path:
@@ -56,6 +72,12 @@ def cached_snapshot(repo: str, *, named: bool = True) -> Path:
         ) from None
     repo_id, _, revision = repo.partition("@")
     cache = hub_cache()
+    blocked = next((f for f in (cache, *cache.parents) if f.exists()), None)
+    if blocked is not None and not blocked.is_dir():
+        raise CheckpointError(
+            f"the Hugging Face cache {cache} ({cache_setting()}) cannot be a folder: {blocked} "
+            "is a file; point HF_HOME (or HF_HUB_CACHE) at a folder, or unset it"
+        )
     try:
         folder = snapshot_download(
             repo_id, revision=revision or None, cache_dir=cache, local_files_only=True

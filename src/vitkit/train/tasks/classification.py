@@ -34,10 +34,10 @@ from ..config import TrainConfig
 from ..distributed import barrier, make_loader, world
 from ..loop import evaluate
 from ..losses import distill_loss, multi_label_loss, soft_cross_entropy
-from ..multi_label import evaluate_multi_label
+from ..multi_label import THRESHOLD, evaluate_multi_label
 from ..optim import ModelEma, build_optimizer, freeze_layers, swapped_weights
 from ..run_folder import BEST_FILE, EMA_FILE, LAST_FILE, RUN_FILES, TEST_FILE
-from ..setup import fresh_model, load_splits, transforms
+from ..setup import fresh_model, load_splits, require_parts, transforms
 from ..sharded import load_full
 from ..teacher import load_teacher
 from .base import Task
@@ -78,6 +78,7 @@ def training_setup(config: TrainConfig) -> TrainingSetup:
         in_chans=opts.get("in_chans", default_chans),
         img_size=opts.get("img_size", base.img_size),
     )
+    require_parts(splits, config, ("test",))  # scored at the end
     if config.pretrained and opts.get("in_chans", splits.in_chans) != splits.in_chans:
         # images of fixed channels (digits, MNIST) made as --in-chans says, not the weights
         # adapted to them (the default: weights/channels.py)
@@ -285,6 +286,12 @@ class ClassificationTask(Task):
         multi_label = config.multi_label or bool(splits.extra.get("multi_label"))
         if multi_label:
             meta.update(multi_label=True, threshold=config.threshold)
+        elif config.threshold != THRESHOLD:
+            log.warning(
+                "--threshold %g applies to multi-label models; this data has one label per "
+                "image (--multi-label trains one-vs-rest)",
+                config.threshold,
+            )
         task = cls(model, config, teacher=teacher, meta=meta, multi_label=multi_label)
         task.splits = splits
         task.train_set, task.val_set, task.test_set = (
