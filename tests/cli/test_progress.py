@@ -200,3 +200,21 @@ def test_predict_in_a_real_terminal_draws_the_bar_and_erases_it(folder_and_check
     # a fast run may go from 0% to the erase without another
     assert "\rpredict:   0%|" in shown and "| 0/2 [" in shown, shown
     assert re.search(r"\] *\r {99}\r$", shown), shown  # then the line is blanked
+
+
+@pytest.mark.requires("datasets", extra="datasets")
+def test_quiet_silences_the_bars_hugging_face_datasets_draws(monkeypatch, tmp_path):
+    """`--quiet` (and a rank other than 0) silences datasets' own bars too: 'Generating train
+    split' printed under --quiet."""
+    import datasets
+
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    datasets.enable_progress_bars()
+    try:
+        progress(quiet=False)
+        assert datasets.is_progress_bar_enabled()
+        progress(quiet=True)
+        assert not datasets.is_progress_bar_enabled()
+        assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
+    finally:
+        datasets.enable_progress_bars()

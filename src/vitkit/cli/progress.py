@@ -36,6 +36,8 @@ def progress(
     (batches, steps); `every_s` (default: $VITKIT_PROGRESS_EVERY_S, else 30) spaces the
     lines."""
     every = every_seconds() if every_s is None else every_s
+    if quiet or _rank() != 0:
+        quiet_datasets()
 
     def show(iterable: Iterable, total: int, description: str) -> Any:
         out = stream or sys.stderr
@@ -63,6 +65,15 @@ def progress(
         )
 
     return show
+
+
+def quiet_datasets() -> None:
+    """Hugging Face datasets draws bars of its own ('Generating train split', 'Loading dataset
+    shards'): silence them too, whether `datasets` is imported yet or later."""
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is imported
+    datasets = sys.modules.get("datasets")
+    if datasets is not None and hasattr(datasets, "disable_progress_bars"):
+        datasets.disable_progress_bars()
 
 
 def every_seconds() -> float:
