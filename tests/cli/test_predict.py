@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
+from _helpers import image_folder
 from vitkit import load
 from vitkit.cli import ExitCode
 
 from ._cli import (
     digit_png,
     hf_folder,
-    image_folder,
     photo,
     timm_folder,
     timm_vit,
