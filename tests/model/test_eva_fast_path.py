@@ -23,6 +23,7 @@ from vitkit import create_model
 from vitkit.model import onednn_support, registry
 from vitkit.model.eva.block import EvaBlock
 from vitkit.model.eva.onednn import OneDNNEvaBlock, eva_block_class
+from vitkit.model.onednn_fused import _PACKED
 from vitkit.model.onednn_support import native_bf16, unsupported_reason
 
 # name, overrides (two blocks; the wide ones narrowed)
@@ -146,6 +147,24 @@ def test_bf16_weights_take_the_fused_path(fused_calls):
     plain = plain_output(model, x).float()
     # measured 3.9e-3 on outputs up to 0.6 (bf16 keeps 8 bits)
     torch.testing.assert_close(fast.float(), plain, atol=1.5e-2, rtol=0)
+
+
+def test_the_packed_halves_of_a_swiglu_follow_changes_of_its_weights(fused_calls):
+    """EVA-02's packed SwiGLU runs gate and value as two products on packed halves of fc1,
+    packed once and again after an in-place update."""
+    model = build("eva02_small")
+    x = images(model)
+    fc1 = model.blocks[0].mlp.fc1
+    with torch.inference_mode():
+        model(x)
+    assert set(_PACKED[fc1]) == {(torch.float32, (0, 1024)), (torch.float32, (1024, 2048))}
+    with torch.no_grad():
+        fc1.weight[1500:].mul_(1.5)  # the value half only
+        fc1.weight[:10].add_(0.1)  # and a few gate rows
+    with torch.inference_mode():
+        fast = model(x)
+    assert len(fused_calls) == 4
+    torch.testing.assert_close(fast, plain_output(model, x), **FP32)
 
 
 # -- what is not fused, and why ----------------------------------------------------------------

@@ -49,24 +49,30 @@ SLICE_BYTES = 24 * 2**20
 
 # -- the kernels ---------------------------------------------------------------------------------
 
-# oneDNN-packed copies of the fused path's Linear weights, per layer and compute dtype: kept
-# off the module (no state-dict entry; deepcopy and pickle never see them) and dropped with it.
-_PACKED: weakref.WeakKeyDictionary[nn.Linear, dict[torch.dtype, tuple[Tensor, int, Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
+# oneDNN-packed copies of the fused path's Linear weights, per layer and compute dtype (and rows,
+# for a product split in two): kept off the module (no state-dict entry; deepcopy and pickle
+# never see them) and dropped with it.
+Rows = tuple[int, int]
+_PACKED: weakref.WeakKeyDictionary[
+    nn.Linear, dict[torch.dtype | tuple[torch.dtype, Rows], tuple[Tensor, int, Tensor]]
+] = weakref.WeakKeyDictionary()
 
 
-def packed_weight(layer: nn.Linear, tokens: int, dtype: torch.dtype) -> Tensor:
-    """`layer.weight` in `dtype` (bf16 under autocast), reordered into oneDNN's blocked layout
-    once rather than in every call (~10% of ViT-S inference); packed again when the weight
-    changes (an in-place update, new data, another dtype). The entry holds a view of the weight
-    it packed, so that memory cannot be reused by another weight while the entry lives."""
-    weight = layer.weight
+def packed_weight(
+    layer: nn.Linear, tokens: int, dtype: torch.dtype, rows: Rows | None = None
+) -> Tensor:
+    """`layer.weight` (its `rows` where given) in `dtype` (bf16 under autocast), reordered into
+    oneDNN's blocked layout once rather than in every call (~10% of ViT-S inference); packed
+    again when the weight changes (an in-place update, new data, another dtype). The entry
+    holds a view of the weight it packed, so that memory cannot be reused by another weight
+    while the entry lives."""
+    weight = layer.weight if rows is None else layer.weight[rows[0] : rows[1]]
     if weight.is_inference():
         # Made under torch.inference_mode(): no version counter tells in-place updates (such as
         # load_state_dict's) apart, so a cached copy could go stale; pack in every call.
         return torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), tokens)
-    cached = _PACKED.setdefault(layer, {}).get(dtype)
+    key = dtype if rows is None else (dtype, rows)
+    cached = _PACKED.setdefault(layer, {}).get(key)
     if cached is not None:
         source, version, packed = cached
         if (
@@ -77,7 +83,7 @@ def packed_weight(layer: nn.Linear, tokens: int, dtype: torch.dtype) -> Tensor:
         ):
             return packed
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), tokens)
-    _PACKED[layer][dtype] = (weight.detach(), weight._version, packed)
+    _PACKED[layer][key] = (weight.detach(), weight._version, packed)
     return packed
 
 
@@ -95,13 +101,16 @@ def fused_slices(batch: int, tokens: int, hidden: int, itemsize: int, budget: in
 
 
 def weight_bias(
-    x: Tensor, layer: nn.Linear, bias: Tensor | None = None
+    x: Tensor, layer: nn.Linear, bias: Tensor | None = None, rows: Rows | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    """The packed weight and the bias (the layer's, or `bias` where given) in `x`'s dtype."""
+    """The packed weight and the bias (the layer's, or `bias` where given), of the output
+    `rows` where given, in `x`'s dtype."""
     bias = layer.bias if bias is None else bias
+    if bias is not None and rows is not None:
+        bias = bias[rows[0] : rows[1]]
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
-    return packed_weight(layer, x.shape[0] * x.shape[1], x.dtype), bias
+    return packed_weight(layer, x.shape[0] * x.shape[1], x.dtype, rows), bias
 
 
 def linear(
@@ -127,18 +136,21 @@ def linear_gelu(x: Tensor, layer: nn.Linear | Int8Linear, in_epilogue: bool) -> 
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], "none")
 
 
-def linear_swish(x: Tensor, layer: nn.Linear) -> Tensor:
-    """SiLU(x W^T + b) (swish), the SiLU in oneDNN's epilogue."""
-    weight, bias = weight_bias(x, layer)
+def linear_swish(x: Tensor, layer: nn.Linear, rows: Rows | None = None) -> Tensor:
+    """SiLU(x W^T + b) (swish; of the output `rows` where given), the SiLU in oneDNN's
+    epilogue."""
+    weight, bias = weight_bias(x, layer, rows=rows)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "swish", [], "")
 
 
-def linear_binary(x: Tensor, layer: nn.Linear | Int8Linear, other: Tensor, op: str) -> Tensor:
-    """other `op` (x W^T + b) in one oneDNN kernel, `op` 'add' (a residual) or 'mul' (a gate)
-    in the epilogue."""
-    if isinstance(layer, Int8Linear) and op == "add":
+def linear_binary(
+    x: Tensor, layer: nn.Linear | Int8Linear, other: Tensor, op: str, rows: Rows | None = None
+) -> Tensor:
+    """other `op` (x W^T + b) (of the output `rows` where given) in one oneDNN kernel, `op`
+    'add' (a residual) or 'mul' (a gate) in the epilogue."""
+    if isinstance(layer, Int8Linear) and op == "add" and rows is None:
         return layer.forward_fused(x, residual=other, out_dtype=other.dtype)
-    weight, bias = weight_bias(x, layer)
+    weight, bias = weight_bias(x, layer, rows=rows)
     return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, op)
 
 

@@ -112,9 +112,10 @@ class OneDNNEvaBlock(FusedBlock, EvaBlock):
             hidden = linear_gelu(x, mlp.fc1, bool(self.gelu_in_epilogue))
         elif type(mlp) is SwiGLU:  # SiLU(x W_g) * (x W_x), each in an epilogue
             hidden = linear_binary(x, mlp.fc1_x, linear_swish(x, mlp.fc1_g), "mul")
-        else:  # SwiGLUPacked: gate and value are halves of one product
-            gate, value = linear(x, mlp.fc1).chunk(2, dim=-1)  # each (B, N, hidden)
-            hidden = F.silu(gate) * value
+        else:  # SwiGLUPacked: gate and value are halves of fc1, run as two products
+            half = mlp.fc1.out_features // 2
+            gate = linear_swish(x, mlp.fc1, rows=(0, half))  # (B, N, hidden)
+            hidden = linear_binary(x, mlp.fc1, gate, "mul", rows=(half, 2 * half))
         return fused_norm(mlp.norm, hidden)
 
     def _add_branch(
