@@ -250,23 +250,18 @@ def test_rmsnorm_on_queries_and_keys_is_not_fused():
 
 
 @requires_onednn
-def test_blockers_name_the_reason():
+def test_the_shared_blockers_read_the_eva_blocks_weights():
+    """The checks are the ViT's (`FusedBlock.fast_path_blocker`, tested in test_fast_paths.py);
+    the dtype they check against is the attention projection's."""
     model = build("eva02_small")
     block, x = model.blocks[0], torch.randn(2, 65, 384)
     with torch.inference_mode():
         assert block.fast_path_blocker(x) == ""
-        model.set_fast_path(False)
-        assert block.fast_path_blocker(x) == "the fast path is switched off (set_fast_path(False))"
-        model.set_fast_path(True)
-        assert "does not match" in block.fast_path_blocker(x.double())
-        with torch.autocast("cpu", dtype=torch.float16):
-            assert block.fast_path_blocker(x).startswith("autocast to torch.float16 over")
-    assert block.fast_path_blocker(x) == (
-        "grad is enabled; run under torch.inference_mode() or torch.no_grad()"
-    )
-    model.train()
-    with torch.inference_mode():
-        assert block.fast_path_blocker(x) == "the block is in training mode"
+        assert block.fast_path_blocker(x.double()) == (
+            "input torch.float64 3-D does not match 3-D torch.float32 weights"
+        )
+        block.attn.proj.to(torch.float64)
+        assert "does not match 3-D torch.float64 weights" in block.fast_path_blocker(x)
 
 
 # -- training, autograd and attention maps take the plain path ---------------------------------
