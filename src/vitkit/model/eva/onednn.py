@@ -36,7 +36,7 @@ from ..onednn_fused import (
     linear_swish,
 )
 from ..onednn_fused import unfused_layer as unfused_in
-from ..onednn_support import record_as_leaf, unsupported_reason
+from ..onednn_support import default_gelu_in_epilogue, record_as_leaf, unsupported_reason
 from .attention import EvaAttention
 from .block import EvaBlock
 from .config import EvaConfig
@@ -109,7 +109,10 @@ class OneDNNEvaBlock(FusedBlock, EvaBlock):
         """The MLP's hidden layer (B, N, hidden), activated, gated and normed: what fc2 reads."""
         mlp = self.mlp
         if type(mlp) is Mlp:
-            hidden = linear_gelu(x, mlp.fc1, bool(self.gelu_in_epilogue))
+            in_epilogue = self.gelu_in_epilogue
+            if in_epilogue is None:
+                in_epilogue = default_gelu_in_epilogue()
+            hidden = linear_gelu(x, mlp.fc1, in_epilogue)
         elif type(mlp) is SwiGLU:  # SiLU(x W_g) * (x W_x), each in an epilogue
             hidden = linear_binary(x, mlp.fc1_x, linear_swish(x, mlp.fc1_g), "mul")
         else:  # SwiGLUPacked: gate and value are halves of fc1, run as two products
