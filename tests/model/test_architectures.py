@@ -90,7 +90,7 @@ def test_each_family_states_how_it_is_explained_and_read_as_features():
         "vit": ("attention", "block", True),
         "swin": ("gradcam", "stage", False),
         "swin_cr": ("gradcam", "stage", False),
-        "eva": ("attention", "block", False),
+        "eva": ("attention", "block", True),
         "beit": ("attention", "block", False),
         "sam": (None, "block", False),
         "relpos": ("attention", "block", False),

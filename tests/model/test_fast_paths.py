@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from _helpers import randomize, requires_onednn, requires_timm, requires_torchvision, timm_fx_model
-from vitkit.model import onednn_support
+from vitkit.model import onednn_fused, onednn_support
 from vitkit.model.layers import Attention, Block
 from vitkit.model.onednn_support import native_bf16
 from vitkit.model.vit import onednn
@@ -105,7 +105,7 @@ def test_fused_gelu_in_the_epilogue_or_in_place_matches_plain_path(fused_calls, 
     torch.manual_seed(0)
     fc1, x = nn.Linear(64, 256), torch.randn(3, 17, 64)
     with torch.inference_mode():
-        fused_gelu = onednn._linear_gelu(x, fc1, in_epilogue)
+        fused_gelu = onednn_fused.linear_gelu(x, fc1, in_epilogue)
         torch.testing.assert_close(fused_gelu, F.gelu(fc1(x)), atol=1e-5, rtol=0)
     model = tiny()
     assert onednn.enable_fast_path(model, gelu_in_epilogue=in_epilogue)
@@ -620,7 +620,7 @@ PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 
 
 def fast_path_log(caplog) -> list[logging.LogRecord]:
-    return [record for record in caplog.records if record.name == onednn.__name__]
+    return [record for record in caplog.records if record.name == onednn_fused.__name__]
 
 
 @requires_onednn
@@ -640,7 +640,7 @@ def test_a_new_model_has_the_fast_path_with_todays_defaults():
 
 @requires_onednn
 def test_enable_and_disable_log_one_line_each(caplog):
-    caplog.set_level(logging.DEBUG, logger=onednn.__name__)
+    caplog.set_level(logging.DEBUG, logger=onednn_fused.__name__)
     model = tiny()
     (record,) = fast_path_log(caplog)
     assert record.levelno == logging.DEBUG
@@ -757,7 +757,7 @@ def test_without_the_private_apis_the_model_keeps_the_plain_path(
     fast_out = infer(fast)  # after the step: packed from the updated weights
     assert kernels == [supported] and len(fused_runs) == 2 * supported
 
-    caplog.set_level(logging.DEBUG, logger=onednn.__name__)
+    caplog.set_level(logging.DEBUG, logger=onednn_fused.__name__)
     missing = force_plain(monkeypatch, how)
     onednn.unsupported_reason.cache_clear()
     assert missing in onednn.unsupported_reason()

@@ -74,9 +74,10 @@ def default_gelu_in_epilogue() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-def record_as_leaf(module: nn.Module, x: torch.fx.Proxy) -> torch.fx.Proxy | None:
-    """Record `module(x)` as one call in the graph torch.fx is tracing, as fx records torch.nn's
-    own layers; None where it cannot (`module` is the root being traced, or not under it).
+def record_as_leaf(module: nn.Module, x: torch.fx.Proxy, *args: object) -> torch.fx.Proxy | None:
+    """Record `module(x, *args)` as one call in the graph torch.fx is tracing, as fx records
+    torch.nn's own layers; None where it cannot (`module` is the root being traced, or not
+    under it).
 
     The traced model then calls the module, which chooses its kernels as the eager model does,
     so both compute the same bits; tracing through it would record the plain path, whose
@@ -88,7 +89,7 @@ def record_as_leaf(module: nn.Module, x: torch.fx.Proxy) -> torch.fx.Proxy | Non
         path = tracer.path_of_module(module)
     except NameError:  # a module outside the traced root
         return None
-    return tracer.create_proxy("call_module", path, (x,), {})
+    return tracer.create_proxy("call_module", path, (x, *args), {})
 
 
 def dispatch_mode() -> object | None:

@@ -26,7 +26,7 @@ EVA = Architecture(
     # the softmax its forward pass multiplies v by, so rollout and relevance read them as a
     # ViT's. Register tokens are prefix tokens, skipped as the ViT's are.
     explanation="attention",
-    fused_cpu=False,  # the CPU fast path's blocks do not take rotary attention
+    fused_cpu=True,  # eva/onednn.py: rotary attention in the fused CPU blocks
 )
 
 __all__ = ["EVA", "Eva", "EvaConfig"]

@@ -70,24 +70,30 @@ class EvaAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused_attn = True  # timm's flag: False writes the attention out (`summary --flow`)
 
-    def _qkv(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Tokens (B, N, D) -> q (B, heads, N, hd), k and v (B, heads, N, hd) after norm,
-        rotation and the repetition of grouped key / value heads."""
-        batch, tokens, _ = x.shape
+    def qkv_bias(self) -> Tensor | None:
+        """The fused qkv product's bias: EVA's [q_bias | 0 | v_bias] (keys unbiased), else
+        `qkv.bias`."""
+        if self.q_bias is None:
+            return self.qkv.bias
+        return torch.cat((self.q_bias, torch.zeros_like(self.q_bias), self.v_bias))
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Tokens (B, N, D) -> q (B, N, D), k and v (B, N, kv_heads * hd)."""
         if self.qkv is not None:
-            bias = self.qkv.bias
-            if self.q_bias is not None:
-                bias = torch.cat((self.q_bias, torch.zeros_like(self.q_bias), self.v_bias))
-            qkv = F.linear(x, self.qkv.weight, bias)  # (B, N, 3 * D)
-            qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)  # (B, N, 3, h, hd)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, N, hd)
-        else:
-            q = self.q_proj(x).reshape(batch, tokens, self.num_heads, self.head_dim)
-            q = q.transpose(1, 2)  # (B, heads, N, hd)
-            k = self.k_proj(x).reshape(batch, tokens, self.num_kv_heads, self.head_dim)
-            k = k.transpose(1, 2)  # (B, kv_heads, N, hd)
-            v = self.v_proj(x).reshape(batch, tokens, self.num_kv_heads, self.head_dim)
-            v = v.transpose(1, 2)  # (B, kv_heads, N, hd)
+            qkv = F.linear(x, self.qkv.weight, self.qkv_bias())  # (B, N, 3 * D)
+            return qkv.chunk(3, dim=-1)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, rope: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected q (B, N, D), k and v (B, N, kv_heads * hd) -> q, k, v (B, heads, N, hd)
+        after norm, rotation and the repetition of grouped key / value heads; the fused CPU
+        path (`eva/onednn.py`) calls it on its own products."""
+        batch, tokens, _ = q.shape
+        q = q.view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, N, hd)
+        k = k.view(batch, tokens, -1, self.head_dim).transpose(1, 2)  # (B, kv_heads, N, hd)
+        v = v.view(batch, tokens, -1, self.head_dim).transpose(1, 2)  # (B, kv_heads, N, hd)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = self._rotate(q, rope).type_as(v), self._rotate(k, rope).type_as(v)
@@ -96,6 +102,10 @@ class EvaAttention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)  # (B, heads, N, hd)
             v = v.repeat_interleave(groups, dim=1)  # (B, heads, N, hd)
         return q, k, v
+
+    def _qkv(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Tokens (B, N, D) -> q (B, heads, N, hd), k and v (B, heads, N, hd)."""
+        return self.heads(*self._project(x), rope)
 
     def _rotate(self, x: Tensor, rope: Tensor) -> Tensor:
         """RoPE on the patch tokens of x (B, heads, N, hd); prefix tokens as they are."""

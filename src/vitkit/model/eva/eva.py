@@ -37,12 +37,13 @@ from ..layers.pool import pool_tokens
 from ..layers.pos_embed import resample_pos_embed
 from ..layers.rope import AxialRope, CenteredRope, MixedRope
 from ..layers.weight_init import trunc_normal_
+from ..onednn_fused import FastPathSwitch
 from ..stages import FlowSpec
 from ..timm_api import TimmApi
 from ..timm_cfg import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-from .block import EvaBlock
 from .config import EvaConfig
 from .flow import describe_eva
+from .onednn import eva_block_class
 
 
 def build_rope(config: EvaConfig) -> nn.Module | None:
@@ -71,7 +72,7 @@ def build_rope(config: EvaConfig) -> nn.Module | None:
     )
 
 
-class Eva(TimmApi, IntermediateFeatures, nn.Module):
+class Eva(TimmApi, IntermediateFeatures, FastPathSwitch, nn.Module):
     """`Eva(**options)` or `Eva(EvaConfig(...))`: timm's `Eva`, with timm's model API
     (`forward_features`, `forward_head`, `forward_intermediates`, `pretrained_cfg`,
     `group_matcher`, `reset_classifier`, `prune_intermediate_layers`)."""
@@ -107,8 +108,9 @@ class Eva(TimmApi, IntermediateFeatures, nn.Module):
         self.norm_pre = self._norm() if config.use_pre_transformer_norm else nn.Identity()
         last = max(config.depth - 1, 1)
         rates = [config.drop_path_rate * i / last for i in range(config.depth)]
+        block = eva_block_class()  # the CPU fast path's block where torch can run it
         self.blocks = nn.ModuleList(
-            EvaBlock(config, drop_path=rate, index=i) for i, rate in enumerate(rates)
+            block(config, drop_path=rate, index=i) for i, rate in enumerate(rates)
         )
         reduction = config.patch_size
         self.feature_info = [
