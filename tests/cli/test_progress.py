@@ -203,18 +203,16 @@ def test_predict_in_a_real_terminal_draws_the_bar_and_erases_it(folder_and_check
 
 
 @pytest.mark.requires("datasets", extra="datasets")
-def test_quiet_silences_the_bars_hugging_face_datasets_draws(monkeypatch, tmp_path):
-    """`--quiet` (and a rank other than 0) silences datasets' own bars too: 'Generating train
-    split' printed under --quiet."""
-    import datasets
-
-    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
-    datasets.enable_progress_bars()
-    try:
-        progress(quiet=False)
-        assert datasets.is_progress_bar_enabled()
-        progress(quiet=True)
-        assert not datasets.is_progress_bar_enabled()
-        assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
-    finally:
-        datasets.enable_progress_bars()
+@pytest.mark.parametrize("datasets_first", [False, True])
+def test_quiet_silences_the_bars_hugging_face_datasets_draws(datasets_first):
+    """`--quiet` (and a rank other than 0) silences datasets' own bars too ('Generating train
+    split' printed under --quiet), whether datasets is imported before or after."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_DATASETS_DISABLE_PROGRESS_BARS"}
+    env["PYTHONPATH"] = str(Path(vitkit.__file__).parents[1])
+    first = "import datasets; " if datasets_first else ""
+    for quiet in (False, True):
+        code = (f"{first}from vitkit.cli.progress import progress; progress(quiet={quiet}); "
+                "import datasets; print(datasets.is_progress_bar_enabled())")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        assert out.strip() == str(not quiet)
