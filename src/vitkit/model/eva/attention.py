@@ -77,23 +77,41 @@ class EvaAttention(nn.Module):
             return self.qkv.bias
         return torch.cat((self.q_bias, torch.zeros_like(self.q_bias), self.v_bias))
 
-    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Tokens (B, N, D) -> q (B, N, D), k and v (B, N, kv_heads * hd)."""
+    def _qkv(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Tokens (B, N, D) -> q (B, heads, N, hd), k and v (B, heads, N, hd) after norm,
+        rotation and the repetition of grouped key / value heads (the steps `summary --flow`
+        walks: the qkv product, its reshape + permute into heads)."""
+        batch, tokens, _ = x.shape
         if self.qkv is not None:
             qkv = F.linear(x, self.qkv.weight, self.qkv_bias())  # (B, N, 3 * D)
-            return qkv.chunk(3, dim=-1)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            qkv = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim)  # (B, N, 3, h, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, N, hd)
+        else:
+            q, k, v = self.split_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        return self._position_heads(q, k, v, rope)
+
+    def split_heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected q (B, N, D), k and v (B, N, kv_heads * hd) -> q (B, heads, N, hd), k and v
+        (B, kv_heads, N, hd)."""
+        batch, tokens, _ = q.shape
+        q = q.reshape(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(batch, tokens, -1, self.head_dim).transpose(1, 2)
+        v = v.reshape(batch, tokens, -1, self.head_dim).transpose(1, 2)
+        return q, k, v
 
     def heads(
         self, q: Tensor, k: Tensor, v: Tensor, rope: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Projected q (B, N, D), k and v (B, N, kv_heads * hd) -> q, k, v (B, heads, N, hd)
-        after norm, rotation and the repetition of grouped key / value heads; the fused CPU
-        path (`eva/onednn.py`) calls it on its own products."""
-        batch, tokens, _ = q.shape
-        q = q.view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, N, hd)
-        k = k.view(batch, tokens, -1, self.head_dim).transpose(1, 2)  # (B, kv_heads, N, hd)
-        v = v.view(batch, tokens, -1, self.head_dim).transpose(1, 2)  # (B, kv_heads, N, hd)
+        as `_qkv` gives them; the fused CPU path (`eva/onednn.py`) calls it on its own
+        products."""
+        return self._position_heads(*self.split_heads(q, k, v), rope)
+
+    def _position_heads(
+        self, q: Tensor, k: Tensor, v: Tensor, rope: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v in heads -> after the q / k norms, the rotation and the repetition of
+        grouped key / value heads: each (B, heads, N, hd)."""
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = self._rotate(q, rope).type_as(v), self._rotate(k, rope).type_as(v)
@@ -102,10 +120,6 @@ class EvaAttention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)  # (B, heads, N, hd)
             v = v.repeat_interleave(groups, dim=1)  # (B, heads, N, hd)
         return q, k, v
-
-    def _qkv(self, x: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Tokens (B, N, D) -> q (B, heads, N, hd), k and v (B, heads, N, hd)."""
-        return self.heads(*self._project(x), rope)
 
     def _rotate(self, x: Tensor, rope: Tensor) -> Tensor:
         """RoPE on the patch tokens of x (B, heads, N, hd); prefix tokens as they are."""
